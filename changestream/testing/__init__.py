@@ -1,0 +1,12 @@
+"""A wire-level MongoDB replica-set simulator for tests (``changestream.testing``).
+
+Any MongoDB driver can connect to it: it speaks OP_MSG on loopback and
+emulates mongod 4.2 to 8.2 change streams, failpoints and failover. It
+imports nothing from the ``changestream`` client.
+"""
+
+from __future__ import annotations
+
+from .versions import DEFAULT_VERSION, VERSIONS, VersionProfile, get_profile
+
+__all__ = ["DEFAULT_VERSION", "VERSIONS", "VersionProfile", "get_profile"]

@@ -1,0 +1,117 @@
+"""Command registry and the context every command handler receives.
+
+Handlers are plain functions ``handler(ctx) -> dict`` registered with
+:func:`command`. They return the reply fields without ``ok``,
+``$clusterTime`` and ``operationTime`` (the dispatcher adds those) and raise
+:class:`~changestream.testing.errors.CommandError` to fail.
+
+Each module in this package registers its own commands on import; the
+dispatcher imports them all through :func:`load_all`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bson.timestamp import Timestamp
+
+if TYPE_CHECKING:
+    from ..deployment import Deployment, Member
+
+
+@dataclass(slots=True)
+class ConnectionInfo:
+    """What the server knows about one client connection."""
+
+    id: int
+    peer: tuple[str, int]
+    app_name: str | None = None
+    client_metadata: dict[str, Any] | None = None
+    closed: bool = False
+
+
+@dataclass(slots=True)
+class CommandContext:
+    """One command invocation: where it arrived and what it asked."""
+
+    deployment: Deployment
+    member: Member
+    connection: ConnectionInfo
+    db: str
+    name: str
+    """The command name as registered (first key of ``body``)."""
+    body: dict[str, Any]
+    """The command document, OP_MSG document sequences merged in as arrays."""
+    lsid: dict[str, Any] | None = None
+    txn_number: int | None = None
+    start_transaction: bool = False
+    autocommit: bool | None = None
+    read_preference: dict[str, Any] | None = None
+    max_time_ms: int | None = None
+    deadline: float | None = None
+    """``time.monotonic()`` deadline from ``maxTimeMS`` (None: no limit)."""
+    operation_time: Timestamp | None = None
+    """Set by handlers that write (the write's ``ts``); default: last applied."""
+    is_change_stream: bool = False
+    """Set by aggregate/getMore on a change stream (for error labels)."""
+    extra_reply: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def target(self) -> Any:
+        """The command's first value (collection name, 1, cursor id, ...)."""
+        return self.body[self.name]
+
+
+Handler = Callable[[CommandContext], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSpec:
+    """How the dispatcher treats a command."""
+
+    name: str
+    handler: Handler
+    admin_only: bool = False
+    """Only runs against the ``admin`` database (else Unauthorized 13)."""
+    write: bool = False
+    """Needs a writable primary (else NotWritablePrimary 10107)."""
+    locks: bool = True
+    """Run while holding ``deployment.lock`` (getMore waits without it)."""
+    standalone_ok: bool = True
+    secondary_ok: bool = True
+    """Reads allowed on a secondary when the request has a secondaryOk read preference."""
+    handshake: bool = False
+    """Allowed over OP_QUERY on 5.1+ (hello/isMaster) and before auth."""
+
+
+REGISTRY: dict[str, CommandSpec] = {}
+
+
+def command(*names: str, **flags: Any) -> Callable[[Handler], Handler]:
+    """Register ``handler`` under each of ``names`` (aliases share one spec)."""
+
+    def register(handler: Handler) -> Handler:
+        for name in names:
+            if name in REGISTRY:
+                raise RuntimeError(f"command {name!r} registered twice")
+            REGISTRY[name] = CommandSpec(name=names[0], handler=handler, **flags)
+        return handler
+
+    return register
+
+
+_MODULES = ("admin", "crud", "ddl", "cursors", "failpoints", "transactions", "aggregate")
+
+
+def load_all() -> dict[str, CommandSpec]:
+    """Import every command module of this package and return the registry."""
+    for mod in _MODULES:
+        try:
+            importlib.import_module(f"{__name__}.{mod}")
+        except ModuleNotFoundError as exc:  # a module not written yet
+            if exc.name != f"{__name__}.{mod}":
+                raise
+    return REGISTRY

@@ -1,0 +1,159 @@
+"""State shared by every member of one simulated deployment.
+
+All members of a replica set see the same catalog and oplog (replication is
+instantaneous in the simulator); what differs per member is its role
+(primary or secondary), its failpoints, its cursors and its connections.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import bson
+from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
+
+from .clock import ClusterClock
+from .cursors import CursorManager
+from .oplog import Oplog, OplogEntry
+from .versions import VersionProfile
+
+if TYPE_CHECKING:
+    from .failpoints import FailPointRegistry
+    from .storage import Catalog
+
+
+class Member:
+    """One mongod of the deployment (its address, role and failpoints)."""
+
+    def __init__(self, deployment: Deployment, index: int, host: str = "127.0.0.1") -> None:
+        from .failpoints import FailPointRegistry
+
+        self.deployment = deployment
+        self.index = index
+        self.host = host
+        self.port = 0
+        """Set once its listener is bound."""
+        self.failpoints: FailPointRegistry = FailPointRegistry()
+        self.process_id = ObjectId()
+        """``topologyVersion.processId``; changes when the member restarts."""
+        self.topology_counter = 0
+        """``topologyVersion.counter``; bumped on every role change."""
+        self.up = True
+
+    @property
+    def name(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def is_primary(self) -> bool:
+        return self.deployment.primary is self
+
+    def __repr__(self) -> str:
+        role = "PRIMARY" if self.is_primary else "SECONDARY"
+        return f"<Member {self.name} {role}>"
+
+
+class Deployment:
+    """One replica set (or standalone): data, oplog, clock, cursors, members.
+
+    ``lock`` serialises command execution (mongod's concurrency is not what
+    the simulator emulates); a getMore that waits for new oplog entries
+    releases it while it waits.
+    """
+
+    def __init__(
+        self,
+        profile: VersionProfile,
+        *,
+        members: int = 1,
+        set_name: str = "rs0",
+        standalone: bool = False,
+        oplog_max_entries: int | None = None,
+        oplog_max_bytes: int | None = None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        from .storage import Catalog
+
+        if standalone and members != 1:
+            raise ValueError("a standalone has exactly one member")
+        self.profile = profile
+        self.standalone = standalone
+        self.set_name: str | None = None if standalone else set_name
+        self.lock = threading.RLock()
+        self.clock = ClusterClock(now)
+        self.oplog = Oplog(max_entries=oplog_max_entries, max_bytes=oplog_max_bytes)
+        self.cursors = CursorManager()
+        self.term = 1
+        self.set_version = 1
+        self.members: list[Member] = [Member(self, i) for i in range(members)]
+        self.primary: Member | None = self.members[0]
+        self.catalog: Catalog = Catalog(self)
+        self.started_at = now()
+        self.extra: dict[str, Any] = {}
+        self._initiate()
+
+    def _initiate(self) -> None:
+        """Write the "initiating set" no-op every replica set's oplog begins with."""
+        if not self.standalone:
+            self.log("n", "", {"msg": "initiating set"})
+
+    # -- the oplog -----------------------------------------------------------
+    def log(
+        self,
+        op: str,
+        ns: str,
+        o: dict[str, Any],
+        *,
+        ui: uuid.UUID | None = None,
+        o2: dict[str, Any] | None = None,
+        lsid: dict[str, Any] | None = None,
+        txn_number: int | None = None,
+        txn_ops: list[OplogEntry] | None = None,
+        pre_image: dict[str, Any] | None = None,
+        post_image: dict[str, Any] | None = None,
+        ts: Timestamp | None = None,
+        wall: datetime | None = None,
+    ) -> OplogEntry:
+        """Stamp one entry with the next cluster time and append it.
+
+        The caller holds :attr:`lock`. A standalone keeps no oplog, so there
+        the entry is built (for its timestamp) but not stored.
+        """
+        entry = OplogEntry(
+            ts=ts or self.clock.tick(),
+            wall=wall or self.clock.wall(),
+            op=op,
+            ns=ns,
+            o=o,
+            ui=ui,
+            o2=o2,
+            t=self.term,
+            lsid=lsid,
+            txn_number=txn_number,
+            txn_ops=txn_ops,
+            pre_image=pre_image,
+            post_image=post_image,
+        )
+        entry.size = _approx_size(entry)
+        if not self.standalone:
+            self.oplog.append(entry)
+        return entry
+
+    def last_applied(self) -> Timestamp:
+        """The optime of the latest write (the read timestamp of a new read)."""
+        return self.oplog.last_ts or self.clock.current()
+
+
+def _approx_size(entry: OplogEntry) -> int:
+    size = 64 + len(bson.encode(entry.o))
+    if entry.o2 is not None:
+        size += len(bson.encode(entry.o2))
+    if entry.txn_ops:
+        size += sum(e.size or _approx_size(e) for e in entry.txn_ops)
+    return size

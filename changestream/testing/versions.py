@@ -1,0 +1,99 @@
+"""What each emulated server version has and lacks.
+
+One frozen profile per release line, so every behaviour that differs between
+releases is looked up here instead of being decided by version comparisons
+scattered through the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class VersionProfile:
+    """Facts about one emulated mongod release line."""
+
+    version: str
+    """Full version string reported by ``buildInfo`` (e.g. ``"8.0.4"``)."""
+    max_wire_version: int
+    token_version: int
+    """Default resume-token version: 1 for 4.2-6.0, 2 for 6.1+ (7.0, 8.x)."""
+    wall_time: bool
+    """``wallTime`` on change events (6.0+)."""
+    v2_update_oplog: bool
+    """``$v: 2`` update diffs, hence ``truncatedArrays`` (5.0+)."""
+    resumable_label: bool
+    """Server adds ``ResumableChangeStreamError`` to change-stream errors (4.4+)."""
+    expanded_events: bool
+    """``showExpandedEvents``, ``collectionUUID``, DDL events (6.0+)."""
+    pre_post_images: bool
+    """``changeStreamPreAndPostImages``, ``whenAvailable``/``required`` (6.0+)."""
+    disambiguated_paths: bool
+    """``updateDescription.disambiguatedPaths`` with showExpandedEvents (6.1+)."""
+    ns_type: bool
+    """``nsType`` on ``create`` events (8.1+)."""
+    split_events: bool
+    """``$changeStreamSplitLargeEvent`` (7.0+; 6.0.9+ too, not emulated)."""
+    any_type_comment: bool
+    """``comment`` of any BSON type on aggregate, and comment on getMore (4.4+)."""
+    topology_version: bool
+    """``topologyVersion`` and awaitable/streaming hello (4.4+)."""
+    rejects_op_query_commands: bool
+    """OP_QUERY is only accepted for the hello/isMaster handshake (5.1+)."""
+    invalidated_flag: bool
+    """``cursor.invalidated: true`` on the batch that carries an invalidate (7.0+)."""
+
+    @property
+    def major_minor(self) -> tuple[int, int]:
+        major, minor = self.version.split(".")[:2]
+        return int(major), int(minor)
+
+    @property
+    def version_array(self) -> list[int]:
+        return [int(p) for p in self.version.split(".")] + [0]
+
+
+def _profile(version: str, wire: int) -> VersionProfile:
+    mm = tuple(int(p) for p in version.split(".")[:2])
+    return VersionProfile(
+        version=version,
+        max_wire_version=wire,
+        token_version=2 if mm >= (6, 1) else 1,
+        wall_time=mm >= (6, 0),
+        v2_update_oplog=mm >= (5, 0),
+        resumable_label=mm >= (4, 4),
+        expanded_events=mm >= (6, 0),
+        pre_post_images=mm >= (6, 0),
+        disambiguated_paths=mm >= (6, 1),
+        ns_type=mm >= (8, 1),
+        split_events=mm >= (7, 0),
+        any_type_comment=mm >= (4, 4),
+        topology_version=mm >= (4, 4),
+        rejects_op_query_commands=mm >= (5, 1),
+        invalidated_flag=mm >= (7, 0),
+    )
+
+
+VERSIONS: dict[str, VersionProfile] = {
+    "4.2": _profile("4.2.25", 8),
+    "4.4": _profile("4.4.29", 9),
+    "5.0": _profile("5.0.31", 13),
+    "6.0": _profile("6.0.20", 17),
+    "7.0": _profile("7.0.16", 21),
+    "8.0": _profile("8.0.4", 25),
+    "8.2": _profile("8.2.1", 27),
+}
+"""Emulated release lines, keyed by ``major.minor``."""
+
+DEFAULT_VERSION = "8.0"
+
+
+def get_profile(version: str) -> VersionProfile:
+    """Return the profile for ``"8.0"`` (or a full ``"8.0.4"``); raise ValueError otherwise."""
+    key = ".".join(version.split(".")[:2])
+    try:
+        return VERSIONS[key]
+    except KeyError:
+        known = ", ".join(VERSIONS)
+        raise ValueError(f"unsupported server version {version!r}; emulated: {known}") from None

@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import bson
+from bson.binary import UuidRepresentation
+from bson.codec_options import CodecOptions
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
@@ -150,10 +152,16 @@ class Deployment:
         return self.oplog.last_ts or self.clock.current()
 
 
+_SIZE_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
+    uuid_representation=UuidRepresentation.STANDARD
+)
+"""Oplog entries hold native UUIDs (``dropTarget``, ``collectionOptions_old.uuid``)."""
+
+
 def _approx_size(entry: OplogEntry) -> int:
-    size = 64 + len(bson.encode(entry.o))
+    size = 64 + len(bson.encode(entry.o, codec_options=_SIZE_CODEC))
     if entry.o2 is not None:
-        size += len(bson.encode(entry.o2))
+        size += len(bson.encode(entry.o2, codec_options=_SIZE_CODEC))
     if entry.txn_ops:
         size += sum(e.size or _approx_size(e) for e in entry.txn_ops)
     return size

@@ -83,6 +83,9 @@ class CommandSpec:
     standalone_ok: bool = True
     secondary_ok: bool = True
     """Reads allowed on a secondary when the request has a secondaryOk read preference."""
+    any_member: bool = False
+    """Runs on a secondary whatever the read preference (mongod's
+    ``AllowedOnSecondary::kAlways``: hello, getMore, killCursors, ...)."""
     handshake: bool = False
     """Allowed over OP_QUERY on 5.1+ (hello/isMaster) and before auth."""
 

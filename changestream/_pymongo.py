@@ -1,0 +1,174 @@
+"""Transport: runs the machine's commands through PyMongo, pinned to one server per cursor.
+
+``Database.command`` re-selects a server on every call, so a getMore could
+reach a server that does not hold the cursor. Instead this module selects a
+server itself (by read preference for an aggregate, by address for
+getMore/killCursors), checks out a connection from that server and runs the
+command on it. This is the ONLY module touching non-public PyMongo API; every
+item below exists with the same call shape in PyMongo 4.14 and 4.20:
+
+* ``MongoClient._ensure_session()``: the implicit session PyMongo itself lends
+  (not causally consistent, marked dirty on network errors). The stream keeps
+  it for its whole life and ends it on close.
+* ``MongoClient._select_server(selector, session, operation, address=None)``:
+  server selection (honours CSOT and ``serverSelectionTimeoutMS``; records
+  the server's minimum RTT for CSOT).
+* ``MongoClient._conn_from_server(read_preference, server, session)``:
+  context manager yielding ``(connection, effective_read_preference)``; it
+  runs SDAM error handling (a "not primary" or network error marks the server
+  unknown and clears its pool, as for PyMongo's own operations) and applies
+  the direct-connection read-preference rule.
+* ``Connection.command(db, spec, read_preference=, codec_options=,
+  read_concern=, session=, client=)``: publishes command-monitoring events,
+  attaches ``lsid``/``$clusterTime``/``$readPreference``/``readConcern``,
+  processes ``$clusterTime``/``operationTime`` of the reply and, under CSOT,
+  writes ``spec["maxTimeMS"] = remaining - minRTT`` and sets socket timeouts.
+* ``Connection.max_wire_version``: the failing connection's wire version for
+  the resumable-error rules.
+* ``pymongo._csot.get_timeout()``: whether a client-side timeout (or a
+  ``pymongo.timeout()`` block) is in force.
+* ``PyMongoError._error_labels``: all labels of an error, including ones
+  added client-side.
+
+CSOT and getMore: the change-streams CSOT rule is ``maxTimeMS = min(
+maxAwaitTimeMS, remaining - minRTT)`` and *no* ``maxTimeMS`` without
+``maxAwaitTimeMS``. ``Connection.command`` would overwrite it with
+``remaining - minRTT``, so getMore specs are a :class:`_AwaitSpec` whose
+``maxTimeMS`` that hook can only lower, never add.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+from bson.son import SON
+from pymongo import _csot
+from pymongo.errors import (
+    AutoReconnect,
+    ConnectionFailure,
+    NotPrimaryError,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
+from pymongo.read_preferences import ReadPreference
+from pymongo.synchronous.client_session import ClientSession
+from pymongo.synchronous.mongo_client import MongoClient
+
+from .machine import Command, ErrorInfo, KillCursors, ReplyInfo, RunAggregate, RunGetMore
+
+__all__ = ["Outcome", "SyncTransport", "csot_context_active", "describe_error"]
+
+Outcome = tuple[Mapping[str, Any], ReplyInfo] | ErrorInfo
+
+_RAW: CodecOptions[Any] = CodecOptions(document_class=RawBSONDocument)
+"""Replies stay raw: tokens keep their exact bytes, events are decoded once, with the user's codec."""
+
+
+class _AwaitSpec(SON[str, Any]):
+    """A getMore spec whose ``maxTimeMS`` CSOT may lower but never add (see module docstring)."""
+
+    def __init__(self, command: Mapping[str, Any]) -> None:
+        super().__init__(command)
+        self._sealed = True
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == "maxTimeMS" and getattr(self, "_sealed", False):
+            current = self.get("maxTimeMS")
+            if current is None:
+                return
+            value = min(current, value)
+        super().__setitem__(key, value)
+
+
+def csot_context_active() -> bool:
+    """Is the caller inside ``pymongo.timeout(...)`` (which then overrides the client's ``timeoutMS``)?"""
+    return _csot.get_timeout() is not None
+
+
+def describe_error(exc: Exception, wire_version: int | None) -> ErrorInfo:
+    """Translate a PyMongo (or other) exception into the machine's :class:`ErrorInfo`."""
+    if not isinstance(exc, PyMongoError):
+        return ErrorInfo(exception=exc, wire_version=wire_version)
+    details = exc.details if isinstance(exc, (OperationFailure, NotPrimaryError)) else None
+    is_server = isinstance(details, Mapping) and "code" in details
+    code = details.get("code") if is_server and isinstance(details, Mapping) else None
+    if isinstance(exc, OperationFailure) and code is None:
+        code = exc.code
+    return ErrorInfo(
+        exception=exc,
+        code=code if isinstance(code, int) else None,
+        labels=frozenset(getattr(exc, "_error_labels", ())),
+        wire_version=wire_version,
+        is_network=isinstance(exc, ConnectionFailure) and not is_server,
+        is_timeout=bool(exc.timeout and _csot.get_timeout()),
+        is_server_selection=isinstance(exc, ServerSelectionTimeoutError),
+    )
+
+
+class SyncTransport:
+    """Runs commands for one stream on a ``MongoClient`` with the stream's single session."""
+
+    def __init__(self, client: MongoClient[Any], session: ClientSession | None) -> None:
+        self._client = client
+        self._owns_session = session is None
+        self._session = session if session is not None else client._ensure_session()
+
+    @property
+    def session(self) -> ClientSession | None:
+        return self._session
+
+    def run(self, command: Command) -> Outcome:
+        """Run one command; PyMongo (and other ``Exception``) failures come back as ``ErrorInfo``."""
+        wire_version: int | None = None
+        try:
+            if isinstance(command, KillCursors) and not self._server_known(command.address):
+                # Never wait for an unreachable server just to kill a cursor (best effort).
+                raise AutoReconnect(f"server {command.address} is unavailable; cursor not killed")
+            if isinstance(command, RunAggregate):
+                read_preference = command.read_preference
+                server = self._client._select_server(read_preference, self._session, "aggregate")
+                spec: SON[str, Any] = SON(command.command)
+            else:
+                read_preference = ReadPreference.PRIMARY
+                name = "getMore" if isinstance(command, RunGetMore) else "killCursors"
+                server = self._client._select_server(
+                    read_preference, self._session, name, address=command.address
+                )
+                spec = _AwaitSpec(command.command) if isinstance(command, RunGetMore) else SON(
+                    command.command
+                )
+            with self._client._conn_from_server(read_preference, server, self._session) as (
+                conn,
+                effective_read_preference,
+            ):
+                wire_version = conn.max_wire_version
+                reply = conn.command(
+                    command.database,
+                    spec,
+                    read_preference=effective_read_preference
+                    if isinstance(command, RunAggregate)
+                    else ReadPreference.PRIMARY,
+                    codec_options=_RAW,
+                    read_concern=command.read_concern
+                    if isinstance(command, RunAggregate)
+                    else None,
+                    session=self._session,
+                    client=self._client,
+                )
+            return reply, ReplyInfo(server.description.address, wire_version)
+        except Exception as exc:
+            return describe_error(exc, wire_version)
+
+    def close(self) -> None:
+        """End the implicit session (a caller's session is left alone)."""
+        if self._owns_session and self._session is not None:
+            session, self._session = self._session, None
+            session.end_session()
+
+    def _server_known(self, address: Any) -> bool:
+        description = self._client.topology_description.server_descriptions().get(address)
+        return description is not None and description.is_server_type_known

@@ -1,0 +1,155 @@
+"""Entry points: :func:`watch` and thin ``Client``/``Database``/``Collection`` wrappers.
+
+Prefer these helpers over running a raw ``aggregate`` with a ``$changeStream``
+stage: only the helpers track resume tokens and resume automatically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from pymongo.synchronous.collection import Collection as PyMongoCollection
+from pymongo.synchronous.database import Database as PyMongoDatabase
+from pymongo.synchronous.mongo_client import MongoClient
+
+from .options import ChangeStreamOptions
+from .stream import ChangeStream
+
+__all__ = ["Client", "Collection", "Database", "watch"]
+
+
+def watch(
+    target: Any, pipeline: list[Mapping[str, Any]] | None = None, **options: Any
+) -> ChangeStream[Any]:
+    """Open a change stream on a PyMongo ``MongoClient``, ``Database`` or ``Collection``.
+
+    ``pipeline`` stages are appended after ``$changeStream``. Options use
+    PyMongo's ``watch()`` names (``full_document``, ``resume_after``,
+    ``start_after``, ``start_at_operation_time``, ``max_await_time_ms``,
+    ``batch_size``, ``collation``, ``comment``, ``full_document_before_change``,
+    ``show_expanded_events``, ``session``) plus ``read_preference``,
+    ``read_concern``, ``timeout_ms``, ``codec_options``, ``document_class``,
+    ``typed`` (return :mod:`changestream.events` objects) and
+    ``reassemble_split_events`` (merge ``$changeStreamSplitLargeEvent``
+    fragments). Change streams require read concern "majority" or none (the
+    server rejects others). The initial ``aggregate`` runs before this returns.
+    """
+    if isinstance(target, (Client, Database, Collection)):
+        target = target.pymongo
+    return ChangeStream(target, ChangeStreamOptions.from_kwargs(pipeline, **options))
+
+
+class Collection:
+    """A PyMongo collection whose ``watch()`` returns a :class:`ChangeStream`."""
+
+    def __init__(self, collection: PyMongoCollection[Any]) -> None:
+        if not isinstance(collection, PyMongoCollection):
+            raise TypeError(f"expected a pymongo Collection, not {type(collection).__name__}")
+        self._collection = collection
+
+    @property
+    def pymongo(self) -> PyMongoCollection[Any]:
+        """The underlying PyMongo collection."""
+        return self._collection
+
+    @property
+    def name(self) -> str:
+        return self._collection.name
+
+    def watch(
+        self, pipeline: list[Mapping[str, Any]] | None = None, **options: Any
+    ) -> ChangeStream[Any]:
+        """Watch this collection (see :func:`watch`)."""
+        return watch(self._collection, pipeline, **options)
+
+    def __repr__(self) -> str:
+        return f"changestream.Collection({self._collection.full_name!r})"
+
+
+class Database:
+    """A PyMongo database whose ``watch()`` returns a :class:`ChangeStream`."""
+
+    def __init__(self, database: PyMongoDatabase[Any]) -> None:
+        if not isinstance(database, PyMongoDatabase):
+            raise TypeError(f"expected a pymongo Database, not {type(database).__name__}")
+        self._database = database
+
+    @property
+    def pymongo(self) -> PyMongoDatabase[Any]:
+        """The underlying PyMongo database."""
+        return self._database
+
+    @property
+    def name(self) -> str:
+        return self._database.name
+
+    def __getitem__(self, name: str) -> Collection:
+        return Collection(self._database[name])
+
+    def __getattr__(self, name: str) -> Collection:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self[name]
+
+    def watch(
+        self, pipeline: list[Mapping[str, Any]] | None = None, **options: Any
+    ) -> ChangeStream[Any]:
+        """Watch every collection of this database (see :func:`watch`)."""
+        return watch(self._database, pipeline, **options)
+
+    def __repr__(self) -> str:
+        return f"changestream.Database({self._database.name!r})"
+
+
+class Client:
+    """A PyMongo client (given, or created from a URI) whose ``watch()`` covers the cluster."""
+
+    def __init__(self, client: MongoClient[Any] | str | None = None, **client_kwargs: Any) -> None:
+        if isinstance(client, MongoClient):
+            if client_kwargs:
+                raise TypeError("client keyword arguments need a URI, not a MongoClient")
+            self._client: MongoClient[Any] = client
+            self._owned = False
+        else:
+            self._client = MongoClient(client, **client_kwargs)
+            self._owned = True
+
+    @property
+    def pymongo(self) -> MongoClient[Any]:
+        """The underlying PyMongo client."""
+        return self._client
+
+    def __getitem__(self, name: str) -> Database:
+        return Database(self._client[name])
+
+    def __getattr__(self, name: str) -> Database:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self[name]
+
+    def watch(
+        self, pipeline: list[Mapping[str, Any]] | None = None, **options: Any
+    ) -> ChangeStream[Any]:
+        """Watch every database of the cluster (see :func:`watch`)."""
+        return watch(self._client, pipeline, **options)
+
+    def close(self) -> None:
+        """Close the PyMongo client if this wrapper created it."""
+        if self._owned:
+            self._client.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"changestream.Client({self._client!r})"

@@ -1,0 +1,587 @@
+"""The change-stream state machine: every MUST of the spec, and no I/O.
+
+Like h11, the machine never touches a socket. A shell (sync or async) starts
+an operation (:meth:`ChangeStreamMachine.start`, :meth:`~ChangeStreamMachine.begin_next`,
+:meth:`~ChangeStreamMachine.begin_try_next`, :meth:`~ChangeStreamMachine.close`),
+then repeatedly asks :meth:`~ChangeStreamMachine.next_action` what to do:
+
+* a command (:class:`RunAggregate`, :class:`RunGetMore`, :class:`KillCursors`):
+  run it and feed exactly one outcome back with
+  :meth:`~ChangeStreamMachine.receive_reply` or :meth:`~ChangeStreamMachine.receive_error`;
+* :class:`Deliver` / :class:`NoDocument` / :class:`Raise`: the operation is
+  over; return the document, return ``None`` (or stop iterating), or raise.
+
+The machine owns all spec state: the cached resume token, the saved
+operation time, the startAfter flag, the buffered batch and its
+postBatchResumeToken, the cursor (id, namespace, server address, wire
+version), split-event fragments and the resume / retry / timeout bookkeeping;
+it builds every command. Server selection, sessions, ``$clusterTime`` and CSOT
+deadlines belong to the transport.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from bson.int64 import Int64
+
+from .errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
+from .options import ChangeStreamOptions
+from .split import SplitReassembler
+
+__all__ = [
+    "RESUMABLE_CODES_BEFORE_4_4",
+    "RETRYABLE_READ_CODES",
+    "Action",
+    "ChangeStreamMachine",
+    "Command",
+    "Deliver",
+    "ErrorInfo",
+    "KillCursors",
+    "NoDocument",
+    "Phase",
+    "Raise",
+    "ReplyInfo",
+    "RunAggregate",
+    "RunGetMore",
+    "StreamSpec",
+]
+
+CURSOR_NOT_FOUND = 43
+RESUMABLE_LABEL = "ResumableChangeStreamError"
+RESUMABLE_CODES_BEFORE_4_4 = frozenset(
+    {6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 63, 150, 13388, 234, 133}
+)
+"""Resumable server codes on connections with wire version < 9 (change-streams spec)."""
+RETRYABLE_READ_CODES = frozenset(
+    {6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436}
+)
+"""Server codes after which the retryable-reads spec retries an aggregate once."""
+RETRYABLE_READ_LABEL = "RetryableError"
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorInfo:
+    """A failed command, described without reference to any driver's exception types."""
+
+    exception: BaseException
+    """What the shell raises if the machine gives up."""
+    code: int | None = None
+    """Server error code; ``None`` for client-side errors."""
+    labels: frozenset[str] = frozenset()
+    wire_version: int | None = None
+    """``maxWireVersion`` of the connection that ran the command (``None``: none was obtained)."""
+    is_network: bool = False
+    """Not a server error: network failure, server selection failure, ..."""
+    is_timeout: bool = False
+    """The client-side operation timeout (CSOT ``timeoutMS``) of this call expired."""
+    is_server_selection: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplyInfo:
+    """Where a successful command ran."""
+
+    address: Any
+    """Opaque server handle; later getMore/killCursors must go to the same server."""
+    wire_version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSpec:
+    """Everything the machine needs to know about one stream, fixed at ``watch()``."""
+
+    database: str
+    collection: str | None
+    cluster: bool
+    options: ChangeStreamOptions
+    read_preference: Any = None
+    """Opaque; every aggregate (initial and resume) selects a server with it."""
+    read_concern: Any = None
+    """Opaque; handed to the transport with every aggregate."""
+    retry_reads: bool = True
+    decode: Callable[[Mapping[str, Any]], Any] = lambda document: document
+    """Turns a raw event into what the user receives; runs before the token is cached."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunAggregate:
+    """Select a server with ``read_preference`` and run ``command`` on ``database``."""
+
+    command: dict[str, Any]
+    database: str
+    read_preference: Any
+    read_concern: Any
+    is_resume: bool
+    attempt: int = 1
+    """2 for the retryable-reads retry of a failed aggregate."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunGetMore:
+    """Run ``command`` on the server at ``address`` (the one holding the cursor).
+
+    CSOT: ``maxTimeMS`` is ``maxAwaitTimeMS`` or absent. Under a client-side
+    timeout the transport must lower it to ``remaining - minRTT`` when that is
+    smaller, and must never add one (spec: ``min(maxAwaitTimeMS, remaining -
+    minRoundTripTime)`` only when ``maxAwaitTimeMS`` is set).
+    """
+
+    command: dict[str, Any]
+    database: str
+    address: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class KillCursors:
+    """Best effort: run on ``address`` only; the machine ignores the outcome."""
+
+    command: dict[str, Any]
+    database: str
+    address: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Deliver:
+    """The operation returns ``document`` to the user."""
+
+    document: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class NoDocument:
+    """The operation returns nothing (``try_next`` gives ``None``; a closed stream stops iterating)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Raise:
+    """The operation fails with ``error``."""
+
+    error: BaseException
+
+
+Command = RunAggregate | RunGetMore | KillCursors
+Action = RunAggregate | RunGetMore | KillCursors | Deliver | NoDocument | Raise
+
+
+class Phase(enum.Enum):
+    NEW = "new"
+    """Before the initial aggregate succeeded."""
+    OPEN = "open"
+    """A server cursor (or its final buffered batch) exists."""
+    RESUME_PENDING = "resume pending"
+    """The cursor is unusable (resumable error or timeout); the next step is a resume."""
+    CLOSED = "closed"
+
+
+class _Op(enum.Enum):
+    START = "start"
+    NEXT = "next"
+    TRY_NEXT = "try_next"
+    CLOSE = "close"
+
+
+@dataclasses.dataclass
+class _Cursor:
+    id: int
+    database: str
+    collection: str
+    address: Any
+    wire_version: int
+
+
+class ChangeStreamMachine:
+    """One change stream's spec logic; see the module docstring for the protocol."""
+
+    def __init__(self, spec: StreamSpec) -> None:
+        options = spec.options
+        self._spec = spec
+        # Spec "Updating the Cached Resume Token": startAfter, else resumeAfter, else unset.
+        self._token: Mapping[str, Any] | None = (
+            options.start_after if options.start_after is not None else options.resume_after
+        )
+        self._use_start_after = options.start_after is not None
+        """Started with startAfter and no document returned yet: resumes use startAfter."""
+        self._operation_time = options.start_at_operation_time
+        self._phase = Phase.NEW
+        self._cursor: _Cursor | None = None
+        self._batch: deque[Mapping[str, Any]] = deque()
+        self._post_batch_token: Mapping[str, Any] | None = None
+        self._fragments = SplitReassembler() if options.reassemble_split_events else None
+        self._op: _Op | None = None
+        self._inflight: Command | None = None
+        self._ready: Action | None = None
+        self._getmores_left: int | None = None
+        self._after_kill: Action | None = None
+        """What follows the in-flight killCursors; ``None`` means the resume aggregate."""
+
+    # -- state ------------------------------------------------------------------
+    @property
+    def resume_token(self) -> Mapping[str, Any] | None:
+        """The token a resume would use now (spec: ``getResumeToken()``)."""
+        return self._token
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def alive(self) -> bool:
+        return self._phase is not Phase.CLOSED
+
+    @property
+    def operation_time(self) -> Any:
+        """``startAtOperationTime`` a resume without token would use."""
+        return self._operation_time
+
+    @property
+    def cursor_id(self) -> int | None:
+        return None if self._cursor is None else self._cursor.id
+
+    @property
+    def address(self) -> Any:
+        """Server holding the current cursor."""
+        return None if self._cursor is None else self._cursor.address
+
+    @property
+    def buffered(self) -> int:
+        """Documents received but not yet returned."""
+        return len(self._batch)
+
+    @property
+    def busy(self) -> bool:
+        """An operation is in progress."""
+        return self._op is not None
+
+    # -- operations -------------------------------------------------------------
+    def start(self) -> None:
+        """Begin the initial aggregate (``watch()``)."""
+        if self._phase is not Phase.NEW or self._op is not None:
+            raise RuntimeError("start() runs once, before any other operation")
+        self._begin(_Op.START, None)
+
+    def begin_next(self) -> None:
+        """Begin a blocking ``next``: getMore until a document arrives or the stream dies."""
+        self._begin(_Op.NEXT, None)
+
+    def begin_try_next(self) -> None:
+        """Begin ``try_next``: at most one getMore; after a resume only the new first batch."""
+        self._begin(_Op.TRY_NEXT, 1)
+
+    def close(self) -> None:
+        """Begin closing: kill the server cursor (if any). Allowed between commands."""
+        if self._inflight is not None:
+            raise RuntimeError("feed the outcome of the in-flight command before close()")
+        self._op = _Op.CLOSE
+        self._ready = None
+
+    def abort(self) -> None:
+        """Close after the shell was interrupted mid-command (KeyboardInterrupt, cancellation).
+
+        The cursor is killed, the stream closes, the resume token stays readable.
+        """
+        self._inflight = None
+        self.close()
+
+    def next_action(self) -> Action:
+        """What the shell must do next for the current operation."""
+        if self._inflight is not None:
+            raise RuntimeError("feed the outcome of the in-flight command first")
+        if self._op is None:
+            raise RuntimeError("no operation in progress")
+        action = self._ready if self._ready is not None else self._advance()
+        self._ready = None
+        if isinstance(action, (RunAggregate, RunGetMore, KillCursors)):
+            self._inflight = action
+        else:
+            self._op = None
+        return action
+
+    def receive_reply(self, reply: Mapping[str, Any], info: ReplyInfo) -> None:
+        """Feed the successful reply of the in-flight command."""
+        command = self._take_inflight()
+        if isinstance(command, KillCursors):
+            self._ready = self._after_kill_step()
+            return
+        try:
+            if isinstance(command, RunAggregate):
+                self._on_aggregate_reply(command, reply, info)
+            else:
+                self._on_getmore_reply(reply)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            name = "aggregate" if isinstance(command, RunAggregate) else "getMore"
+            error = ChangeStreamError(f"malformed {name} reply ({exc!r}): {reply!r:.300}")
+            self._ready = self._fail(error)
+
+    def receive_error(self, error: ErrorInfo) -> None:
+        """Feed the failure of the in-flight command."""
+        command = self._take_inflight()
+        if isinstance(command, KillCursors):
+            # Spec: errors while killing the cursor are suppressed.
+            self._ready = self._after_kill_step()
+        elif isinstance(command, RunAggregate):
+            self._ready = self._on_aggregate_error(command, error)
+        else:
+            self._ready = self._on_getmore_error(error)
+
+    # -- classification ---------------------------------------------------------
+    @staticmethod
+    def is_resumable(error: ErrorInfo) -> bool:
+        """Spec "Resumable Error", using the wire version of the failing connection."""
+        if error.is_network or error.code == CURSOR_NOT_FOUND:
+            return True
+        if error.code is None or error.wire_version is None:
+            return False
+        if error.wire_version >= 9:
+            return RESUMABLE_LABEL in error.labels
+        return error.code in RESUMABLE_CODES_BEFORE_4_4
+
+    def is_retryable_read(self, error: ErrorInfo) -> bool:
+        """Retryable-reads spec: may a failed aggregate be retried once?"""
+        if not self._spec.retry_reads or error.is_timeout or error.is_server_selection:
+            return False
+        return (
+            error.is_network
+            or error.code in RETRYABLE_READ_CODES
+            or RETRYABLE_READ_LABEL in error.labels
+        )
+
+    # -- internals --------------------------------------------------------------
+    def _begin(self, op: _Op, getmores: int | None) -> None:
+        if self._op is not None:
+            raise RuntimeError(f"an operation ({self._op.value}) is already in progress")
+        if op is not _Op.START and self._phase is Phase.NEW:
+            raise RuntimeError("start() must succeed before iterating")
+        self._op = op
+        self._getmores_left = getmores
+
+    def _take_inflight(self) -> Command:
+        command = self._inflight
+        if command is None:
+            raise RuntimeError("no command is in flight")
+        self._inflight = None
+        return command
+
+    def _advance(self) -> Action:
+        if self._op is _Op.START:
+            return self._aggregate(is_resume=False)
+        if self._op is _Op.CLOSE:
+            return self._shutdown(NoDocument())
+        while True:
+            if self._phase is Phase.CLOSED:
+                return NoDocument()
+            if self._phase is Phase.RESUME_PENDING:
+                return self._resume()
+            if self._batch:
+                action = self._next_from_batch()
+                if action is not None:
+                    return action
+                continue
+            assert self._cursor is not None
+            if self._cursor.id == 0:
+                # Exhausted or invalidated, and everything buffered was returned.
+                if self._fragments is not None and self._fragments.pending:
+                    return self._fail(SplitEventError("the cursor closed in the middle of a split event"))
+                self._close_state()
+                return NoDocument()
+            if self._getmores_left == 0:
+                return NoDocument()
+            if self._getmores_left is not None:
+                self._getmores_left -= 1
+            return self._getmore()
+
+    def _next_from_batch(self) -> Action | None:
+        """Take one buffered document; ``None`` if it was a fragment of an incomplete event."""
+        document = self._batch.popleft()
+        last_in_batch = not self._batch
+        event: Mapping[str, Any] | None = document
+        if self._fragments is not None:
+            try:
+                event = self._fragments.add(document)
+            except SplitEventError as exc:
+                return self._fail(exc)
+            if event is None:
+                # Keep the token before the first fragment: a resume re-delivers the event.
+                return None
+        assert event is not None
+        if "_id" not in event:
+            return self._fail(MissingResumeTokenError())
+        try:
+            delivered = self._spec.decode(event)
+        except Exception as exc:
+            return self._fail(exc)
+        # Spec: last document of the batch -> postBatchResumeToken, else its _id.
+        if last_in_batch and self._post_batch_token is not None:
+            self._token = self._post_batch_token
+        else:
+            self._token = event["_id"]
+        self._use_start_after = False
+        if last_in_batch and self._cursor is not None and self._cursor.id == 0:
+            self._close_state()
+        return Deliver(delivered)
+
+    def _load_batch(self, batch: Any, post_batch_token: Mapping[str, Any] | None) -> None:
+        self._batch = deque(batch)
+        self._post_batch_token = post_batch_token
+        pending = self._fragments is not None and self._fragments.pending
+        if not self._batch and post_batch_token is not None and not pending:
+            self._token = post_batch_token
+
+    def _on_aggregate_reply(
+        self, command: RunAggregate, reply: Mapping[str, Any], info: ReplyInfo
+    ) -> None:
+        cursor = reply["cursor"]
+        ns = cursor.get("ns") or f"{command.database}.{self._spec.collection or '$cmd.aggregate'}"
+        database, _, collection = str(ns).partition(".")
+        batch = list(cursor["firstBatch"])
+        post_batch_token = cursor.get("postBatchResumeToken")
+        self._cursor = _Cursor(int(cursor["id"]), database, collection, info.address,
+                               info.wire_version)
+        self._load_batch(batch, post_batch_token)
+        options = self._spec.options
+        if (
+            not command.is_resume
+            and not batch
+            and post_batch_token is None
+            and options.start_at_operation_time is None
+            and options.resume_after is None
+            and options.start_after is None
+            and info.wire_version >= 7
+            and reply.get("operationTime") is not None
+        ):
+            self._operation_time = reply["operationTime"]
+        self._phase = Phase.OPEN
+        if self._op is _Op.START:
+            self._ready = NoDocument()
+
+    def _on_getmore_reply(self, reply: Mapping[str, Any]) -> None:
+        cursor = reply["cursor"]
+        batch = list(cursor["nextBatch"])
+        assert self._cursor is not None
+        self._cursor.id = int(cursor["id"])
+        self._load_batch(batch, cursor.get("postBatchResumeToken"))
+
+    def _on_aggregate_error(self, command: RunAggregate, error: ErrorInfo) -> Action:
+        if command.attempt == 1 and self.is_retryable_read(error):
+            return dataclasses.replace(self._aggregate(is_resume=command.is_resume), attempt=2)
+        if command.is_resume and error.is_timeout:
+            # CSOT: a timeout never invalidates the stream; the next call resumes again.
+            return Raise(error.exception)
+        # Spec: an aggregate error is never resumable.
+        self._close_state()
+        return Raise(error.exception)
+
+    def _on_getmore_error(self, error: ErrorInfo) -> Action:
+        if error.is_timeout:
+            # CSOT: keep the stream; the next call resumes before any getMore.
+            self._phase = Phase.RESUME_PENDING
+            return Raise(error.exception)
+        if self.is_resumable(error):
+            self._phase = Phase.RESUME_PENDING
+            if self._op is _Op.TRY_NEXT:
+                self._getmores_left = 0
+            return self._resume()
+        return self._fail(error.exception)
+
+    def _resume(self) -> Action:
+        """Spec "Resume Process": kill the old cursor on its server, then aggregate."""
+        self._batch.clear()
+        self._post_batch_token = None
+        if self._fragments is not None:
+            self._fragments.reset()
+        if self._cursor is not None and self._cursor.id != 0:
+            return self._kill(then=None)
+        self._cursor = None
+        return self._aggregate(is_resume=True)
+
+    def _after_kill_step(self) -> Action:
+        then = self._after_kill
+        self._after_kill = None
+        return then if then is not None else self._aggregate(is_resume=True)
+
+    def _fail(self, error: BaseException) -> Action:
+        """Close the stream (killing its cursor) and raise ``error``."""
+        return self._shutdown(Raise(error))
+
+    def _shutdown(self, then: Action) -> Action:
+        self._close_state()
+        if self._cursor is not None and self._cursor.id != 0:
+            return self._kill(then=then)
+        return then
+
+    def _close_state(self) -> None:
+        self._phase = Phase.CLOSED
+        self._batch.clear()
+        if self._fragments is not None:
+            self._fragments.reset()
+
+    def _kill(self, then: Action | None) -> KillCursors:
+        cursor = self._cursor
+        assert cursor is not None
+        self._cursor = None
+        self._after_kill = then
+        command = {"killCursors": cursor.collection, "cursors": [Int64(cursor.id)]}
+        return KillCursors(command, cursor.database, cursor.address)
+
+    def _aggregate(self, *, is_resume: bool) -> RunAggregate:
+        spec = self._spec
+        options = spec.options
+        stage: dict[str, Any] = {}
+        if spec.cluster:
+            stage["allChangesForCluster"] = True
+        if options.full_document is not None:
+            stage["fullDocument"] = options.full_document
+        if options.full_document_before_change is not None:
+            stage["fullDocumentBeforeChange"] = options.full_document_before_change
+        stage.update(self._resume_options() if is_resume else self._start_options())
+        if options.show_expanded_events is not None:
+            stage["showExpandedEvents"] = options.show_expanded_events
+        command: dict[str, Any] = {
+            "aggregate": spec.collection if spec.collection is not None else 1,
+            "pipeline": [{"$changeStream": stage}, *options.pipeline],
+            "cursor": {} if options.batch_size is None else {"batchSize": options.batch_size},
+        }
+        if options.collation is not None:
+            command["collation"] = options.collation
+        if options.comment is not None:
+            command["comment"] = options.comment
+        return RunAggregate(command, spec.database, spec.read_preference, spec.read_concern,
+                            is_resume)
+
+    def _start_options(self) -> dict[str, Any]:
+        """The caller's start options, verbatim: conflicts are the server's to report."""
+        options = self._spec.options
+        stage: dict[str, Any] = {}
+        if options.resume_after is not None:
+            stage["resumeAfter"] = options.resume_after
+        if options.start_after is not None:
+            stage["startAfter"] = options.start_after
+        if options.start_at_operation_time is not None:
+            stage["startAtOperationTime"] = options.start_at_operation_time
+        return stage
+
+    def _resume_options(self) -> dict[str, Any]:
+        """Spec "Resume Process": startAfter vs resumeAfter vs startAtOperationTime."""
+        if self._token is not None:
+            key = "startAfter" if self._use_start_after else "resumeAfter"
+            return {key: self._token}
+        if self._operation_time is not None:
+            return {"startAtOperationTime": self._operation_time}
+        return {}
+
+    def _getmore(self) -> RunGetMore:
+        cursor = self._cursor
+        assert cursor is not None
+        options = self._spec.options
+        command: dict[str, Any] = {"getMore": Int64(cursor.id), "collection": cursor.collection}
+        if options.batch_size:
+            command["batchSize"] = options.batch_size
+        if options.max_await_time_ms is not None:
+            command["maxTimeMS"] = options.max_await_time_ms
+        if options.comment is not None and cursor.wire_version >= 9:
+            command["comment"] = options.comment
+        return RunGetMore(command, cursor.database, cursor.address)

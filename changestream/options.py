@@ -1,0 +1,235 @@
+"""Validation of ``watch()`` options and of the watched target.
+
+Option names are PyMongo's (``full_document``, ``max_await_time_ms``, ...).
+Only the *types* are checked here, each failure naming its option; values the
+server understands (an unknown ``fullDocument`` string, both ``resume_after``
+and ``start_after``, a ``$changeStream`` stage inside the pipeline, ...) are
+passed through unvalidated so the server reports them, as the change-streams
+spec requires. Shared by the sync and the async shells.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import bson
+from bson.codec_options import CodecOptions, TypeRegistry
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.asynchronous.mongo_client import AsyncMongoClient
+from pymongo.collation import validate_collation_or_none
+from pymongo.read_concern import ReadConcern
+from pymongo.read_preferences import (
+    Nearest,
+    Primary,
+    PrimaryPreferred,
+    Secondary,
+    SecondaryPreferred,
+)
+from pymongo.synchronous.client_session import ClientSession
+from pymongo.synchronous.collection import Collection
+from pymongo.synchronous.database import Database
+from pymongo.synchronous.mongo_client import MongoClient
+
+__all__ = [
+    "ChangeStreamOptions",
+    "Target",
+    "check_max_await",
+    "effective_codec_options",
+    "effective_timeout_ms",
+    "event_decoder",
+    "present_token",
+    "resolve_target",
+]
+
+_READ_PREFERENCES = (Primary, PrimaryPreferred, Secondary, SecondaryPreferred, Nearest)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChangeStreamOptions:
+    """The validated options of one ``watch()`` call (``None`` = not set by the caller)."""
+
+    pipeline: tuple[Mapping[str, Any], ...] = ()
+    full_document: str | None = None
+    full_document_before_change: str | None = None
+    resume_after: Mapping[str, Any] | None = None
+    start_after: Mapping[str, Any] | None = None
+    start_at_operation_time: Timestamp | None = None
+    max_await_time_ms: int | None = None
+    batch_size: int | None = None
+    collation: Mapping[str, Any] | None = None
+    comment: Any = None
+    show_expanded_events: bool | None = None
+    read_preference: Any = None
+    read_concern: ReadConcern | None = None
+    session: Any = None
+    timeout_ms: float | None = None
+    codec_options: CodecOptions[Any] | None = None
+    document_class: type[Any] | None = None
+    typed: bool = False
+    reassemble_split_events: bool = False
+
+    @classmethod
+    def from_kwargs(cls, pipeline: Any = None, **options: Any) -> ChangeStreamOptions:
+        """Validate ``watch(pipeline, **options)`` arguments; raise TypeError/ValueError naming the option."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"pipeline"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(
+                f"watch() got unexpected option(s) {', '.join(map(repr, unknown))}; "
+                f"valid options are: {', '.join(sorted(known))}"
+            )
+        values: dict[str, Any] = dict(options)
+        values["pipeline"] = _pipeline(pipeline)
+        for name in ("full_document", "full_document_before_change"):
+            _check(name, values.get(name), (str,), "a string")
+        for name in ("resume_after", "start_after"):
+            _check(name, values.get(name), (Mapping,), "a document (mapping)")
+            values[name] = copy.deepcopy(values.get(name))
+        _check("start_at_operation_time", values.get("start_at_operation_time"), (Timestamp,),
+               "a bson.timestamp.Timestamp")
+        for name in ("max_await_time_ms", "batch_size"):
+            _non_negative(name, values.get(name), integral=True)
+        _non_negative("timeout_ms", values.get("timeout_ms"), integral=False)
+        values["collation"] = validate_collation_or_none(values.get("collation"))
+        _check("show_expanded_events", values.get("show_expanded_events"), (bool,), "a bool")
+        for name in ("typed", "reassemble_split_events"):
+            if not isinstance(values.get(name, False), bool):
+                raise TypeError(f"{name} must be a bool, not {type(values[name]).__name__}")
+        _check("read_preference", values.get("read_preference"), _READ_PREFERENCES,
+               "a pymongo read preference (e.g. ReadPreference.SECONDARY)")
+        _check("read_concern", values.get("read_concern"), (ReadConcern,),
+               "a pymongo.read_concern.ReadConcern")
+        _check("session", values.get("session"), (ClientSession, AsyncClientSession),
+               "a pymongo ClientSession")
+        _check("codec_options", values.get("codec_options"), (CodecOptions,),
+               "a bson.codec_options.CodecOptions")
+        document_class = values.get("document_class")
+        if document_class is not None and not isinstance(document_class, type):
+            raise TypeError(f"document_class must be a class, not {document_class!r}")
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a stream watches and the defaults it inherits from the PyMongo object."""
+
+    client: Any
+    """The PyMongo ``MongoClient`` (or ``AsyncMongoClient``) that runs the commands."""
+    database: str
+    """The database the aggregate runs on (``admin`` for a cluster stream)."""
+    collection: str | None
+    """The collection name; ``None`` for database and cluster streams."""
+    cluster: bool
+    read_preference: Any
+    read_concern: ReadConcern
+    codec_options: CodecOptions[Any]
+
+
+def resolve_target(target: Any) -> Target:
+    """Describe a PyMongo client, database or collection (sync or async) as a :class:`Target`."""
+    if isinstance(target, (Collection, AsyncCollection)):
+        return Target(target.database.client, target.database.name, target.name, False,
+                      target.read_preference, target.read_concern, target.codec_options)
+    if isinstance(target, (Database, AsyncDatabase)):
+        return Target(target.client, target.name, None, False,
+                      target.read_preference, target.read_concern, target.codec_options)
+    if isinstance(target, (MongoClient, AsyncMongoClient)):
+        return Target(target, "admin", None, True,
+                      target.read_preference, target.read_concern, target.codec_options)
+    raise TypeError(
+        "watch() target must be a pymongo MongoClient, Database or Collection, "
+        f"not {type(target).__name__}"
+    )
+
+
+def effective_timeout_ms(options: ChangeStreamOptions, client: Any) -> float | None:
+    """``timeout_ms`` if given, else the client's ``timeoutMS`` (``None`` = no CSOT)."""
+    if options.timeout_ms is not None:
+        return options.timeout_ms
+    seconds = client.options.timeout
+    return None if seconds is None else seconds * 1000
+
+
+def check_max_await(options: ChangeStreamOptions, timeout_ms: float | None) -> None:
+    """CSOT spec: ``maxAwaitTimeMS`` must be below a non-zero ``timeoutMS``."""
+    max_await = options.max_await_time_ms
+    if max_await is not None and timeout_ms and max_await >= timeout_ms:
+        raise ValueError(
+            f"max_await_time_ms ({max_await}) must be less than timeout_ms ({timeout_ms:g}); "
+            "a getMore could otherwise never return before the client-side timeout"
+        )
+
+
+def effective_codec_options(options: ChangeStreamOptions, target: Target) -> CodecOptions[Any]:
+    """``codec_options`` (default: the target's) with ``document_class`` applied."""
+    codec = options.codec_options or target.codec_options
+    if options.document_class is not None:
+        codec = codec.with_options(document_class=options.document_class)
+    return codec
+
+
+def event_decoder(codec: CodecOptions[Any], typed: bool) -> Callable[[Mapping[str, Any]], Any]:
+    """How a raw event (``RawBSONDocument`` from the wire, or a merged dict) reaches the user.
+
+    Decoded with the user's codec options (document class, type registry,
+    tz, UUID representation); with ``typed=True`` further parsed by
+    :func:`changestream.events.parse_event`.
+    """
+    parse = importlib.import_module("changestream.events").parse_event if typed else None
+    raw_output = issubclass(codec.document_class, RawBSONDocument)
+
+    def decode(event: Mapping[str, Any]) -> Any:
+        data = event.raw if isinstance(event, RawBSONDocument) else bson.encode(event)
+        document = codec.document_class(data, codec) if raw_output else bson.decode(data, codec)
+        return document if parse is None else parse(document)
+
+    return decode
+
+
+def present_token(token: Mapping[str, Any] | None, codec: CodecOptions[Any]) -> Any:
+    """A resume token as the user sees it: their document class, never custom-decoded.
+
+    A ``RawBSONDocument`` token keeps its exact bytes (key order, ``_typeBits``).
+    """
+    if token is None:
+        return None
+    if isinstance(token, RawBSONDocument):
+        if issubclass(codec.document_class, RawBSONDocument):
+            return token
+        return bson.decode(token.raw, codec.with_options(type_registry=TypeRegistry()))
+    return copy.deepcopy(token)
+
+
+def _pipeline(pipeline: Any) -> tuple[Mapping[str, Any], ...]:
+    if pipeline is None:
+        return ()
+    if not isinstance(pipeline, list):
+        raise TypeError(f"pipeline must be a list of stages, not {type(pipeline).__name__}")
+    for index, stage in enumerate(pipeline):
+        if not isinstance(stage, Mapping):
+            raise TypeError(f"pipeline stage {index} must be a document, not {type(stage).__name__}")
+    return tuple(copy.deepcopy(pipeline))
+
+
+def _check(name: str, value: Any, types: tuple[type[Any], ...], what: str) -> None:
+    if value is not None and not isinstance(value, types):
+        raise TypeError(f"{name} must be {what} or None, not {type(value).__name__}")
+
+
+def _non_negative(name: str, value: Any, *, integral: bool) -> None:
+    if value is None:
+        return
+    kinds: tuple[type[Any], ...] = (int,) if integral else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        what = "an integer" if integral else "a number"
+        raise TypeError(f"{name} must be {what} or None, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, not {value}")

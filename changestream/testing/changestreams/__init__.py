@@ -1,0 +1,1 @@
+"""Change-stream machinery of the simulator: resume tokens, KeyStrings, update descriptions."""

@@ -1,0 +1,396 @@
+"""Turn oplog entries into change events, field for field as mongod's transform stage does.
+
+Follows ``change_stream_event_transform.cpp`` (field order, operationDescription,
+resume-token identifiers), ``document_source_change_stream_unwind_transaction.cpp``
+(one event per ``applyOps`` operation, ``txnOpIndex`` counting every operation)
+and ``document_source_change_stream_check_invalidate.cpp`` (which commands
+invalidate which streams). What differs between releases comes from the
+:class:`VersionProfile`. This is the hot path: everything constant for a
+stream is computed once, and events share their sub-documents with the oplog
+(nothing downstream mutates them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import datetime
+from typing import Any, Final
+
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+
+from ..errors import CommandError
+from ..oplog import OplogEntry
+from ..versions import VersionProfile
+from .resume_token import EVENT_TOKEN, ResumeTokenData, encode_token, event_identifier
+from .stage import SCOPE_CLUSTER, SCOPE_COLLECTION, SCOPE_DATABASE, ChangeStreamSpec
+from .update_description import update_description
+
+_INTERNAL_DBS: Final = frozenset({"admin", "config", "local"})
+_VIEWS_NAMESPACE: Final = uuid.UUID("6ba7b811-9dad-11d1-80b4-00c04fd430c8")
+_RENAME_DROPPED: Final = ("renameCollection", "stayTemp")
+_EXPANDED_COMMANDS: Final = frozenset(
+    {"create", "createIndexes", "commitIndexBuild", "dropIndexes", "collMod"}
+)
+
+
+@dataclasses.dataclass(slots=True)
+class RawEvent:
+    """One change event as the transform produced it, before images and user stages."""
+
+    doc: dict[str, Any]
+    token: ResumeTokenData
+    entry: OplogEntry | None = None
+    """The CRUD oplog entry (pre/post images live there); None for commands."""
+    invalidates: bool = False
+    """The stream must be invalidated after this event (drop/rename/dropDatabase)."""
+    is_invalidate: bool = False
+
+
+def _ns_doc(db: str, coll: str) -> dict[str, Any]:
+    return {"db": db, "coll": coll}
+
+
+def _split_ns(ns: str) -> tuple[str, str]:
+    db, _, coll = ns.partition(".")
+    return db, coll
+
+
+def _without(doc: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k not in names}
+
+
+class EventTransformer:
+    """Builds the events one stream sees from each oplog entry."""
+
+    def __init__(self, spec: ChangeStreamSpec, profile: VersionProfile) -> None:
+        self._scope = spec.scope
+        self._db = spec.db
+        self._coll = spec.coll
+        self._ns = spec.ns
+        self._db_prefix = spec.db + "."
+        self._show_system = spec.show_system_events
+        self._expanded = spec.show_expanded_events
+        self._wall = profile.wall_time
+        self._legacy_updates = not profile.v2_update_oplog
+        self._disambiguated = profile.disambiguated_paths
+        self._ns_type = profile.ns_type
+        self._raw_updates = spec.show_raw_update_description
+        self._reserve_full_document = spec.full_document != "default"
+        self._version = spec.token_version
+        resume = spec.resume_token
+        self._resume_key: tuple[int, int] | None = None
+        self._resume_version = self._version
+        self._resume_txn = 0
+        if resume is not None and resume.version != self._version:
+            self._resume_key = (resume.cluster_time.time, resume.cluster_time.inc)
+            self._resume_version = resume.version
+            self._resume_txn = resume.txn_op_index
+        self._invalidating = {
+            SCOPE_COLLECTION: frozenset({"drop", "rename", "dropDatabase"}),
+            SCOPE_DATABASE: frozenset({"dropDatabase"}),
+            SCOPE_CLUSTER: frozenset(),
+        }[self._scope]
+
+    # -- relevance -----------------------------------------------------------------------------
+    def _visible(self, db: str, coll: str) -> bool:
+        """Whether a namespace belongs to this stream (mongod's oplog namespace filter)."""
+        if self._scope == SCOPE_COLLECTION:
+            return db == self._db and coll == self._coll
+        if self._scope == SCOPE_DATABASE:
+            if db != self._db:
+                return False
+        elif db in _INTERNAL_DBS:
+            return False
+        if coll.startswith("$"):
+            return False
+        return self._show_system or not coll.startswith("system.")
+
+    def _crud_visible(self, ns: str) -> bool:
+        if self._scope == SCOPE_COLLECTION:
+            return ns == self._ns
+        return self._visible(*_split_ns(ns))
+
+    def _db_visible(self, db: str) -> bool:
+        if self._scope == SCOPE_CLUSTER:
+            return db not in _INTERNAL_DBS
+        return db == self._db
+
+    # -- entry point -----------------------------------------------------------------------------
+    def events(self, entry: OplogEntry) -> list[RawEvent]:
+        """The events ``entry`` produces for this stream (often none)."""
+        op = entry.op
+        if op in ("i", "u", "d"):
+            if not self._crud_visible(entry.ns):
+                return []
+            return [self._crud(entry, entry.ts, entry.wall, None, 0)]
+        if op != "c":
+            return []
+        if "applyOps" in entry.o:
+            return self._transaction(entry)
+        event = self._command(entry, entry.ts, entry.wall, None, 0)
+        return [] if event is None else [event]
+
+    def _transaction(self, entry: OplogEntry) -> list[RawEvent]:
+        txn: tuple[Int64, Any] | None = None
+        if entry.lsid is not None and entry.txn_number is not None:
+            txn = (Int64(entry.txn_number), entry.lsid)
+        out: list[RawEvent] = []
+        for index, inner in enumerate(entry.txn_ops or ()):
+            event: RawEvent | None = None
+            if inner.op in ("i", "u", "d"):
+                if self._crud_visible(inner.ns):
+                    event = self._crud(inner, entry.ts, entry.wall, txn, index)
+            elif inner.op == "c":
+                event = self._command(inner, entry.ts, entry.wall, txn, index)
+            if event is not None:
+                out.append(event)
+        return out
+
+    # -- building ----------------------------------------------------------------------------------
+    def _token(
+        self,
+        ts: Timestamp,
+        txn_op_index: int,
+        ui: uuid.UUID | None,
+        op_type: str,
+        document_key: dict[str, Any] | None,
+        op_desc: dict[str, Any] | None,
+    ) -> ResumeTokenData:
+        version = self._version
+        if self._resume_key is not None:
+            if (ts.time, ts.inc) > self._resume_key:
+                self._resume_key = None  # every later event uses the default version
+            elif txn_op_index <= self._resume_txn:
+                version = self._resume_version
+        return ResumeTokenData(
+            ts,
+            version,
+            EVENT_TOKEN,
+            txn_op_index,
+            False,
+            ui,
+            event_identifier(version, op_type, document_key, op_desc),
+        )
+
+    def _head(
+        self,
+        token: ResumeTokenData,
+        op_type: str,
+        wall: datetime,
+        ui: uuid.UUID | None,
+        txn: tuple[Int64, Any] | None,
+        to: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """``[to], [txnNumber, lsid], _id, operationType, clusterTime, [collectionUUID], [wallTime]``."""
+        doc: dict[str, Any] = {}
+        if to is not None:
+            doc["to"] = to
+        if txn is not None:
+            doc["txnNumber"] = txn[0]
+            doc["lsid"] = txn[1]
+        doc["_id"] = encode_token(token)
+        doc["operationType"] = op_type
+        doc["clusterTime"] = token.cluster_time
+        if self._expanded and ui is not None:
+            doc["collectionUUID"] = ui
+        if self._wall:
+            doc["wallTime"] = wall
+        return doc
+
+    def _crud(
+        self,
+        entry: OplogEntry,
+        ts: Timestamp,
+        wall: datetime,
+        txn: tuple[Int64, Any] | None,
+        txn_op_index: int,
+    ) -> RawEvent:
+        o = entry.o
+        update_desc: Any = None
+        full_document: Any = None
+        op = entry.op
+        if op == "i":
+            op_type = "insert"
+            full_document = o
+            document_key = entry.o2 if entry.o2 is not None else {"_id": o.get("_id")}
+        elif op == "d":
+            op_type = "delete"
+            document_key = o
+        elif "$v" in o:
+            if o["$v"] != 2:
+                raise CommandError(6741200, f"Unsupported or missing oplog version, $v: {o['$v']}")
+            op_type = "update"
+            document_key = entry.o2 or {}
+            update_desc = o if self._raw_updates else self._update_description(o, entry)
+        else:
+            op_type = "replace"
+            full_document = o
+            document_key = entry.o2 if entry.o2 is not None else {"_id": o.get("_id")}
+        token = self._token(ts, txn_op_index, entry.ui, op_type, document_key, None)
+        doc = self._head(token, op_type, wall, entry.ui, txn)
+        if full_document is not None:
+            doc["fullDocument"] = full_document
+        elif op_type == "update" and self._reserve_full_document:
+            doc["fullDocument"] = None  # the post-image stage fills this slot in place
+        doc["ns"] = _ns_doc(*_split_ns(entry.ns))
+        doc["documentKey"] = document_key
+        if update_desc is not None:
+            doc["rawUpdateDescription" if self._raw_updates else "updateDescription"] = update_desc
+        return RawEvent(doc, token, entry)
+
+    def _update_description(self, o: dict[str, Any], entry: OplogEntry) -> dict[str, Any]:
+        try:
+            return update_description(
+                o["diff"],
+                legacy=self._legacy_updates,
+                show_expanded_events=self._expanded,
+                disambiguated_paths_supported=self._disambiguated,
+                post_image=entry.post_image,
+            )
+        except ValueError as exc:  # e.g. a 4.x array resize logged without its post-image
+            msg = f"cannot describe the update of {entry.ns} at {entry.ts}: {exc}"
+            raise CommandError(1, msg) from exc
+
+    def _command(
+        self,
+        entry: OplogEntry,
+        ts: Timestamp,
+        wall: datetime,
+        txn: tuple[Int64, Any] | None,
+        txn_op_index: int,
+    ) -> RawEvent | None:
+        o = entry.o
+        db = entry.db
+        name = next(iter(o), "")
+        if name == "drop":
+            coll = o["drop"]
+            if not self._visible(db, coll):
+                return None
+            return self._ddl(entry, ts, wall, txn, txn_op_index, "drop", _ns_doc(db, coll))
+        if name == "renameCollection":
+            return self._rename(entry, ts, wall, txn, txn_op_index)
+        if name == "dropDatabase":
+            if not self._db_visible(db):
+                return None
+            return self._ddl(entry, ts, wall, txn, txn_op_index, "dropDatabase", {"db": db})
+        if name not in _EXPANDED_COMMANDS or not self._expanded:
+            return None
+        coll = o[name]
+        if not isinstance(coll, str) or not self._visible(db, coll):
+            return None
+        if name == "create":
+            if "viewOn" in o:
+                return self._view_create(entry, ts, wall, txn, txn_op_index, coll)
+            extra = {"nsType": "collection"} if self._ns_type else None
+            return self._ddl(
+                entry, ts, wall, txn, txn_op_index, "create", _ns_doc(db, coll),
+                op_desc=_without(o, "create"), extra=extra,
+            )  # fmt: skip
+        if name == "createIndexes":
+            op_desc = {"indexes": [_without(o, "createIndexes")]}
+            op_type = "createIndexes"
+        elif name == "commitIndexBuild":
+            op_desc = {"indexes": o.get("indexes", [])}
+            op_type = "createIndexes"
+        elif name == "dropIndexes":
+            op_desc = {"indexes": [_without(entry.o2 or {}, "dropIndexes")]}
+            op_type = "dropIndexes"
+        else:
+            op_desc = _without(o, "collMod")
+            op_type = "modify"
+            old = entry.o2 or {}
+            state: dict[str, Any] = {"collectionOptions": old.get("collectionOptions_old")}
+            if "indexOptions_old" in old:
+                state["indexOptions"] = old["indexOptions_old"]
+            return self._ddl(
+                entry, ts, wall, txn, txn_op_index, op_type, _ns_doc(db, coll),
+                op_desc=op_desc, extra={"stateBeforeChange": state},
+            )  # fmt: skip
+        return self._ddl(
+            entry, ts, wall, txn, txn_op_index, op_type, _ns_doc(db, coll), op_desc=op_desc
+        )
+
+    def _ddl(
+        self,
+        entry: OplogEntry,
+        ts: Timestamp,
+        wall: datetime,
+        txn: tuple[Int64, Any] | None,
+        txn_op_index: int,
+        op_type: str,
+        ns: dict[str, Any],
+        *,
+        op_desc: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+        to: dict[str, Any] | None = None,
+    ) -> RawEvent:
+        """A command event: ``..., ns, [operationDescription], [stateBeforeChange], [nsType]``."""
+        token = self._token(ts, txn_op_index, entry.ui, op_type, None, op_desc)
+        doc = self._head(token, op_type, wall, entry.ui, txn, to)
+        doc["ns"] = ns
+        if self._expanded and op_desc is not None:
+            doc["operationDescription"] = op_desc
+        if extra:
+            doc.update(extra)
+        return RawEvent(doc, token, None, invalidates=op_type in self._invalidating)
+
+    def _rename(
+        self,
+        entry: OplogEntry,
+        ts: Timestamp,
+        wall: datetime,
+        txn: tuple[Int64, Any] | None,
+        txn_op_index: int,
+    ) -> RawEvent | None:
+        o = entry.o
+        src_db, src_coll = _split_ns(o["renameCollection"])
+        dst_db, dst_coll = _split_ns(o["to"])
+        if not (self._visible(src_db, src_coll) or self._visible(dst_db, dst_coll)):
+            return None
+        to = _ns_doc(dst_db, dst_coll)
+        op_desc = {k: (to if k == "to" else v) for k, v in o.items() if k not in _RENAME_DROPPED}
+        return self._ddl(
+            entry, ts, wall, txn, txn_op_index, "rename", _ns_doc(src_db, src_coll),
+            op_desc=op_desc, to=to,
+        )  # fmt: skip
+
+    def _view_create(
+        self,
+        entry: OplogEntry,
+        ts: Timestamp,
+        wall: datetime,
+        txn: tuple[Int64, Any] | None,
+        txn_op_index: int,
+        view: str,
+    ) -> RawEvent | None:
+        """A view definition event (mongod reads these from ``system.views``).
+
+        Only whole-database and cluster streams see them; they carry no
+        ``collectionUUID`` and their token holds the ``system.views`` UUID.
+        """
+        if self._scope == SCOPE_COLLECTION:
+            return None
+        db = entry.db
+        op_desc = _without(entry.o, "create")
+        views_uuid = uuid.uuid5(_VIEWS_NAMESPACE, f"{db}.system.views")
+        token = self._token(ts, txn_op_index, views_uuid, "create", None, op_desc)
+        doc = self._head(token, "create", wall, None, txn)
+        doc["ns"] = _ns_doc(db, view)
+        doc["operationDescription"] = op_desc
+        if self._ns_type:
+            doc["nsType"] = "view"
+        return RawEvent(doc, token)
+
+    def invalidate(self, event: RawEvent) -> RawEvent:
+        """The ``invalidate`` that follows ``event``: its token with ``fromInvalidate``."""
+        token = dataclasses.replace(event.token, from_invalidate=True)
+        doc: dict[str, Any] = {
+            "_id": encode_token(token),
+            "operationType": "invalidate",
+            "clusterTime": token.cluster_time,
+        }
+        if self._wall:
+            doc["wallTime"] = event.doc["wallTime"]
+        return RawEvent(doc, token, None, is_invalidate=True)

@@ -1,0 +1,468 @@
+"""Handshake, diagnostics, session and replication commands (hello, buildInfo, ...).
+
+Also owns the replica set's role changes (:func:`elect_next`) and the
+condition awaitable hellos wait on, because hello and replSetStepDown are the
+commands that observe and cause them.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import threading
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
+
+from ..dispatch import topology_version
+from ..errors import CommandError
+from ..wire import MAX_MESSAGE_SIZE
+from . import CommandContext, command
+
+if TYPE_CHECKING:
+    from ..deployment import Deployment, Member
+
+MAX_BSON_OBJECT_SIZE = 16 * 1024 * 1024
+MAX_WRITE_BATCH_SIZE = 100_000
+LOGICAL_SESSION_TIMEOUT_MINUTES = 30
+
+_topology_changed = threading.Condition()
+"""Notified whenever any member's role or topologyVersion changes, or a member goes down."""
+
+
+# -- role changes ------------------------------------------------------------------------------
+
+
+def notify_topology_change() -> None:
+    """Wake every awaitable hello so it re-checks its member's topologyVersion."""
+    with _topology_changed:
+        _topology_changed.notify_all()
+
+
+def elect_next(deployment: Deployment, *, restart_old: bool = False) -> Member:
+    """Step the primary down and elect the next member (itself if alone): term + 1.
+
+    Every member's topologyVersion counter moves (their hello replies all
+    change), the new primary writes mongod's "new primary" no-op, and waiting
+    hellos wake. ``restart_old`` also gives the old primary a new processId
+    and clears its failpoints, as a restarted mongod has. Caller holds
+    ``deployment.lock``.
+    """
+    members = deployment.members
+    old = deployment.primary
+    new = members[(old.index + 1) % len(members)] if old is not None else members[0]
+    deployment.term += 1
+    deployment.primary = new
+    for member in members:
+        member.topology_counter += 1
+    if restart_old and old is not None:
+        old.process_id = ObjectId()
+        old.topology_counter = 0
+        old.failpoints.reset()
+    deployment.log("n", "", {"msg": "new primary"})
+    notify_topology_change()
+    return new
+
+
+def _await_topology_change(member: Member, client_tv: Any, max_await_ms: Any) -> None:
+    """Block until ``member``'s topologyVersion differs from ``client_tv`` or time runs out."""
+    if not isinstance(client_tv, dict) or not isinstance(client_tv.get("processId"), ObjectId):
+        raise CommandError(
+            40414, "BSON field 'topologyVersion.processId' is missing but a required field"
+        )
+    counter = client_tv.get("counter")
+    if not isinstance(counter, int):
+        raise CommandError(
+            40414, "BSON field 'topologyVersion.counter' is missing but a required field"
+        )
+    if (
+        not isinstance(max_await_ms, (int, float))
+        or isinstance(max_await_ms, bool)
+        or max_await_ms < 0
+    ):
+        raise CommandError(31373, "maxAwaitTimeMS must be a non-negative integer")
+    if client_tv["processId"] == member.process_id and counter > member.topology_counter:
+        raise CommandError(
+            31382,
+            "Topology version counter in request is greater than the server's. "
+            f"Request: {counter}, Server: {member.topology_counter}",
+        )
+    deadline = time.monotonic() + max_await_ms / 1000
+    with _topology_changed:
+        while (
+            member.up
+            and client_tv["processId"] == member.process_id
+            and counter == member.topology_counter
+        ):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            _topology_changed.wait(left)
+
+
+# -- hello -------------------------------------------------------------------------------------
+
+
+def _wall(ts: Timestamp) -> datetime:
+    return datetime.fromtimestamp(ts.time, tz=timezone.utc)
+
+
+def _op_time(deployment: Deployment) -> dict[str, Any]:
+    return {"ts": deployment.last_applied(), "t": Int64(deployment.term)}
+
+
+@command("isMaster", "ismaster", locks=False, any_member=True, handshake=True)
+@command("hello", locks=False, any_member=True, handshake=True)
+def hello(ctx: CommandContext) -> dict[str, Any]:
+    """The handshake and SDAM monitoring reply, awaitable on 4.4+ (``replication_info.cpp``).
+
+    ``isMaster`` is a separate command in mongod (failCommand tells them
+    apart) that answers ``ismaster`` instead of ``isWritablePrimary``.
+    """
+    body, conn, deployment, member = ctx.body, ctx.connection, ctx.deployment, ctx.member
+    profile = deployment.profile
+    hello_ok = body.get("helloOk")
+    if hello_ok is not None and not isinstance(hello_ok, bool):
+        raise CommandError(
+            14,
+            f"BSON field '{ctx.name}.helloOk' is the wrong type '{type(hello_ok).__name__}', "
+            "expected type 'bool'",
+        )
+    if "client" in body:
+        if conn.client_metadata is not None:
+            raise CommandError(
+                186, "The client metadata document may only be sent in the first hello"
+            )
+        metadata = body["client"]
+        if not isinstance(metadata, dict):
+            raise CommandError(14, "'client' field must be an object")
+        app = metadata.get("application")
+        conn.client_metadata = metadata
+        conn.app_name = app.get("name") if isinstance(app, dict) else None
+    if ("topologyVersion" in body) != ("maxAwaitTimeMS" in body):
+        raise CommandError(
+            31368,
+            "A request with a 'topologyVersion' must include 'maxAwaitTimeMS'"
+            if "topologyVersion" in body
+            else "A request with 'maxAwaitTimeMS' must include a 'topologyVersion'",
+        )
+    if "topologyVersion" in body and profile.topology_version:
+        _await_topology_change(member, body["topologyVersion"], body["maxAwaitTimeMS"])
+
+    writable_key = "ismaster" if ctx.name in ("isMaster", "ismaster") else "isWritablePrimary"
+    reply: dict[str, Any] = {}
+    if hello_ok is not None:
+        reply["helloOk"] = True
+    if deployment.standalone:
+        reply[writable_key] = True
+        if profile.topology_version:
+            reply["topologyVersion"] = topology_version(member)
+    else:
+        if profile.topology_version:
+            reply["topologyVersion"] = topology_version(member)
+        primary = deployment.primary
+        is_primary = primary is member
+        reply["hosts"] = [m.name for m in deployment.members]
+        reply["setName"] = deployment.set_name
+        reply["setVersion"] = deployment.set_version
+        reply[writable_key] = is_primary
+        reply["secondary"] = not is_primary
+        if primary is not None:
+            reply["primary"] = primary.name
+        reply["me"] = member.name
+        if is_primary:
+            reply["electionId"] = ObjectId(f"7fffffff{deployment.term:016x}")
+        op_time = _op_time(deployment)
+        date = _wall(op_time["ts"])
+        reply["lastWrite"] = {
+            "opTime": op_time,
+            "lastWriteDate": date,
+            "majorityOpTime": dict(op_time),
+            "majorityWriteDate": date,
+        }
+    reply["maxBsonObjectSize"] = MAX_BSON_OBJECT_SIZE
+    reply["maxMessageSizeBytes"] = MAX_MESSAGE_SIZE
+    reply["maxWriteBatchSize"] = MAX_WRITE_BATCH_SIZE
+    reply["localTime"] = deployment.clock.wall()
+    reply["logicalSessionTimeoutMinutes"] = LOGICAL_SESSION_TIMEOUT_MINUTES
+    reply["connectionId"] = conn.id
+    reply["minWireVersion"] = 0
+    reply["maxWireVersion"] = profile.max_wire_version
+    reply["readOnly"] = False
+    return reply
+
+
+# -- build and server information ------------------------------------------------------------
+
+
+@command("buildInfo", "buildinfo", locks=False, any_member=True)
+def build_info(ctx: CommandContext) -> dict[str, Any]:
+    profile = ctx.deployment.profile
+    return {
+        "version": profile.version,
+        "gitVersion": "0" * 40,
+        "modules": [],
+        "allocator": "tcmalloc",
+        "javascriptEngine": "mozjs",
+        "sysInfo": "deprecated",
+        "versionArray": profile.version_array,
+        "bits": 64,
+        "debug": False,
+        "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE,
+        "storageEngines": ["devnull", "wiredTiger"],
+    }
+
+
+@command("ping", locks=False, any_member=True)
+def ping(ctx: CommandContext) -> dict[str, Any]:
+    return {}
+
+
+def _parameters(deployment: Deployment) -> dict[str, Any]:
+    major, minor = deployment.profile.major_minor
+    return {
+        "authenticationMechanisms": ["SCRAM-SHA-1", "SCRAM-SHA-256"],
+        "enableTestCommands": True,
+        "featureCompatibilityVersion": {"version": f"{major}.{minor}"},
+        "logLevel": 0,
+        "maxTransactionLockRequestTimeoutMillis": 5,
+        "notablescan": False,
+        "periodicNoopIntervalSecs": 10,
+        "quiet": False,
+        "requireApiVersion": False,
+        "transactionLifetimeLimitSeconds": 60,
+    }
+
+
+@command("getParameter", admin_only=True, locks=False, any_member=True)
+def get_parameter(ctx: CommandContext) -> dict[str, Any]:
+    params = _parameters(ctx.deployment)
+    if ctx.target == "*":
+        return params
+    found = {name: params[name] for name in ctx.body if name in params}
+    if not found:
+        raise CommandError(72, "no option found to get")
+    return found
+
+
+def _repl_info(deployment: Deployment, member: Member) -> dict[str, Any]:
+    primary = deployment.primary
+    return {
+        "hosts": [m.name for m in deployment.members],
+        "setName": deployment.set_name,
+        "setVersion": deployment.set_version,
+        "isWritablePrimary": primary is member,
+        "secondary": primary is not member,
+        "primary": primary.name if primary is not None else None,
+        "me": member.name,
+    }
+
+
+@command("serverStatus", locks=False, any_member=True)
+def server_status(ctx: CommandContext) -> dict[str, Any]:
+    from ..server import server_of
+
+    deployment, member = ctx.deployment, ctx.member
+    server = server_of(member)
+    current = server.connection_count if server is not None else 0
+    uptime = max(0.0, time.time() - deployment.started_at)
+    reply: dict[str, Any] = {
+        "host": member.name,
+        "version": deployment.profile.version,
+        "process": "mongod",
+        "pid": Int64(os.getpid()),
+        "uptime": float(int(uptime)),
+        "uptimeMillis": Int64(int(uptime * 1000)),
+        "uptimeEstimate": Int64(int(uptime)),
+        "localTime": deployment.clock.wall(),
+        "connections": {
+            "current": current,
+            "available": 838_860 - current,
+            "totalCreated": server.total_created if server is not None else 0,
+            "active": 1,
+        },
+    }
+    if not deployment.standalone:
+        reply["repl"] = _repl_info(deployment, member)
+    reply["storageEngine"] = {
+        "name": "wiredTiger",
+        "supportsCommittedReads": True,
+        "readOnly": False,
+        "persistent": True,
+    }
+    return reply
+
+
+@command("hostInfo", locks=False, any_member=True)
+def host_info(ctx: CommandContext) -> dict[str, Any]:
+    return {
+        "system": {
+            "currentTime": ctx.deployment.clock.wall(),
+            "hostname": socket.gethostname(),
+            "cpuAddrSize": 64,
+            "numCores": os.cpu_count() or 1,
+            "cpuArch": platform.machine(),
+            "numaEnabled": False,
+        },
+        "os": {
+            "type": platform.system(),
+            "name": platform.platform(),
+            "version": platform.release(),
+        },
+        "extra": {},
+    }
+
+
+@command("connectionStatus", locks=False, any_member=True)
+def connection_status(ctx: CommandContext) -> dict[str, Any]:
+    auth: dict[str, Any] = {"authenticatedUsers": [], "authenticatedUserRoles": []}
+    if ctx.body.get("showPrivileges"):
+        auth["authenticatedUserPrivileges"] = []
+    return {"authInfo": auth}
+
+
+@command("whatsmyuri", locks=False, any_member=True)
+def whats_my_uri(ctx: CommandContext) -> dict[str, Any]:
+    host, port = ctx.connection.peer[:2]
+    return {"you": f"{host}:{port}"}
+
+
+@command("getCmdLineOpts", admin_only=True, locks=False, any_member=True)
+def get_cmd_line_opts(ctx: CommandContext) -> dict[str, Any]:
+    member, deployment = ctx.member, ctx.deployment
+    argv = ["mongod", "--bind_ip", member.host, "--port", str(member.port)]
+    parsed: dict[str, Any] = {"net": {"bindIp": member.host, "port": member.port}}
+    if not deployment.standalone:
+        argv += ["--replSet", str(deployment.set_name)]
+        parsed["replication"] = {"replSet": deployment.set_name}
+    return {"argv": argv, "parsed": parsed}
+
+
+_LOGS = ("global", "startupWarnings")
+
+
+@command("getLog", admin_only=True, locks=False, any_member=True)
+def get_log(ctx: CommandContext) -> dict[str, Any]:
+    name = ctx.target
+    if name == "*":
+        return {"names": list(_LOGS)}
+    if name not in _LOGS:
+        raise CommandError(8, f"no RamLog named: {name}")
+    return {"totalLinesWritten": 0, "log": []}
+
+
+# -- sessions ------------------------------------------------------------------------------------
+
+
+@command("endSessions", locks=False, any_member=True)
+def end_sessions(ctx: CommandContext) -> dict[str, Any]:
+    if not isinstance(ctx.target, list):
+        raise CommandError(
+            14, "BSON field 'endSessions.endSessions' is the wrong type, expected type 'array'"
+        )
+    return {}
+
+
+@command("refreshSessions", locks=False, any_member=True)
+def refresh_sessions(ctx: CommandContext) -> dict[str, Any]:
+    return {}
+
+
+@command("killAllSessions", any_member=True)
+def kill_all_sessions(ctx: CommandContext) -> dict[str, Any]:
+    """Accepted, as drivers' test runners call it between tests.
+
+    Known gap: unlike mongod it neither aborts open transactions nor kills
+    the sessions' cursors.
+    """
+    if not isinstance(ctx.target, list):
+        raise CommandError(
+            14,
+            "BSON field 'killAllSessions.killAllSessions' is the wrong type, expected type 'array'",
+        )
+    return {}
+
+
+# -- replication -----------------------------------------------------------------------------
+
+
+@command("replSetGetStatus", admin_only=True, any_member=True, standalone_ok=False)
+def repl_set_get_status(ctx: CommandContext) -> dict[str, Any]:
+    deployment, me = ctx.deployment, ctx.member
+    op_time = _op_time(deployment)
+    date = _wall(op_time["ts"])
+    uptime = int(max(0.0, time.time() - deployment.started_at))
+    members = []
+    for m in deployment.members:
+        primary = m is deployment.primary
+        entry: dict[str, Any] = {
+            "_id": m.index,
+            "name": m.name,
+            "health": 1.0,
+            "state": 1 if primary else 2,
+            "stateStr": "PRIMARY" if primary else "SECONDARY",
+            "uptime": uptime,
+            "optime": dict(op_time),
+            "optimeDate": date,
+            "syncSourceHost": ""
+            if primary
+            else (deployment.primary.name if deployment.primary else ""),
+            "syncSourceId": -1
+            if primary or deployment.primary is None
+            else deployment.primary.index,
+            "infoMessage": "",
+            "configVersion": deployment.set_version,
+            "configTerm": deployment.term,
+        }
+        if m is me:
+            entry["self"] = True
+        members.append(entry)
+    votes = len(deployment.members)
+    majority = votes // 2 + 1
+    return {
+        "set": deployment.set_name,
+        "date": deployment.clock.wall(),
+        "myState": 1 if me.is_primary else 2,
+        "term": Int64(deployment.term),
+        "heartbeatIntervalMillis": Int64(2000),
+        "majorityVoteCount": majority,
+        "writeMajorityCount": majority,
+        "votingMembersCount": votes,
+        "writableVotingMembersCount": votes,
+        "optimes": {
+            "lastCommittedOpTime": dict(op_time),
+            "lastCommittedWallTime": date,
+            "appliedOpTime": dict(op_time),
+            "durableOpTime": dict(op_time),
+            "lastAppliedWallTime": date,
+            "lastDurableWallTime": date,
+        },
+        "members": members,
+    }
+
+
+@command("replSetStepDown", admin_only=True, any_member=True, standalone_ok=False)
+def repl_set_step_down(ctx: CommandContext) -> dict[str, Any]:
+    """4.2+ semantics: connections stay open; the next member becomes primary at once."""
+    secs = ctx.target
+    if not isinstance(secs, (int, float)) or isinstance(secs, bool):
+        raise CommandError(14, "stepdown period must be a number")
+    catch_up = ctx.body.get("secondaryCatchUpPeriodSecs", 10)
+    if isinstance(catch_up, (int, float)) and catch_up > secs:
+        raise CommandError(2, "stepdown period must be longer than secondaryCatchUpPeriodSecs")
+    if not ctx.member.is_primary:
+        raise CommandError(10107, "not primary so can't step down")
+    if len(ctx.deployment.members) == 1 and not ctx.body.get("force"):
+        raise CommandError(
+            262,
+            f"No electable secondaries caught up as of {ctx.deployment.clock.wall().isoformat()}. "
+            "Please use the replSetStepDown command with the argument {force: true} to force "
+            "node to step down.",
+        )
+    elect_next(ctx.deployment)
+    return {}

@@ -1,0 +1,243 @@
+"""The ``aggregate`` command: change streams, plus modest plain aggregations.
+
+A pipeline that starts with ``$changeStream`` opens a :class:`ChangeStreamCursor`
+(``run_aggregate.cpp``: parse the command, lite-parse the stages, check the
+read concern, refuse views, parse and validate the stream, run the first batch,
+register the cursor). Other pipelines run over a snapshot of the collection's
+documents: the per-document stages with the change-stream evaluator, the rest
+($sort, $limit, $skip, $group, $count, $unwind, ...) with mongomock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from mongomock import OperationFailure
+from mongomock import aggregate as mm_aggregate
+
+from ..changestreams.cursor import ChangeStreamCursor
+from ..changestreams.pipeline import PER_DOCUMENT_STAGES, compile_stage, type_name
+from ..changestreams.stage import (
+    CHANGE_STREAM,
+    check_plain_pipeline,
+    check_read_concern,
+    lite_parse,
+    parse_change_stream,
+)
+from ..cursors import CursorBatch, cursor_reply
+from ..errors import CommandError
+from . import CommandContext, command
+
+if TYPE_CHECKING:
+    from ..deployment import Deployment
+
+DEFAULT_BATCH_SIZE: Final = 101
+_VIEW_DEPTH_LIMIT: Final = 20
+
+_MongomockStage = Callable[[list[dict[str, Any]], Any, Any], list[dict[str, Any]]]
+_MONGOMOCK_STAGES: Final[dict[str, _MongomockStage]] = {
+    name: handler
+    for name, handler in mm_aggregate._PIPELINE_HANDLERS.items()
+    if handler is not None and name not in ("$out", "$lookup", "$graphLookup", "$facet")
+}
+
+
+# -- command parsing ---------------------------------------------------------------------------
+def _wrong_type(name: str, value: Any, expected: str) -> CommandError:
+    return CommandError(
+        14,
+        f"BSON field 'aggregate.{name}' is the wrong type '{type_name(value)}', "
+        f"expected type '{expected}'",
+    )
+
+
+def _target(ctx: CommandContext) -> str | None:
+    """The collection, or None for ``{aggregate: 1}``."""
+    target = ctx.target
+    if isinstance(target, str) and target:
+        return target
+    if isinstance(target, (int, float)) and not isinstance(target, bool) and target == 1:
+        return None
+    raise CommandError(
+        9,
+        f"Invalid command format: the '{ctx.name}' field must specify a collection name or 1",
+    )
+
+
+def _batch_size(body: dict[str, Any]) -> int:
+    if "cursor" not in body:
+        if body.get("explain"):
+            return DEFAULT_BATCH_SIZE
+        raise CommandError(
+            9, "The 'cursor' option is required, except for aggregate with the explain argument"
+        )
+    cursor = body["cursor"]
+    if not isinstance(cursor, dict):
+        raise _wrong_type("cursor", cursor, "object")
+    size = cursor.get("batchSize", DEFAULT_BATCH_SIZE)
+    if not isinstance(size, (int, float)) or isinstance(size, bool):
+        raise CommandError(
+            14,
+            f"BSON field 'cursor.batchSize' is the wrong type '{type_name(size)}', expected types "
+            "'[long, int, decimal, double']",
+        )
+    if size < 0:
+        raise CommandError(
+            51024, f"BSON field 'batchSize' value must be >= 0, actual value '{int(size)}'"
+        )
+    return int(size)
+
+
+def _check_options(ctx: CommandContext) -> None:
+    body = ctx.body
+    comment = body.get("comment")
+    profile = ctx.deployment.profile
+    if comment is not None and not isinstance(comment, str) and not profile.any_type_comment:
+        raise CommandError(14, f"comment must be a string, not a {type_name(comment)}")
+    collation = body.get("collation")
+    if collation is not None and not isinstance(collation, dict):
+        raise _wrong_type("collation", collation, "object")
+
+
+def _generate_v2_tokens(ctx: CommandContext) -> bool | None:
+    """The hidden ``$_generateV2ResumeTokens`` flag (6.0+; test commands are enabled)."""
+    value = ctx.body.get("$_generateV2ResumeTokens")
+    if value is None or not ctx.deployment.profile.expanded_events:
+        return None
+    if not isinstance(value, bool):
+        raise _wrong_type("$_generateV2ResumeTokens", value, "bool")
+    return value
+
+
+def _session_id(ctx: CommandContext) -> bytes | None:
+    sid = (ctx.lsid or {}).get("id")
+    raw = getattr(sid, "bytes", sid)
+    return bytes(raw) if isinstance(raw, (bytes, bytearray)) else None
+
+
+# -- the command -------------------------------------------------------------------------------
+@command("aggregate")
+def aggregate(ctx: CommandContext) -> dict[str, Any]:
+    body = ctx.body
+    coll = _target(ctx)
+    if "pipeline" not in body:
+        raise CommandError(40414, "BSON field 'aggregate.pipeline' is missing but a required field")
+    raw_pipeline = body["pipeline"]
+    if not isinstance(raw_pipeline, list):
+        raise _wrong_type("pipeline", raw_pipeline, "array")
+    ctx.is_change_stream = any(
+        isinstance(stage, dict) and CHANGE_STREAM in stage for stage in raw_pipeline
+    )
+    batch_size = _batch_size(body)
+    _check_options(ctx)
+    generate_v2 = _generate_v2_tokens(ctx)
+    profile = ctx.deployment.profile
+    stages = lite_parse(profile, raw_pipeline)
+    if ctx.is_change_stream:
+        return _change_stream(ctx, coll, stages, batch_size, generate_v2)
+    check_plain_pipeline(stages)
+    if body.get("explain"):
+        return {"stages": [{name: spec} for name, spec in stages]}
+    return _plain(ctx, coll, stages, batch_size)
+
+
+def _change_stream(
+    ctx: CommandContext,
+    coll: str | None,
+    stages: list[tuple[str, Any]],
+    batch_size: int,
+    generate_v2: bool | None,
+) -> dict[str, Any]:
+    deployment = ctx.deployment
+    check_read_concern(deployment.profile, ctx.body.get("readConcern"))
+    if coll is not None:
+        state = deployment.catalog.get(ctx.db, coll)
+        if state is not None and state.is_view:
+            raise CommandError(166, f"Namespace {ctx.db}.{coll} is a view, not a collection")
+    spec = parse_change_stream(
+        deployment.profile,
+        stages,
+        db=ctx.db,
+        coll=coll,
+        standalone=deployment.standalone,
+        generate_v2_tokens=generate_v2,
+    )
+    if ctx.body.get("explain"):
+        return {"stages": [{name: value} for name, value in stages]}
+    cursor = ChangeStreamCursor(deployment, spec, lsid_id=_session_id(ctx))
+    batch = cursor.first_batch(batch_size)
+    cid = 0 if batch.exhausted else deployment.cursors.register(cursor, ctx.member.name)
+    return cursor_reply(cid, cursor.ns, batch, first=True)
+
+
+# -- plain aggregations --------------------------------------------------------------------------
+def _source(deployment: Deployment, db: str, coll: str) -> tuple[list[dict[str, Any]], list[Any]]:
+    """The documents to aggregate over and the view pipeline(s) to apply first."""
+    prefix: list[Any] = []
+    name = coll
+    for _ in range(_VIEW_DEPTH_LIMIT):
+        state = deployment.catalog.get(db, name)
+        if state is None:
+            return [], prefix
+        if not state.is_view:
+            return list(state.documents()), prefix
+        prefix = list(state.options.get("pipeline", [])) + prefix
+        name = state.options["viewOn"]
+    raise CommandError(
+        13, f"View depth too deep or view cycle detected; maximum depth is {_VIEW_DEPTH_LIMIT}"
+    )
+
+
+def _run_stage(docs: list[dict[str, Any]], name: str, spec: Any) -> list[dict[str, Any]]:
+    if name in PER_DOCUMENT_STAGES:
+        stage = compile_stage(name, spec)
+        return [out for doc in docs if (out := stage(doc)) is not None]
+    handler = _MONGOMOCK_STAGES.get(name)
+    if handler is None:
+        raise CommandError(
+            115, f"The simulator does not implement the {name} stage outside change streams"
+        )
+    try:
+        return list(handler(docs, None, spec))
+    except (OperationFailure, NotImplementedError, TypeError, ValueError, KeyError) as exc:
+        raise CommandError(2, f"Invalid {name} :: caused by :: {exc}") from exc
+
+
+def _plain(
+    ctx: CommandContext, coll: str | None, stages: list[tuple[str, Any]], batch_size: int
+) -> dict[str, Any]:
+    if coll is None:
+        first = stages[0][0] if stages else "the pipeline"
+        raise CommandError(
+            73, f"{{aggregate: 1}} is not valid for '{first}'; a collection is required."
+        )
+    docs, view_pipeline = _source(ctx.deployment, ctx.db, coll)
+    for name, spec in lite_parse(ctx.deployment.profile, view_pipeline) + stages:
+        docs = _run_stage(docs, name, spec)
+    ns = f"{ctx.db}.{coll}"
+    cursor = _ResultCursor(ns, docs[batch_size:], _session_id(ctx))
+    batch = CursorBatch(docs[:batch_size], exhausted=not cursor.remaining)
+    cid = 0 if batch.exhausted else ctx.deployment.cursors.register(cursor, ctx.member.name)
+    return cursor_reply(cid, ns, batch, first=True)
+
+
+class _ResultCursor:
+    """The rest of a plain aggregation's results, handed out by getMore."""
+
+    tailable_await = False
+
+    def __init__(self, ns: str, remaining: list[dict[str, Any]], lsid_id: bytes | None) -> None:
+        self.ns = ns
+        self.lsid_id = lsid_id
+        self.remaining = remaining
+
+    def get_more(
+        self, ctx: CommandContext, batch_size: int | None, max_time_ms: int | None
+    ) -> CursorBatch:
+        count = len(self.remaining) if batch_size is None else batch_size
+        docs, self.remaining = self.remaining[:count], self.remaining[count:]
+        return CursorBatch(docs, exhausted=not self.remaining)
+
+    def close(self) -> None:
+        self.remaining = []

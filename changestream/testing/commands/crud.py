@@ -1,0 +1,613 @@
+"""CRUD commands: insert, update, delete, findAndModify, find, count, distinct.
+
+Each write logs exactly the oplog entries mongod writes: ``i`` with the full
+document (``o2 = {_id}``), ``u`` with a ``$v: 2`` diff or a whole replacement
+document, ``d`` with ``{_id}``; nothing for an update that changes nothing.
+An upsert that inserts logs an insert. Collections with
+``changeStreamPreAndPostImages`` enabled get their pre-images (and, for
+diff updates, post-images) attached to the entries.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Hashable
+from typing import Any
+
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from bson.regex import Regex
+
+from ..errors import CommandError
+from ..storage import (
+    CollectionState,
+    DuplicateKey,
+    compile_query,
+    copy_value,
+    id_equality,
+    id_key,
+    matches,
+    path_values,
+    sort_key,
+    type_name,
+)
+from ..update_ops import Outcome, Update, UpdateEnv, project
+from . import CommandContext, command
+from .ddl import (
+    batch_size_arg,
+    collection_arg,
+    ensure_collection,
+    open_cursor,
+)
+from .transactions import WriteUnit, transaction_for
+
+_WRITABLE_SYSTEM_COLLECTIONS = frozenset({"system.js"})
+_MAX_WRITE_BATCH = 100_000
+
+
+# ======================================================================================
+# Shared helpers
+# ======================================================================================
+
+
+def _repl_fields(ctx: CommandContext) -> dict[str, Any]:
+    """``electionId`` and ``opTime``: what mongod adds to write replies on a replica set."""
+    deployment = ctx.deployment
+    if deployment.standalone:
+        return {}
+    ts = ctx.operation_time or deployment.last_applied()
+    return {
+        "electionId": ObjectId(f"7fffffff{deployment.term:016x}"),
+        "opTime": {"ts": ts, "t": Int64(deployment.term)},
+    }
+
+
+def _check_writable(ctx: CommandContext, coll: str) -> CollectionState | None:
+    """The target collection (None if missing); refuse views and system collections."""
+    if coll.startswith("system.") and coll not in _WRITABLE_SYSTEM_COLLECTIONS:
+        raise CommandError(73, f"Invalid system namespace: {ctx.db}.{coll}")
+    state = ctx.deployment.catalog.get(ctx.db, coll)
+    if state is not None and state.is_view:
+        raise CommandError(166, f"Namespace {state.ns} is a view, not a collection")
+    return state
+
+
+def _env(ctx: CommandContext) -> UpdateEnv:
+    clock = ctx.deployment.clock
+    return UpdateEnv(now=clock.wall, timestamp=clock.tick)
+
+
+def _matching(
+    state: CollectionState | None, query: dict[str, Any], limit: int = 0
+) -> list[dict[str, Any]]:
+    """Stored documents matching ``query`` in natural order (at most ``limit``; 0: all).
+
+    ``{_id: v}`` is a hashed lookup, not a scan.
+    """
+    if state is None:
+        return []
+    exact, value = id_equality(query)
+    if exact:
+        doc = state.lookup(id_key(value))
+        return [doc] if doc is not None else []
+    match = compile_query(query)
+    if not limit:
+        return [doc for doc in state.iter_stored() if match(doc)]
+    found: list[dict[str, Any]] = []
+    for doc in state.iter_stored():
+        if match(doc):
+            found.append(doc)
+            if len(found) == limit:
+                break
+    return found
+
+
+def _query_arg(value: Any, field: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CommandError(
+            14,
+            f"BSON field '{field}' is the wrong type '{type_name(value)}', expected type 'object'",
+        )
+    return value
+
+
+def _validation_error(doc: dict[str, Any]) -> CommandError:
+    return CommandError(
+        121, "Document failed validation", extra={"errInfo": {"failingDocumentId": doc["_id"]}}
+    )
+
+
+def _validate(
+    ctx: CommandContext, state: CollectionState, doc: dict[str, Any], old: dict[str, Any] | None
+) -> None:
+    """Enforce the collection's validator (error action; ``moderate`` skips invalid old docs)."""
+    validator = state.options.get("validator")
+    if not validator or ctx.body.get("bypassDocumentValidation"):
+        return
+    level = state.options.get("validationLevel", "strict")
+    if level == "off" or state.options.get("validationAction", "error") == "warn":
+        return
+    try:
+        if level == "moderate" and old is not None and not matches(validator, old):
+            return
+        valid = matches(validator, doc)
+    except CommandError:
+        return  # operators mongomock cannot evaluate ($jsonSchema, ...): accept
+    if not valid:
+        raise _validation_error(doc)
+
+
+def _write_error(index: int, err: CommandError | DuplicateKey) -> dict[str, Any]:
+    if isinstance(err, DuplicateKey):
+        return err.write_error(index)
+    out: dict[str, Any] = {"index": index, "code": err.code}
+    out.update(err.extra)
+    out["errmsg"] = err.errmsg
+    return out
+
+
+def _as_command_error(err: CommandError | DuplicateKey) -> CommandError:
+    return err.command_error() if isinstance(err, DuplicateKey) else err
+
+
+def _statements(ctx: CommandContext, field: str) -> list[Any]:
+    items = ctx.body.get(field)
+    if not isinstance(items, list):
+        raise CommandError(
+            40414 if items is None else 14,
+            f"BSON field '{ctx.name}.{field}' is missing but a required field"
+            if items is None
+            else f"BSON field '{ctx.name}.{field}' is the wrong type '{type_name(items)}', "
+            "expected type 'array'",
+        )
+    if not 0 < len(items) <= _MAX_WRITE_BATCH:
+        raise CommandError(
+            16,
+            f"Write batch sizes must be between 1 and {_MAX_WRITE_BATCH}. Got {len(items)} "
+            "operations.",
+            code_name="InvalidLength",
+        )
+    return items
+
+
+def _write_reply(
+    ctx: CommandContext, n: int, errors: list[dict[str, Any]], **tail: Any
+) -> dict[str, Any]:
+    reply: dict[str, Any] = {"n": n, **_repl_fields(ctx)}
+    if errors:
+        reply["writeErrors"] = errors
+    reply.update(tail)
+    return reply
+
+
+# ======================================================================================
+# The storage-level writes (apply + log + undo)
+# ======================================================================================
+
+
+def _prepare_insert(raw: Any) -> dict[str, Any]:
+    """``_id`` first (an ObjectId when missing), with mongod's ``_id``/field-name checks."""
+    if not isinstance(raw, dict):
+        raise CommandError(14, "documents must be objects")
+    doc: dict[str, Any] = raw
+    if "_id" not in doc:
+        doc = {"_id": ObjectId(), **doc}
+    elif next(iter(doc)) != "_id":
+        doc = {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
+    id_value = doc["_id"]
+    if isinstance(id_value, list):
+        raise CommandError(2, "can't use an array for _id")
+    if isinstance(id_value, (Regex, re.Pattern)):
+        raise CommandError(2, "can't use a regex for _id")
+    for name in doc:
+        if name.startswith("$"):
+            raise CommandError(2, f"Document can't have $ prefixed field names: {name}")
+    return doc
+
+
+def insert_document(unit: WriteUnit, state: CollectionState, doc: dict[str, Any]) -> None:
+    """Store a prepared document and log its insert (raises DuplicateKey)."""
+    key = state.insert(doc)
+    unit.on_undo(functools.partial(state.remove, key))
+    unit.log("i", state.ns, copy_value(doc), ui=state.uuid, o2={"_id": doc["_id"]})
+
+
+def _store_update(
+    unit: WriteUnit, state: CollectionState, old: dict[str, Any], outcome: Outcome
+) -> None:
+    """Replace ``old`` by ``outcome.doc`` and log the update or replacement."""
+    assert outcome.oplog_o is not None
+    key: Hashable = id_key(old["_id"])
+    state.replace(key, outcome.doc)
+    unit.on_undo(functools.partial(state.replace, key, old))
+    images = state.pre_post_images
+    unit.log(
+        "u",
+        state.ns,
+        outcome.oplog_o,
+        ui=state.uuid,
+        o2={"_id": old["_id"]},
+        pre_image=copy_value(old) if images else None,
+        post_image=copy_value(outcome.doc) if images and not outcome.replacement else None,
+    )
+
+
+def _delete_document(unit: WriteUnit, state: CollectionState, doc: dict[str, Any]) -> None:
+    state.remove(id_key(doc["_id"]))
+    unit.on_undo(functools.partial(state.insert, doc))
+    unit.log(
+        "d",
+        state.ns,
+        {"_id": doc["_id"]},
+        ui=state.uuid,
+        pre_image=copy_value(doc) if state.pre_post_images else None,
+    )
+
+
+def _upsert(
+    ctx: CommandContext,
+    unit: WriteUnit,
+    coll: str,
+    update: Update,
+    query: dict[str, Any],
+) -> dict[str, Any]:
+    """Insert the document an upsert builds; return it."""
+    doc = _prepare_insert(update.upsert_document(query, _env(ctx)))
+    state = ensure_collection(unit, ctx.db, coll)
+    _validate(ctx, state, doc, None)
+    insert_document(unit, state, doc)
+    return doc
+
+
+# ======================================================================================
+# insert / update / delete
+# ======================================================================================
+
+
+@command("insert", write=True)
+def insert(ctx: CommandContext) -> dict[str, Any]:
+    coll = collection_arg(ctx)
+    documents = _statements(ctx, "documents")
+    ordered = ctx.body.get("ordered", True) is not False
+    unit = WriteUnit.open(ctx)
+    _check_writable(ctx, coll)
+    state = ensure_collection(unit, ctx.db, coll)
+    n = 0
+    errors: list[dict[str, Any]] = []
+    for i, raw in enumerate(documents):
+        try:
+            doc = _prepare_insert(raw)
+            if state.options.get("validator"):
+                _validate(ctx, state, doc, None)
+            insert_document(unit, state, doc)
+            n += 1
+        except (CommandError, DuplicateKey) as err:
+            if unit.in_transaction:
+                unit.fail()
+                raise _as_command_error(err) from None
+            errors.append(_write_error(i, err))
+            if ordered:
+                break
+    return _write_reply(ctx, n, errors)
+
+
+def _update_one_statement(
+    ctx: CommandContext, unit: WriteUnit, coll: str, stmt: Any, index: int
+) -> tuple[int, int, dict[str, Any] | None]:
+    """Run one ``updates`` entry: (matched, modified, upserted entry or None)."""
+    if not isinstance(stmt, dict) or "u" not in stmt:
+        raise CommandError(40414, "BSON field 'update.updates.u' is missing but a required field")
+    query = _query_arg(stmt.get("q"), "update.updates.q")
+    multi = bool(stmt.get("multi", False))
+    update = Update(stmt["u"], array_filters=stmt.get("arrayFilters"), multi=multi)
+    state = _check_writable(ctx, coll)
+    targets = _matching(state, query, limit=0 if multi else 1)
+    matched = modified = 0
+    env = _env(ctx)
+    for old in targets:
+        assert state is not None
+        outcome = update.apply(old, env, query=query)
+        matched += 1
+        if outcome.oplog_o is None:
+            continue
+        _validate(ctx, state, outcome.doc, old)
+        _store_update(unit, state, old, outcome)
+        modified += 1
+    if matched or not stmt.get("upsert"):
+        return matched, modified, None
+    doc = _upsert(ctx, unit, coll, update, query)
+    return 1, 0, {"index": index, "_id": doc["_id"]}
+
+
+@command("update", write=True)
+def update(ctx: CommandContext) -> dict[str, Any]:
+    coll = collection_arg(ctx)
+    statements = _statements(ctx, "updates")
+    ordered = ctx.body.get("ordered", True) is not False
+    unit = WriteUnit.open(ctx)
+    n = n_modified = 0
+    upserted: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    for i, stmt in enumerate(statements):
+        try:
+            matched, modified, upsert = _update_one_statement(ctx, unit, coll, stmt, i)
+        except (CommandError, DuplicateKey) as err:
+            if unit.in_transaction:
+                unit.fail()
+                raise _as_command_error(err) from None
+            errors.append(_write_error(i, err))
+            if ordered:
+                break
+            continue
+        n += matched
+        n_modified += modified
+        if upsert is not None:
+            upserted.append(upsert)
+    tail: dict[str, Any] = {}
+    if upserted:
+        tail["upserted"] = upserted
+    tail["nModified"] = n_modified
+    return _write_reply(ctx, n, errors, **tail)
+
+
+def _delete_one_statement(ctx: CommandContext, unit: WriteUnit, coll: str, stmt: Any) -> int:
+    if not isinstance(stmt, dict):
+        raise CommandError(14, "delete statements must be objects")
+    query = _query_arg(stmt.get("q"), "delete.deletes.q")
+    limit = stmt.get("limit")
+    if limit is None:
+        raise CommandError(
+            40414, "BSON field 'delete.deletes.limit' is missing but a required field"
+        )
+    if limit not in (0, 1) or isinstance(limit, bool):
+        raise CommandError(9, f"The limit field in delete objects must be 0 or 1. Got {limit}")
+    state = _check_writable(ctx, coll)
+    targets = _matching(state, query, limit=int(limit))
+    for doc in targets:
+        assert state is not None
+        _delete_document(unit, state, doc)
+    return len(targets)
+
+
+@command("delete", write=True)
+def delete(ctx: CommandContext) -> dict[str, Any]:
+    coll = collection_arg(ctx)
+    statements = _statements(ctx, "deletes")
+    ordered = ctx.body.get("ordered", True) is not False
+    unit = WriteUnit.open(ctx)
+    n = 0
+    errors: list[dict[str, Any]] = []
+    for i, stmt in enumerate(statements):
+        try:
+            n += _delete_one_statement(ctx, unit, coll, stmt)
+        except CommandError as err:
+            if unit.in_transaction:
+                unit.fail()
+                raise
+            errors.append(_write_error(i, err))
+            if ordered:
+                break
+    return _write_reply(ctx, n, errors)
+
+
+# ======================================================================================
+# findAndModify
+# ======================================================================================
+
+
+@command("findAndModify", "findandmodify", write=True)
+def find_and_modify(ctx: CommandContext) -> dict[str, Any]:
+    coll = collection_arg(ctx)
+    body = ctx.body
+    query = _query_arg(body.get("query"), "findAndModify.query")
+    remove = bool(body.get("remove", False))
+    spec = body.get("update")
+    new = bool(body.get("new", False))
+    upsert = bool(body.get("upsert", False))
+    fields = _query_arg(body.get("fields"), "findAndModify.fields")
+    if remove and spec is not None:
+        raise CommandError(9, "Cannot specify both an update and remove=true")
+    if not remove and spec is None:
+        raise CommandError(9, "Either an update or remove=true must be specified")
+    if remove and upsert:
+        raise CommandError(9, "Cannot specify both upsert=true and remove=true")
+    if remove and new:
+        raise CommandError(
+            9,
+            "Cannot specify both new=true and remove=true; 'remove' always returns the deleted "
+            "document",
+        )
+    unit = WriteUnit.open(ctx)
+    try:
+        result = _find_and_modify(
+            ctx, unit, coll, query, spec, remove=remove, new=new, upsert=upsert
+        )
+    except (CommandError, DuplicateKey) as err:
+        unit.fail()
+        raise _as_command_error(err) from None
+    leo, value = result
+    return {"lastErrorObject": leo, "value": project(value, fields) if value and fields else value}
+
+
+def _find_and_modify(
+    ctx: CommandContext,
+    unit: WriteUnit,
+    coll: str,
+    query: dict[str, Any],
+    spec: Any,
+    *,
+    remove: bool,
+    new: bool,
+    upsert: bool,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    state = _check_writable(ctx, coll)
+    sort = _query_arg(ctx.body.get("sort"), "findAndModify.sort")
+    targets = _sorted(_matching(state, query, limit=0 if sort else 1), sort)
+    old = targets[0] if targets else None
+    if remove:
+        if old is None:
+            return {"n": 0}, None
+        assert state is not None
+        _delete_document(unit, state, old)
+        return {"n": 1}, copy_value(old)
+    update = Update(spec, array_filters=ctx.body.get("arrayFilters"))
+    if old is not None:
+        assert state is not None
+        outcome = update.apply(old, _env(ctx), query=query)
+        if outcome.oplog_o is not None:
+            _validate(ctx, state, outcome.doc, old)
+            _store_update(unit, state, old, outcome)
+        return {"n": 1, "updatedExisting": True}, copy_value(outcome.doc if new else old)
+    if not upsert:
+        return {"n": 0, "updatedExisting": False}, None
+    doc = _upsert(ctx, unit, coll, update, query)
+    leo = {"n": 1, "updatedExisting": False, "upserted": doc["_id"]}
+    return leo, copy_value(doc) if new else None
+
+
+# ======================================================================================
+# Reads: find / count / distinct
+# ======================================================================================
+
+
+def _sort_value(doc: dict[str, Any], field: str, descending: bool) -> Any:
+    """The value a document sorts by: arrays by their smallest (largest) element."""
+    values: list[Any] = []
+    for value in path_values(doc, field):
+        if isinstance(value, list):
+            values.extend(value)
+        else:
+            values.append(value)
+    if not values:
+        return None
+    return max(values, key=sort_key) if descending else min(values, key=sort_key)
+
+
+def _sorted(docs: list[dict[str, Any]], sort: dict[str, Any]) -> list[dict[str, Any]]:
+    """``docs`` in ``sort`` order (stable, so ties keep natural order)."""
+    for field, direction in reversed(list(sort.items())):
+        if isinstance(direction, dict):
+            continue  # {$meta: ...}: no text scores in the simulator
+        if direction not in (1, -1) or isinstance(direction, bool):
+            raise CommandError(
+                15975, "$sort key ordering must be 1 (for ascending) or -1 (for descending)"
+            )
+        if field == "$natural":
+            if direction == -1:
+                docs = docs[::-1]
+            continue
+        descending = direction == -1
+        docs = sorted(
+            docs,
+            key=lambda d, f=field, desc=descending: sort_key(_sort_value(d, f, desc)),  # type: ignore[misc]
+            reverse=descending,
+        )
+    return docs
+
+
+def _read_documents(ctx: CommandContext, coll: str, query: dict[str, Any]) -> list[dict[str, Any]]:
+    """Documents of a collection or view matching ``query`` (stored objects: read-only)."""
+    transaction_for(ctx)  # a read may start (or must belong to) a transaction
+    state = ctx.deployment.catalog.get(ctx.db, coll)
+    if state is None or not state.is_view:
+        return _matching(state, query)
+    return [doc for doc in _view_documents(ctx, state, 0) if matches(query, doc)]
+
+
+def _view_documents(ctx: CommandContext, view: CollectionState, depth: int) -> list[dict[str, Any]]:
+    """Evaluate a view (possibly on another view) with mongomock's pipeline engine."""
+    from mongomock.aggregate import process_pipeline
+
+    if depth > 20:
+        raise CommandError(
+            165,
+            "View depth too deep or view cycle detected; maximum depth is 20",
+            code_name="ViewDepthLimitExceeded",
+        )
+    source = ctx.deployment.catalog.get(view.db, view.options["viewOn"])
+    if source is None:
+        base: list[dict[str, Any]] = []
+    elif source.is_view:
+        base = _view_documents(ctx, source, depth + 1)
+    else:
+        base = list(source.documents())
+    try:
+        cursor = process_pipeline(base, None, view.options.get("pipeline", []), None)  # type: ignore[no-untyped-call]
+        return list(cursor)
+    except CommandError:
+        raise
+    except Exception as exc:  # mongomock's errors
+        raise CommandError(2, f"cannot evaluate view {view.ns}: {exc}") from None
+
+
+def _non_negative(value: Any, name: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CommandError(
+            14,
+            f"BSON field '{name}' is the wrong type '{type_name(value)}', expected types "
+            "'[long, int, decimal, double]'",
+        )
+    if value < 0:
+        raise CommandError(
+            51024, f"BSON field '{name}' value must be >= 0, actual value '{int(value)}'"
+        )
+    return int(value)
+
+
+@command("find")
+def find(ctx: CommandContext) -> dict[str, Any]:
+    coll = collection_arg(ctx)
+    body = ctx.body
+    query = _query_arg(body.get("filter"), "FindCommandRequest.filter")
+    sort = _query_arg(body.get("sort"), "FindCommandRequest.sort")
+    projection = _query_arg(body.get("projection"), "FindCommandRequest.projection")
+    skip = _non_negative(body.get("skip"), "skip")
+    limit = _non_negative(body.get("limit"), "limit")
+    batch_size = batch_size_arg(body.get("batchSize"), "find", 101)
+    single_batch = bool(body.get("singleBatch", False))
+    docs = _sorted(_read_documents(ctx, coll, query), sort)
+    docs = docs[skip:]
+    if limit:
+        docs = docs[:limit]
+        if batch_size is None or batch_size > limit:
+            batch_size = limit
+    if projection:
+        docs = [project(doc, projection, query=query) for doc in docs]
+    else:
+        docs = [copy_value(doc) for doc in docs]
+    return open_cursor(ctx, f"{ctx.db}.{coll}", docs, batch_size, single_batch=single_batch)
+
+
+@command("count")
+def count(ctx: CommandContext) -> dict[str, Any]:
+    coll = collection_arg(ctx)
+    query = _query_arg(ctx.body.get("query"), "count.query")
+    skip = _non_negative(ctx.body.get("skip"), "skip")
+    raw_limit = ctx.body.get("limit", 0)
+    limit = abs(int(raw_limit)) if isinstance(raw_limit, (int, float)) else 0
+    n = max(len(_read_documents(ctx, coll, query)) - skip, 0)
+    return {"n": min(n, limit) if limit else n}
+
+
+@command("distinct")
+def distinct(ctx: CommandContext) -> dict[str, Any]:
+    coll = collection_arg(ctx)
+    key = ctx.body.get("key")
+    if not isinstance(key, str):
+        raise CommandError(
+            14,
+            f"BSON field 'distinct.key' is the wrong type '{type_name(key)}', expected type "
+            "'string'",
+        )
+    query = _query_arg(ctx.body.get("query"), "distinct.query")
+    seen: dict[Hashable, Any] = {}
+    for doc in _read_documents(ctx, coll, query):
+        for value in path_values(doc, key):
+            for item in value if isinstance(value, list) else [value]:
+                seen.setdefault(id_key(item), item)
+    return {"values": [copy_value(v) for v in sorted(seen.values(), key=sort_key)]}

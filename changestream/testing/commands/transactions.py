@@ -1,0 +1,268 @@
+"""Multi-document transactions, and the write sink every writing command uses.
+
+A write command runs inside a :class:`WriteUnit`: outside a transaction its
+oplog entries go straight to the oplog; inside one (``lsid`` + ``txnNumber`` +
+``autocommit: false``) the writes are applied at once but their entries are
+buffered, together with closures that undo them. ``commitTransaction`` then
+logs one ``applyOps`` command entry (``admin.$cmd``) whose inner operations
+all carry the commit timestamp, which is how mongod makes a transaction's
+change events share one ``clusterTime``; ``abortTransaction`` runs the undo
+closures and logs nothing.
+
+Known difference from mongod: there is no snapshot isolation; other clients
+see a transaction's writes before it commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bson.binary import Binary
+from bson.int64 import Int64
+
+from ..errors import CommandError
+from ..oplog import OplogEntry
+from . import CommandContext, command
+
+NO_AUTH_UID = Binary(hashlib.sha256(b"").digest(), 0)
+"""``lsid.uid`` of sessions when auth is disabled: SHA-256 of the empty user name."""
+
+DDL_IN_TRANSACTION = frozenset({"create", "createIndexes"})
+"""DDL commands mongod (4.4+) accepts inside a transaction."""
+
+
+@dataclass(slots=True)
+class _PendingOp:
+    op: str
+    ns: str
+    o: dict[str, Any]
+    ui: uuid.UUID | None
+    o2: dict[str, Any] | None
+    pre_image: dict[str, Any] | None
+    post_image: dict[str, Any] | None
+
+
+@dataclass(slots=True)
+class Transaction:
+    """One transaction of one session."""
+
+    lsid: dict[str, Any]
+    txn_number: int
+    state: str = "in_progress"
+    """``in_progress``, ``committed`` or ``aborted``."""
+    ops: list[_PendingOp] = field(default_factory=list)
+    undo: list[Callable[[], object]] = field(default_factory=list)
+
+    def abort(self) -> None:
+        """Undo the writes (newest first) and forget the buffered entries."""
+        if self.state != "in_progress":
+            return
+        for revert in reversed(self.undo):
+            revert()
+        self.undo.clear()
+        self.ops.clear()
+        self.state = "aborted"
+
+
+def _session_key(lsid: dict[str, Any]) -> bytes:
+    ident = lsid.get("id")
+    if isinstance(ident, uuid.UUID):
+        return ident.bytes
+    if isinstance(ident, bytes):
+        return bytes(ident)
+    raise CommandError(40415, "BSON field 'lsid.id' is missing or not a UUID")
+
+
+def _sessions(ctx: CommandContext) -> dict[bytes, Transaction]:
+    """The latest transaction of every session, kept with the deployment."""
+    table: dict[bytes, Transaction] = ctx.deployment.extra.setdefault("transactions", {})
+    return table
+
+
+def _no_such_transaction(message: str) -> CommandError:
+    # The dispatcher labels 251 inside a transaction as TransientTransactionError.
+    return CommandError(251, message)
+
+
+def transaction_for(ctx: CommandContext) -> Transaction | None:
+    """The transaction this command runs in (started by it if ``startTransaction``).
+
+    None for commands outside a transaction (including retryable writes,
+    which carry a ``txnNumber`` but no ``autocommit``).
+    """
+    if ctx.txn_number is None or ctx.autocommit is None:
+        if ctx.start_transaction:
+            raise CommandError(
+                72,
+                "Specifying startTransaction=true requires autocommit=false",
+                code_name="InvalidOptions",
+            )
+        return None
+    if ctx.autocommit:
+        raise CommandError(72, "autocommit must be false", code_name="InvalidOptions")
+    if ctx.lsid is None:
+        raise CommandError(50768, "Transaction number requires a session ID to also be specified")
+    key = _session_key(ctx.lsid)
+    sessions = _sessions(ctx)
+    current = sessions.get(key)
+    number = ctx.txn_number
+    if current is not None and current.txn_number > number:
+        raise CommandError(
+            225,
+            f"Cannot start transaction {number} on session {uuid.UUID(bytes=key)} because a "
+            f"newer transaction {current.txn_number} has already started.",
+        )
+    if ctx.start_transaction:
+        if current is not None and current.txn_number == number:
+            raise CommandError(
+                117,
+                f"Transaction with {{ txnNumber: {number} }} has already been started.",
+                code_name="ConflictingOperationInProgress",
+            )
+        if current is not None:
+            current.abort()  # a newer transaction implicitly aborts the old one
+        txn = Transaction(lsid=dict(ctx.lsid), txn_number=number)
+        sessions[key] = txn
+        return txn
+    if current is None or current.txn_number != number:
+        active = current.txn_number if current is not None else -1
+        raise _no_such_transaction(
+            f"Given transaction number {number} does not match any in-progress transactions. "
+            f"The active transaction number is {active}"
+        )
+    if current.state == "aborted":
+        raise _no_such_transaction(f"Transaction with {{ txnNumber: {number} }} has been aborted.")
+    if current.state == "committed" and ctx.name not in ("commitTransaction", "abortTransaction"):
+        raise CommandError(256, f"Transaction with {{ txnNumber: {number} }} has been committed.")
+    return current
+
+
+class WriteUnit:
+    """Where one command's writes go: the oplog, or its transaction's buffer."""
+
+    def __init__(self, ctx: CommandContext, txn: Transaction | None) -> None:
+        self.ctx = ctx
+        self.txn = txn
+
+    @classmethod
+    def open(cls, ctx: CommandContext, *, ddl: bool = False) -> WriteUnit:
+        """The unit for ``ctx``; DDL other than create/createIndexes is refused in a transaction."""
+        txn = transaction_for(ctx)
+        if txn is not None and ddl and ctx.name not in DDL_IN_TRANSACTION:
+            raise CommandError(263, f"Cannot run '{ctx.name}' in a multi-document transaction.")
+        return cls(ctx, txn)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.txn is not None
+
+    def log(
+        self,
+        op: str,
+        ns: str,
+        o: dict[str, Any],
+        *,
+        ui: uuid.UUID | None = None,
+        o2: dict[str, Any] | None = None,
+        pre_image: dict[str, Any] | None = None,
+        post_image: dict[str, Any] | None = None,
+    ) -> None:
+        """Record one oplog entry (nothing for the unreplicated ``local`` database)."""
+        if ns.split(".", 1)[0] == "local":
+            return
+        if self.txn is not None:
+            self.txn.ops.append(_PendingOp(op, ns, o, ui, o2, pre_image, post_image))
+            return
+        entry = self.ctx.deployment.log(
+            op, ns, o, ui=ui, o2=o2, pre_image=pre_image, post_image=post_image
+        )
+        self.ctx.operation_time = entry.ts
+
+    def on_undo(self, revert: Callable[[], object]) -> None:
+        """Remember how to revert the write just applied (only kept in a transaction)."""
+        if self.txn is not None:
+            self.txn.undo.append(revert)
+
+    def fail(self) -> None:
+        """A command failed inside the transaction: mongod aborts the whole transaction."""
+        if self.txn is not None:
+            self.txn.abort()
+
+
+def _end_target(ctx: CommandContext) -> Transaction:
+    txn = transaction_for(ctx)
+    if txn is None:
+        raise CommandError(
+            125 if ctx.txn_number is None else 72,
+            f"{ctx.name} must be run within a transaction",
+            code_name="CommandFailed" if ctx.txn_number is None else "InvalidOptions",
+        )
+    return txn
+
+
+@command("commitTransaction", admin_only=True, write=True)
+def commit_transaction(ctx: CommandContext) -> dict[str, Any]:
+    """Log the transaction's writes as one ``applyOps`` entry at one timestamp."""
+    txn = _end_target(ctx)
+    if txn.state == "committed":
+        return {}
+    if txn.ops:
+        deployment = ctx.deployment
+        ts = deployment.clock.tick()
+        wall = deployment.clock.wall()
+        inner = [
+            OplogEntry(
+                ts=ts,
+                wall=wall,
+                op=p.op,
+                ns=p.ns,
+                o=p.o,
+                ui=p.ui,
+                o2=p.o2,
+                t=deployment.term,
+                pre_image=p.pre_image,
+                post_image=p.post_image,
+            )
+            for p in txn.ops
+        ]
+        apply_ops = []
+        for p in txn.ops:
+            doc: dict[str, Any] = {"op": p.op, "ns": p.ns}
+            if p.ui is not None:
+                doc["ui"] = p.ui
+            doc["o"] = p.o
+            if p.o2 is not None:
+                doc["o2"] = p.o2
+            apply_ops.append(doc)
+        lsid = {"id": txn.lsid["id"], "uid": txn.lsid.get("uid", NO_AUTH_UID)}
+        entry = deployment.log(
+            "c",
+            "admin.$cmd",
+            {"applyOps": apply_ops},
+            lsid=lsid,
+            txn_number=Int64(txn.txn_number),
+            txn_ops=inner,
+            ts=ts,
+            wall=wall,
+        )
+        ctx.operation_time = entry.ts
+    txn.state = "committed"
+    txn.ops.clear()
+    txn.undo.clear()
+    return {}
+
+
+@command("abortTransaction", admin_only=True, write=True)
+def abort_transaction(ctx: CommandContext) -> dict[str, Any]:
+    """Revert the transaction's writes; nothing reaches the oplog."""
+    txn = _end_target(ctx)
+    if txn.state == "committed":
+        raise CommandError(
+            256, f"Transaction with {{ txnNumber: {txn.txn_number} }} has been committed."
+        )
+    txn.abort()
+    return {}

@@ -1,0 +1,183 @@
+"""The public entry point: a simulated replica set (or standalone) served on loopback.
+
+>>> with ReplicaSet("8.0", members=3) as rs:
+...     client = pymongo.MongoClient(rs.uri)
+
+Each member listens on its own port; all members share one deployment
+(catalog, oplog, clock), so replication is instantaneous. :meth:`step_down`
+emulates a failover.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import TracebackType
+
+from .commands.admin import elect_next, notify_topology_change
+from .deployment import Deployment
+from .server import MemberServer
+from .versions import DEFAULT_VERSION, get_profile
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaSet:
+    """A simulated mongod replica set of ``members`` members (or one standalone).
+
+    ``port=0`` picks free ports; ``port=N`` puts the members on N, N+1, ....
+    While the set is idle a "periodic noop" oplog entry is written every
+    ``noop_interval`` seconds, as mongod does, so idle change streams'
+    postBatchResumeToken advances.
+    """
+
+    def __init__(
+        self,
+        version: str = DEFAULT_VERSION,
+        members: int = 1,
+        *,
+        standalone: bool = False,
+        set_name: str = "rs0",
+        port: int = 0,
+        host: str = "127.0.0.1",
+        oplog_max_entries: int | None = None,
+        oplog_max_bytes: int | None = None,
+        noop_interval: float = 10.0,
+    ) -> None:
+        if members < 1:
+            raise ValueError(f"a replica set needs at least one member, got {members}")
+        self.deployment = Deployment(
+            get_profile(version),
+            members=members,
+            set_name=set_name,
+            standalone=standalone,
+            oplog_max_entries=oplog_max_entries,
+            oplog_max_bytes=oplog_max_bytes,
+        )
+        for member in self.deployment.members:
+            member.host = host
+        self._port = port
+        self._noop_interval = noop_interval
+        self._servers: list[MemberServer] = []
+        self._stopped = threading.Event()
+        self._noop_thread: threading.Thread | None = None
+        self._started = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> ReplicaSet:
+        """Start listening on every member; return ``self``."""
+        if self._started:
+            raise RuntimeError("this ReplicaSet was already started")
+        self._started = True
+        try:
+            for member in self.deployment.members:
+                port = self._port + member.index if self._port else 0
+                server = MemberServer(self.deployment, member, member.host, port)
+                server.start()
+                self._servers.append(server)
+        except BaseException:
+            self.stop()
+            raise
+        if not self.deployment.standalone and self._noop_interval > 0:
+            self._noop_thread = threading.Thread(
+                target=self._write_noops, name="sim-periodic-noop", daemon=True
+            )
+            self._noop_thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Close every connection and listener and end the background threads."""
+        self._stopped.set()
+        for member in self.deployment.members:
+            member.up = False
+        notify_topology_change()
+        self.kill_cursors()
+        for server in self._servers:
+            server.stop()
+        if self._noop_thread is not None:
+            self._noop_thread.join(5.0)
+
+    def __enter__(self) -> ReplicaSet:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- addresses -----------------------------------------------------------------------------
+    @property
+    def members(self) -> list[str]:
+        """``"host:port"`` of every member."""
+        self._require_started()
+        return [m.name for m in self.deployment.members]
+
+    @property
+    def primary(self) -> str | None:
+        self._require_started()
+        primary = self.deployment.primary
+        return primary.name if primary is not None else None
+
+    @property
+    def uri(self) -> str:
+        """A connection string for any MongoDB driver."""
+        hosts = ",".join(self.members)
+        if self.deployment.standalone:
+            return f"mongodb://{hosts}/"
+        return f"mongodb://{hosts}/?replicaSet={self.deployment.set_name}"
+
+    def _require_started(self) -> None:
+        if not self._servers:
+            raise RuntimeError(
+                "the ReplicaSet is not started (call start() or use it as a context manager)"
+            )
+
+    # -- failover and cursors ------------------------------------------------------------------
+    def step_down(self, *, close_connections: bool = True) -> str:
+        """Elect the next member primary (term + 1); return its ``host:port``.
+
+        ``close_connections=True`` emulates a crashed and restarted primary:
+        its connections are dropped and its cursors are gone.
+        ``close_connections=False`` is replSetStepDown (4.2+): connections
+        stay, writes there fail with NotWritablePrimary, its cursors keep
+        working as on a secondary.
+        """
+        self._require_started()
+        deployment = self.deployment
+        if deployment.standalone:
+            raise RuntimeError("a standalone has no replica set to step down")
+        with deployment.lock:
+            old = deployment.primary
+            new = elect_next(deployment, restart_old=close_connections)
+            if close_connections and old is not None:
+                for cid in deployment.cursors.ids():
+                    deployment.cursors.kill(cid, old.name)
+        if close_connections and old is not None:
+            self._servers[old.index].close_all()
+            deployment.oplog.notify()
+        return new.name
+
+    def kill_cursors(self) -> int:
+        """Kill every open cursor on every member; return how many."""
+        cursors = self.deployment.cursors
+        names = [m.name for m in self.deployment.members]
+        killed = sum(cursors.kill(cid, name) for cid in cursors.ids() for name in names)
+        self.deployment.oplog.notify()
+        return killed
+
+    # -- the periodic no-op writer ----------------------------------------------------------------
+    def _write_noops(self) -> None:
+        """mongod's NoopWriter: a no-op entry whenever nothing was written for an interval."""
+        deployment = self.deployment
+        seen = deployment.oplog.end_seq
+        while not self._stopped.wait(self._noop_interval):
+            try:
+                with deployment.lock:
+                    if deployment.oplog.end_seq == seen:
+                        deployment.log("n", "", {"msg": "periodic noop"})
+                    seen = deployment.oplog.end_seq
+            except Exception:
+                log.exception("periodic no-op write failed")

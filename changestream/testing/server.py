@@ -1,0 +1,229 @@
+"""The TCP server of one simulated member: a listener plus one thread per connection.
+
+A connection that sends garbage is closed on its own; every other connection
+keeps being served. :meth:`MemberServer.close_all` drops every connection of
+the member at once (failover), :meth:`MemberServer.close` one of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import socket
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from bson.errors import BSONError
+
+from . import wire
+from .commands import ConnectionInfo
+from .dispatch import CloseConnection, Dispatcher
+from .errors import CommandError
+
+if TYPE_CHECKING:
+    from .deployment import Deployment, Member
+
+log = logging.getLogger(__name__)
+
+MAX_REPLY_SIZE = 16 * 1024 * 1024 + 16 * 1024
+"""mongod's BSONObjMaxInternalSize: the largest reply document it sends."""
+_ACCEPT_POLL_SECONDS = 0.5
+_connection_ids = itertools.count(1)
+_servers: weakref.WeakKeyDictionary[Member, MemberServer] = weakref.WeakKeyDictionary()
+
+
+def server_of(member: Member) -> MemberServer | None:
+    """The running server of ``member`` (for ``serverStatus`` connection counts)."""
+    return _servers.get(member)
+
+
+@dataclasses.dataclass(slots=True)
+class _Connection:
+    info: ConnectionInfo
+    sock: socket.socket
+    thread: threading.Thread | None = None
+
+
+class MemberServer:
+    """Serves ``member`` of ``deployment`` on ``host:port`` (port 0: a free port)."""
+
+    def __init__(
+        self, deployment: Deployment, member: Member, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self.deployment = deployment
+        self.member = member
+        self.host = host
+        self.port = port
+        self.dispatcher = Dispatcher(deployment, member)
+        self.total_created = 0
+        self._lock = threading.Lock()
+        self._conns: dict[int, _Connection] = {}
+        self._listener: socket.socket | None = None
+        self._accept_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> int:
+        """Bind, start accepting, and return the bound port (also set on the member)."""
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((self.host, self.port))
+            listener.listen(128)
+        except OSError:
+            listener.close()
+            raise
+        listener.settimeout(_ACCEPT_POLL_SECONDS)
+        self._listener = listener
+        self.port = listener.getsockname()[1]
+        self.member.port = self.port
+        _servers[self.member] = self
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name=f"sim-accept-{self.port}", daemon=True
+        )
+        self._accept_thread.start()
+        return self.port
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop listening, close every connection and join the threads (bounded wait)."""
+        self._stopping.set()
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept() at once
+            self._listener.close()
+        with self._lock:
+            threads = [c.thread for c in self._conns.values() if c.thread is not None]
+        self.close_all()
+        if self._accept_thread is not None:
+            self._accept_thread.join(timeout)
+        for thread in threads:
+            thread.join(timeout)
+        if _servers.get(self.member) is self:
+            del _servers[self.member]
+
+    # -- connections -------------------------------------------------------------------------
+    @property
+    def connection_count(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    def connection_ids(self) -> list[int]:
+        with self._lock:
+            return list(self._conns)
+
+    def close(self, conn_id: int) -> bool:
+        """Close one connection (its thread notices and exits); False if unknown."""
+        with self._lock:
+            conn = self._conns.get(conn_id)
+        if conn is None:
+            return False
+        _shutdown(conn)
+        return True
+
+    def close_all(self) -> int:
+        """Close every connection of this member; return how many."""
+        with self._lock:
+            conns = list(self._conns.values())
+        for conn in conns:
+            _shutdown(conn)
+        return len(conns)
+
+    def _accept_loop(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while not self._stopping.is_set():
+            try:
+                sock, peer = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if not self._stopping.is_set():
+                    log.exception("accept failed on %s:%d", self.host, self.port)
+                return
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Connection(ConnectionInfo(id=next(_connection_ids), peer=peer), sock)
+            thread = threading.Thread(
+                target=self._serve, args=(conn,), name=f"sim-conn-{conn.info.id}", daemon=True
+            )
+            conn.thread = thread
+            with self._lock:
+                if self._stopping.is_set():
+                    sock.close()
+                    return
+                self._conns[conn.info.id] = conn
+                self.total_created += 1
+            thread.start()
+
+    def _serve(self, conn: _Connection) -> None:
+        try:
+            while not conn.info.closed:
+                self._handle(conn, wire.read_request(conn.sock))
+        except (wire.ConnectionClosed, CloseConnection, OSError):
+            pass
+        except wire.ProtocolError as exc:
+            log.debug("closing connection %d: %s", conn.info.id, exc)
+        except Exception:
+            log.exception("connection %d failed", conn.info.id)
+        finally:
+            conn.info.closed = True
+            with self._lock:
+                self._conns.pop(conn.info.id, None)
+            conn.sock.close()
+
+    def _handle(self, conn: _Connection, request: wire.Request) -> None:
+        """Run one request; keep replying while an exhaust stream continues."""
+        reply = self.dispatcher.run(conn.info, request)
+        if request.more_to_come:
+            return
+        if request.op_code == wire.OP_QUERY:
+            conn.sock.sendall(wire.encode_op_reply(request.request_id, self._encode(reply)))
+            return
+        response_to = request.request_id
+        while True:
+            following = (
+                self.dispatcher.exhaust_next(request.body, reply)
+                if request.exhaust_allowed
+                else None
+            )
+            reply_id = wire.new_request_id()
+            conn.sock.sendall(
+                wire.encode_op_msg(
+                    reply_id,
+                    response_to,
+                    self._encode(reply),
+                    more_to_come=following is not None,
+                    checksum=request.checksum,
+                )
+            )
+            if following is None or conn.info.closed or self._stopping.is_set():
+                return
+            request = dataclasses.replace(request, body=following)
+            response_to = reply_id
+            reply = self.dispatcher.run(conn.info, request)
+
+    def _encode(self, reply: dict[str, Any]) -> bytes:
+        """BSON for ``reply``, or for the error mongod sends when it cannot be sent."""
+        try:
+            payload = wire.encode_document(reply)
+        except (BSONError, ValueError, TypeError, OverflowError) as exc:
+            log.exception("reply could not be encoded")
+            err = CommandError(1, f"reply could not be encoded: {exc}")
+            return wire.encode_document(self.dispatcher.error_reply(None, err))
+        if len(payload) > MAX_REPLY_SIZE:
+            err = CommandError(
+                10334,
+                f"BSONObj size: {len(payload)} (0x{len(payload):X}) is invalid. "
+                f"Size must be between 0 and {MAX_REPLY_SIZE}(16MB)",
+            )
+            return wire.encode_document(self.dispatcher.error_reply(None, err))
+        return payload
+
+
+def _shutdown(conn: _Connection) -> None:
+    conn.info.closed = True
+    with contextlib.suppress(OSError):
+        conn.sock.shutdown(socket.SHUT_RDWR)

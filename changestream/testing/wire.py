@@ -1,0 +1,303 @@
+"""MongoDB wire-protocol framing: OP_MSG and the legacy OP_QUERY handshake.
+
+Parses one request from a socket into a :class:`Request` and encodes replies
+(OP_MSG, or OP_REPLY for OP_QUERY). Anything malformed raises
+:class:`ProtocolError`; the server answers that by closing just that
+connection, as mongod does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import bson
+from bson.binary import UuidRepresentation
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.errors import BSONError
+
+OP_REPLY = 1
+OP_QUERY = 2004
+OP_COMPRESSED = 2012
+OP_MSG = 2013
+
+CHECKSUM_PRESENT = 1
+MORE_TO_COME = 1 << 1
+EXHAUST_ALLOWED = 1 << 16
+_KNOWN_FLAGS = CHECKSUM_PRESENT | MORE_TO_COME | EXHAUST_ALLOWED
+_REQUIRED_FLAG_BITS = 0xFFFF
+"""Bits 0-15 are "required": an unknown one there must fail the message."""
+
+OP_QUERY_SECONDARY_OK = 1 << 2
+OP_REPLY_AWAIT_CAPABLE = 8
+
+MAX_MESSAGE_SIZE = 48_000_000
+_HEADER = struct.Struct("<iiii")
+_INT32 = struct.Struct("<i")
+_UINT32 = struct.Struct("<I")
+_OP_REPLY_PREFIX = struct.Struct("<iqii")
+
+DECODE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
+    document_class=dict,
+    tz_aware=True,
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+)
+"""How requests are decoded: binaries (UUIDs too) stay :class:`~bson.binary.Binary`
+so client documents round-trip byte for byte and re-encode with default options;
+out-of-range dates become ``DatetimeMS`` instead of failing."""
+
+ENCODE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
+    tz_aware=True, uuid_representation=UuidRepresentation.STANDARD
+)
+"""How replies are encoded: server-made :class:`uuid.UUID` values (collection
+UUIDs, ``lsid``) become subtype-4 binaries, as mongod sends them."""
+
+_request_ids = itertools.count(1)
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a valid message: drop the connection."""
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection (cleanly, between messages)."""
+
+
+@dataclass(slots=True)
+class Request:
+    """One decoded request."""
+
+    request_id: int
+    op_code: int
+    body: dict[str, Any]
+    """The command document; OP_MSG document sequences are merged in as arrays."""
+    db: str | None
+    """OP_QUERY: the database of ``<db>.$cmd``; OP_MSG: None (it is ``body["$db"]``)."""
+    flags: int = 0
+    """OP_MSG flag bits, or the OP_QUERY flags."""
+
+    @property
+    def checksum(self) -> bool:
+        return self.op_code == OP_MSG and bool(self.flags & CHECKSUM_PRESENT)
+
+    @property
+    def more_to_come(self) -> bool:
+        """The client wants no reply (OP_MSG moreToCome)."""
+        return self.op_code == OP_MSG and bool(self.flags & MORE_TO_COME)
+
+    @property
+    def exhaust_allowed(self) -> bool:
+        return self.op_code == OP_MSG and bool(self.flags & EXHAUST_ALLOWED)
+
+
+# -- CRC-32C (Castagnoli), for OP_MSG checksums --------------------------------------------
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
+    """CRC-32C of ``data`` (continuing from ``crc``)."""
+    table = _CRC32C_TABLE
+    crc ^= 0xFFFFFFFF
+    for byte in bytes(data):
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def _recv_exactly(sock: socket.socket, n: int, *, at_start: bool = False) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            if at_start and got == 0:
+                raise ConnectionClosed
+            raise ProtocolError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return buf
+
+
+def read_request(sock: socket.socket) -> Request:
+    """Read and decode one request from ``sock``.
+
+    Raises :class:`ConnectionClosed` on a clean EOF and :class:`ProtocolError`
+    for anything malformed (socket errors propagate as ``OSError``).
+    """
+    header = _recv_exactly(sock, 16, at_start=True)
+    length, request_id, _response_to, op_code = _HEADER.unpack(header)
+    if length < 21 or length > MAX_MESSAGE_SIZE:
+        raise ProtocolError(f"invalid message length {length}")
+    if op_code not in (OP_MSG, OP_QUERY):
+        raise ProtocolError(f"unsupported opcode {op_code}")
+    rest = _recv_exactly(sock, length - 16)
+    if op_code == OP_MSG:
+        return _parse_op_msg(request_id, header, rest)
+    return _parse_op_query(request_id, rest)
+
+
+def _decode(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    try:
+        return bson.decode(data, DECODE_OPTIONS)
+    except (BSONError, ValueError, TypeError, OverflowError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"invalid BSON: {exc}") from None
+
+
+def _doc_len(data: bytes | bytearray | memoryview, pos: int, end: int) -> int:
+    if pos + 5 > end:
+        raise ProtocolError("truncated BSON document")
+    (size,) = _INT32.unpack_from(data, pos)
+    if size < 5 or pos + size > end:
+        raise ProtocolError(f"invalid BSON document length {size}")
+    return int(size)
+
+
+def _parse_op_msg(request_id: int, header: bytearray, rest: bytearray) -> Request:
+    (flags,) = _UINT32.unpack_from(rest, 0)
+    unknown = flags & ~_KNOWN_FLAGS
+    if unknown & _REQUIRED_FLAG_BITS:
+        raise ProtocolError(f"OP_MSG contains unknown required flags 0x{flags:x}")
+    end = len(rest)
+    if flags & CHECKSUM_PRESENT:
+        if end < 4 + 4 + 1:
+            raise ProtocolError("OP_MSG too short for its checksum")
+        end -= 4
+        (expected,) = _UINT32.unpack_from(rest, end)
+        actual = crc32c(memoryview(rest)[:end], crc32c(header))
+        if actual != expected:
+            raise ProtocolError("OP_MSG checksum mismatch")
+    view = memoryview(rest)
+    pos = 4
+    body: dict[str, Any] | None = None
+    sequences: list[tuple[str, list[dict[str, Any]]]] = []
+    while pos < end:
+        kind = rest[pos]
+        pos += 1
+        if kind == 0:
+            if body is not None:
+                raise ProtocolError("OP_MSG has more than one body section")
+            size = _doc_len(rest, pos, end)
+            body = _decode(view[pos : pos + size])
+            pos += size
+        elif kind == 1:
+            if pos + 4 > end:
+                raise ProtocolError("truncated OP_MSG document sequence")
+            (size,) = _INT32.unpack_from(rest, pos)
+            seq_end = pos + size
+            if size < 5 or seq_end > end:
+                raise ProtocolError(f"invalid OP_MSG document sequence length {size}")
+            nul = rest.find(b"\x00", pos + 4, seq_end)
+            if nul < 0:
+                raise ProtocolError("unterminated OP_MSG document sequence identifier")
+            try:
+                ident = bytes(rest[pos + 4 : nul]).decode()
+            except UnicodeDecodeError:
+                raise ProtocolError("OP_MSG document sequence identifier is not UTF-8") from None
+            docs = []
+            p = nul + 1
+            while p < seq_end:
+                dsize = _doc_len(rest, p, seq_end)
+                docs.append(_decode(view[p : p + dsize]))
+                p += dsize
+            sequences.append((ident, docs))
+            pos = seq_end
+        else:
+            raise ProtocolError(f"unknown OP_MSG section kind {kind}")
+    if body is None:
+        raise ProtocolError("OP_MSG has no body section")
+    for ident, docs in sequences:
+        if ident in body:
+            raise ProtocolError(f"duplicate field {ident!r} in OP_MSG body and document sequence")
+        body[ident] = docs
+    return Request(request_id, OP_MSG, body, None, flags)
+
+
+def _parse_op_query(request_id: int, rest: bytearray) -> Request:
+    (flags,) = _INT32.unpack_from(rest, 0)
+    nul = rest.find(b"\x00", 4)
+    if nul < 0:
+        raise ProtocolError("unterminated OP_QUERY collection name")
+    try:
+        full_name = bytes(rest[4:nul]).decode()
+    except UnicodeDecodeError:
+        raise ProtocolError("OP_QUERY collection name is not UTF-8") from None
+    pos = nul + 1 + 8  # numberToSkip, numberToReturn
+    size = _doc_len(rest, pos, len(rest))
+    query = _decode(memoryview(rest)[pos : pos + size])
+    db, _, coll = full_name.partition(".")
+    if coll != "$cmd" or not db:
+        raise ProtocolError(f"OP_QUERY is only supported for commands, not on {full_name!r}")
+    if "$query" in query:
+        wrapped = query["$query"]
+        if isinstance(wrapped, dict):
+            read_pref = query.get("$readPreference")
+            query = dict(wrapped)
+            if read_pref is not None:
+                query["$readPreference"] = read_pref
+    return Request(request_id, OP_QUERY, query, db, flags)
+
+
+# -- writing -------------------------------------------------------------------------------
+
+
+def new_request_id() -> int:
+    """A fresh ``requestID`` for a message the server sends."""
+    return next(_request_ids) & 0x7FFFFFFF
+
+
+def encode_op_msg(
+    request_id: int,
+    response_to: int,
+    payload: bytes,
+    *,
+    more_to_come: bool = False,
+    checksum: bool = False,
+) -> bytes:
+    """An OP_MSG carrying one already-encoded BSON body."""
+    flags = (MORE_TO_COME if more_to_come else 0) | (CHECKSUM_PRESENT if checksum else 0)
+    length = 16 + 4 + 1 + len(payload) + (4 if checksum else 0)
+    msg = b"".join(
+        (
+            _HEADER.pack(length, request_id, response_to, OP_MSG),
+            _UINT32.pack(flags),
+            b"\x00",
+            payload,
+        )
+    )
+    if checksum:
+        msg += _UINT32.pack(crc32c(msg))
+    return msg
+
+
+def encode_op_reply(response_to: int, payload: bytes) -> bytes:
+    """An OP_REPLY (answer to an OP_QUERY command) carrying one BSON document."""
+    length = 16 + _OP_REPLY_PREFIX.size + len(payload)
+    return b"".join(
+        (
+            _HEADER.pack(length, new_request_id(), response_to, OP_REPLY),
+            _OP_REPLY_PREFIX.pack(OP_REPLY_AWAIT_CAPABLE, 0, 0, 1),
+            payload,
+        )
+    )
+
+
+def encode_document(doc: dict[str, Any]) -> bytes:
+    """BSON-encode a reply document with :data:`ENCODE_OPTIONS`."""
+    return bson.encode(doc, codec_options=ENCODE_OPTIONS)

@@ -1,0 +1,45 @@
+"""pytest glue for the spec tests: options, the custom collector, the shared targets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spec_tests.runner.adapter import CLIENTS
+from spec_tests.runner.targets import Target
+from spec_tests.test_unified import UnifiedModule, client_impl, get_pool
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("spec tests", "unified spec test runner")
+    group.addoption(
+        "--spec-client",
+        choices=CLIENTS,
+        help="change-stream client under test (env SPEC_TESTS_CLIENT; default changestream)",
+    )
+    group.addoption(
+        "--spec-versions",
+        help="comma-separated emulated versions (env SPEC_TESTS_VERSIONS; default all)",
+    )
+    group.addoption("--spec-files", help="glob of spec files to run (env SPEC_TESTS_FILES)")
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: Any) -> pytest.Module | None:
+    if module_path.name == "test_unified.py":
+        return UnifiedModule.from_parent(parent, path=module_path)
+    return None
+
+
+@pytest.fixture(scope="session")
+def spec_target(request: pytest.FixtureRequest) -> Iterator[Target]:
+    """A MongoDB 8.0 simulated replica set, or the ``MONGODB_URI`` deployment."""
+    yield get_pool(request.config).get("8.0", "replicaset")
+
+
+@pytest.fixture(scope="session")
+def spec_client_impl(request: pytest.FixtureRequest) -> str:
+    """Which change-stream client the spec tests exercise."""
+    return client_impl(request.config)

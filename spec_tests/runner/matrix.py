@@ -1,0 +1,177 @@
+"""Which test runs where: one :class:`Case` per (file, test, version, topology).
+
+Against the simulator every test gets a case for every emulated version
+(replica set; standalone too when a requirement names ``single``). Cases the
+requirements do not admit, or that the installed PyMongo cannot run, carry a
+skip reason. Tests that only admit sharded or load-balanced clusters get
+skipped ``sharded`` cases. With ``MONGODB_URI`` each test gets one case for
+the detected deployment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import RunnerError, SpecFailure, SpecSkip
+from .executor import run_test
+from .loader import SpecFile, discover, load_spec_file, parse_version, spec_dir
+from .requirements import ServerInfo, unmet_any
+from .targets import TargetPool, pymongo_version_gap
+
+NO_MONGOS = "needs a sharded cluster (mongos); the simulator emulates replica sets and standalones"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the matrix."""
+
+    label: str
+    """The file's short name (``change-streams.json``)."""
+    description: str
+    version: str
+    topology: str
+    spec: SpecFile | None = None
+    test: dict[str, Any] | None = None
+    skip: str | None = None
+    error: str | None = None
+    """Set when the file itself cannot be used (the case then fails)."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.description}[{self.version}-{self.topology}]"
+
+    @property
+    def id(self) -> str:
+        return f"{self.label}::{self.name}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str
+    """``pass``, ``fail`` or ``skip``."""
+    reason: str = ""
+
+
+def emulated_versions() -> dict[str, Any]:
+    """``changestream.testing.VERSIONS`` (version key -> profile)."""
+    from changestream.testing import VERSIONS
+
+    return dict(VERSIONS)
+
+
+def _static_info(profile: Any, topology: str) -> ServerInfo:
+    return ServerInfo(version=parse_version(profile.version), topology=topology)
+
+
+def _admits(spec: SpecFile, test: dict[str, Any], info: ServerInfo) -> str | None:
+    return unmet_any(spec.run_on, info) or unmet_any(test.get("runOnRequirements"), info)
+
+
+def _named_topologies(spec: SpecFile, test: dict[str, Any]) -> set[str]:
+    names: set[str] = set()
+    for req in (spec.run_on or []) + list(test.get("runOnRequirements") or []):
+        names.update(req.get("topologies") or [])
+    return names
+
+
+def _topologies(spec: SpecFile, test: dict[str, Any], profiles: list[Any]) -> list[str]:
+    named = _named_topologies(spec, test)
+    candidates = ["replicaset"] + (["single"] if "single" in named else [])
+    if any(_admits(spec, test, _static_info(p, t)) is None for p in profiles for t in candidates):
+        return candidates
+    for other in ("sharded", "load-balanced"):
+        if any(_admits(spec, test, _static_info(p, other)) is None for p in profiles):
+            return [other]
+    return candidates
+
+
+def simulator_cases(files: list[SpecFile], versions: list[str]) -> list[Case]:
+    """The matrix against the simulator's emulated versions."""
+    profiles = emulated_versions()
+    unknown = [v for v in versions if v not in profiles]
+    if unknown:
+        raise RunnerError(f"unknown versions {unknown}; emulated: {', '.join(profiles)}")
+    chosen = [profiles[v] for v in versions]
+    cases = []
+    for spec in files:
+        for test in spec.tests:
+            for topology in _topologies(spec, test, list(profiles.values())):
+                for key, profile in zip(versions, chosen, strict=True):
+                    skip = _admits(spec, test, _static_info(profile, topology))
+                    if skip is None and topology not in ("replicaset", "single"):
+                        skip = NO_MONGOS
+                    if skip is None:
+                        skip = pymongo_version_gap(key, profile.max_wire_version)
+                    cases.append(
+                        Case(spec.label, test["description"], key, topology, spec, test, skip)
+                    )
+    return cases
+
+
+def real_cases(files: list[SpecFile], info: ServerInfo) -> list[Case]:
+    """The matrix against the ``MONGODB_URI`` deployment (one case per test)."""
+    offline = ServerInfo(version=info.version, topology=info.topology, auth=info.auth)
+    return [
+        Case(
+            spec.label,
+            test["description"],
+            info.version_text,
+            info.topology,
+            spec,
+            test,
+            _admits(spec, test, offline),
+        )
+        for spec in files
+        for test in spec.tests
+    ]
+
+
+def load_files(
+    pattern: str | None = None, root: Path | None = None
+) -> tuple[list[SpecFile], list[Case]]:
+    """Parse the in-scope files; unusable files become one failing case each."""
+    base = root or spec_dir()
+    files, broken = [], []
+    for path in discover(pattern, base):
+        try:
+            files.append(load_spec_file(path, base))
+        except RunnerError as exc:
+            broken.append(Case(path.name, "(load)", "-", "-", error=str(exc)))
+    return files, broken
+
+
+def build_cases(
+    pool: TargetPool, versions: list[str] | None = None, pattern: str | None = None
+) -> list[Case]:
+    """Every case for the pool's deployment(s)."""
+    files, broken = load_files(pattern)
+    if pool.real_uri is not None:
+        return broken + real_cases(files, pool.real().info)
+    return broken + simulator_cases(files, versions or list(emulated_versions()))
+
+
+def execute_case(case: Case, pool: TargetPool, client_impl: str) -> None:
+    """Run one case; raise SpecSkip, SpecFailure or RunnerError unless it passes."""
+    if case.error is not None:
+        raise RunnerError(case.error)
+    if case.skip is not None:
+        raise SpecSkip(case.skip)
+    assert case.spec is not None and case.test is not None
+    run_test(pool.get(case.version, case.topology), case.spec, case.test, client_impl)
+
+
+def run_case(case: Case, pool: TargetPool, client_impl: str) -> Outcome:
+    """Run one case and report how it went (never raises for test-level problems)."""
+    try:
+        execute_case(case, pool, client_impl)
+    except SpecSkip as exc:
+        return Outcome("skip", str(exc))
+    except SpecFailure as exc:
+        return Outcome("fail", str(exc))
+    except RunnerError as exc:
+        return Outcome("fail", f"runner: {exc}")
+    except Exception as exc:  # an unexpected error is a failure of this case, not of the run
+        return Outcome("fail", f"unexpected {type(exc).__name__}: {exc}")
+    return Outcome("pass")

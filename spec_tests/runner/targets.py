@@ -1,0 +1,186 @@
+"""The deployments tests run against: simulators, or the one at ``MONGODB_URI``.
+
+One simulator is started per (version, topology) on first use and reused by
+every test that runs there; :meth:`TargetPool.close` stops them all. Each
+target has an internal client (majority writes) for initialData, cleanup and
+failpoint removal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import pymongo.common
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.uri_parser import parse_uri
+
+from . import RunnerError
+from .errors import describe
+from .loader import parse_version
+from .requirements import ServerInfo
+
+SERVER_SELECTION_TIMEOUT_MS = 10_000
+"""Default for every client the runner creates, so a dead server fails fast."""
+
+SIMULATED_TOPOLOGIES = ("replicaset", "single")
+
+_IGNORED_KILL_ALL_SESSIONS_CODES = frozenset({11601, 13})
+"""Interrupted (SERVER-38335) and Unauthorized (SERVER-54216), per the spec."""
+
+_FIRST_PYMONGO_WITHOUT_WIRE = {8: "4.16"}
+"""First PyMongo release that no longer speaks a wire version (8 = MongoDB 4.2)."""
+
+
+def pymongo_version_gap(server_version: str, max_wire_version: int) -> str | None:
+    """Why the installed PyMongo cannot talk to this server version, if it cannot."""
+    if max_wire_version >= pymongo.common.MIN_SUPPORTED_WIRE_VERSION:
+        return None
+    needs = _FIRST_PYMONGO_WITHOUT_WIRE.get(max_wire_version)
+    hint = f" (needs PyMongo <{needs})" if needs else ""
+    return f"PyMongo {pymongo.version} cannot talk to MongoDB {server_version}{hint}"
+
+
+@dataclass
+class Target:
+    """One reachable deployment and what the requirements are checked against."""
+
+    name: str
+    """``8.0-replicaset`` for a simulator, ``MONGODB_URI`` for a real deployment."""
+    uri: str
+    info: ServerInfo
+    internal: MongoClient[dict[str, Any]]
+    hosts: list[str] = field(default_factory=list)
+
+    def kill_all_sessions(self) -> str | None:
+        """Terminate open transactions (spec: start of suite, after failed tests)."""
+        try:
+            self.internal.admin.command("killAllSessions", [])
+        except OperationFailure as exc:
+            if exc.code in _IGNORED_KILL_ALL_SESSIONS_CODES:
+                return None
+            return f"killAllSessions failed: {describe(exc)}"
+        except PyMongoError as exc:
+            return f"killAllSessions failed: {describe(exc)}"
+        return None
+
+
+def connect(name: str, uri: str) -> Target:
+    """Open the internal client and detect version and topology."""
+    internal: MongoClient[dict[str, Any]] = MongoClient(
+        uri, w="majority", serverSelectionTimeoutMS=SERVER_SELECTION_TIMEOUT_MS
+    )
+    try:
+        hello = internal.admin.command("hello")
+        build = internal.admin.command("buildInfo")
+    except PyMongoError as exc:
+        internal.close()
+        raise RunnerError(f"cannot reach {name} ({_redact(uri)}): {exc}") from exc
+    parsed = parse_uri(uri)
+    info = ServerInfo(
+        version=_version_of(build),
+        topology=_topology_of(hello),
+        auth=bool(parsed.get("username")),
+        auth_mechanisms=tuple(hello.get("saslSupportedMechs", ())),
+        get_parameter=lambda param: _get_parameter(internal, param),
+    )
+    hosts = [f"{host}:{port}" for host, port in parsed["nodelist"]]
+    target = Target(name=name, uri=uri, info=info, internal=internal, hosts=hosts)
+    problem = target.kill_all_sessions()
+    if problem:
+        warnings.warn(f"{name}: {problem}", RuntimeWarning, stacklevel=2)
+    return target
+
+
+def _redact(uri: str) -> str:
+    if "@" not in uri:
+        return uri
+    scheme, rest = uri.split("://", 1)
+    return f"{scheme}://<credentials>@{rest.split('@', 1)[1]}"
+
+
+def _version_of(build: dict[str, Any]) -> tuple[int, int, int]:
+    array = build.get("versionArray")
+    if array and len(array) >= 3:
+        return int(array[0]), int(array[1]), int(array[2])
+    return parse_version(str(build.get("version", "0")))
+
+
+def _topology_of(hello: dict[str, Any]) -> str:
+    if hello.get("serviceId") is not None:
+        return "load-balanced"
+    if hello.get("msg") == "isdbgrid":
+        return "sharded"
+    if hello.get("setName") is not None:
+        return "replicaset"
+    return "single"
+
+
+def _get_parameter(client: MongoClient[dict[str, Any]], name: str) -> Any:
+    try:
+        reply = client.admin.command({"getParameter": 1, name: 1})
+    except OperationFailure as exc:
+        raise KeyError(name) from exc
+    if name not in reply:
+        raise KeyError(name)
+    return reply[name]
+
+
+class TargetPool:
+    """Simulators by (version, topology), started lazily; or one real deployment."""
+
+    def __init__(self, real_uri: str | None = None) -> None:
+        self.real_uri = real_uri
+        self._targets: dict[tuple[str, str], Target] = {}
+        self._real: Target | None = None
+        self._stack = contextlib.ExitStack()
+        self._lock = threading.Lock()
+
+    def real(self) -> Target:
+        """The ``MONGODB_URI`` deployment (connected on first use)."""
+        assert self.real_uri is not None
+        with self._lock:
+            if self._real is None:
+                self._real = connect("MONGODB_URI", self.real_uri)
+                self._stack.callback(self._real.internal.close)
+            return self._real
+
+    def get(self, version: str, topology: str) -> Target:
+        """The target for one matrix cell (the real deployment if ``MONGODB_URI`` is set)."""
+        if self.real_uri is not None:
+            return self.real()
+        with self._lock:
+            key = (version, topology)
+            if key not in self._targets:
+                self._targets[key] = self._start_simulator(version, topology)
+            return self._targets[key]
+
+    def _start_simulator(self, version: str, topology: str) -> Target:
+        if topology not in SIMULATED_TOPOLOGIES:
+            raise RunnerError(f"the simulator cannot emulate topology {topology!r}")
+        try:
+            from changestream.testing import ReplicaSet, get_profile
+        except ImportError as exc:
+            raise RunnerError(f"the simulator is not available: {exc}") from exc
+        simulator = ReplicaSet(version=version, members=1, standalone=topology == "single")
+        self._stack.enter_context(simulator)
+        target = connect(f"{version}-{topology}", simulator.uri)
+        self._stack.callback(target.internal.close)
+        expected = parse_version(get_profile(version).version)
+        if target.info.version != expected or target.info.topology != topology:
+            raise RunnerError(
+                f"simulator {version}-{topology} reports {target.info.version_text} "
+                f"{target.info.topology}, expected {'.'.join(map(str, expected))} {topology}"
+            )
+        return target
+
+    def close(self) -> None:
+        """Close internal clients and stop every simulator."""
+        with self._lock:
+            self._targets.clear()
+            self._real = None
+            self._stack.close()

@@ -1,0 +1,288 @@
+"""Runner pieces that need no server: loading, requirements, the matrix, errors, arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pymongo.common
+import pytest
+from pymongo.errors import ExecutionTimeout, NetworkTimeout, NotPrimaryError, OperationFailure
+
+from spec_tests.runner import RunnerError, SpecFailure
+from spec_tests.runner.adapter import watch_options
+from spec_tests.runner.errors import check_expected_error, describe, server_reply
+from spec_tests.runner.loader import (
+    SpecFile,
+    discover,
+    label_for,
+    load_spec_file,
+    parse_version,
+    spec_dir,
+)
+from spec_tests.runner.matrix import NO_MONGOS, load_files, simulator_cases
+from spec_tests.runner.operations import Args
+from spec_tests.runner.requirements import ServerInfo, unmet, unmet_any
+
+RS_80 = ServerInfo(version=(8, 0, 4), topology="replicaset")
+
+# -- loader --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("4.2", (4, 2, 0)),
+        ("4.2.99", (4, 2, 99)),
+        ("8", (8, 0, 0)),
+        ("4.9.0-alpha4-271-g7d5cf02", (4, 9, 0)),
+        ("3.6.0", (3, 6, 0)),
+    ],
+)
+def test_parse_version(text: str, parsed: tuple[int, int, int]) -> None:
+    assert parse_version(text) == parsed
+
+
+def test_in_scope_files_and_test_counts() -> None:
+    files, broken = load_files()
+    assert broken == []
+    counts: dict[str, int] = {}
+    for spec in files:
+        group = spec.path.relative_to(spec_dir()).parts[0:2]
+        counts["/".join(group)] = counts.get("/".join(group), 0) + len(spec.tests)
+    assert counts == {
+        "change-streams/unified": 89,
+        "related/retryable-reads": 51,
+        "csot/tests": 8,
+        "related/unified-test-format-valid-pass": 3,
+    }
+
+
+def test_labels_are_short_and_unique() -> None:
+    root = spec_dir()
+    labels = [label_for(p, root) for p in discover()]
+    assert len(labels) == len(set(labels))
+    assert "change-streams.json" in labels
+    assert "csot/change-streams.json" in labels
+    assert "retryable-reads/changeStreams-client.watch.json" in labels
+
+
+def test_newer_schema_versions_are_refused(tmp_path: Any) -> None:
+    path = tmp_path / "future.json"
+    path.write_text('{"description": "x", "schemaVersion": "1.99", "tests": []}')
+    with pytest.raises(RunnerError, match=r"schemaVersion 1\.99 is not supported"):
+        load_spec_file(path, tmp_path)
+    path.write_text('{"description": "x", "schemaVersion": "1.4", "tests": [], "weird": 1}')
+    with pytest.raises(RunnerError, match="weird"):
+        load_spec_file(path, tmp_path)
+
+
+# -- requirements ---------------------------------------------------------------------------
+
+
+def test_version_bounds_are_inclusive() -> None:
+    assert unmet({"minServerVersion": "8.0.4", "maxServerVersion": "8.0.4"}, RS_80) == []
+    assert unmet({"minServerVersion": "8.1.0"}, RS_80) == ["server 8.0.4 < minServerVersion 8.1.0"]
+    assert unmet({"maxServerVersion": "7.99"}, RS_80) == ["server 8.0.4 > maxServerVersion 7.99"]
+
+
+def test_topologies_serverless_auth_csfle() -> None:
+    assert unmet({"topologies": ["replicaset", "sharded"]}, RS_80) == []
+    assert unmet({"topologies": ["single"]}, RS_80)
+    sharded = ServerInfo(version=(8, 0, 0), topology="sharded")
+    assert unmet({"topologies": ["sharded-replicaset"]}, sharded) == []
+    assert unmet({"serverless": "forbid"}, RS_80) == []
+    assert unmet({"serverless": "require"}, RS_80) == ["needs Atlas Serverless"]
+    assert unmet({"auth": True}, RS_80) == ["needs authentication"]
+    assert unmet({"auth": False}, RS_80) == []
+    assert unmet({"csfle": True}, RS_80)
+    assert unmet({"csfle": False}, RS_80) == []
+
+
+def test_unknown_requirement_field_is_loud() -> None:
+    with pytest.raises(RunnerError):
+        unmet({"minServerVersion": "4.0", "bogus": 1}, RS_80)
+
+
+def test_any_requirement_suffices() -> None:
+    reqs = [{"minServerVersion": "9.0"}, {"topologies": ["replicaset"]}]
+    assert unmet_any(reqs, RS_80) is None
+    reason = unmet_any([{"minServerVersion": "9.0"}, {"topologies": ["single"]}], RS_80)
+    assert reason is not None and "9.0" in reason and "single" in reason
+
+
+def test_server_parameters_compare_flexibly_and_missing_means_unmet() -> None:
+    params = {"enableTestCommands": 1.0}
+
+    def get(name: str) -> Any:
+        return params[name]
+
+    live = ServerInfo(version=(8, 0, 0), topology="replicaset", get_parameter=get)
+    assert unmet({"serverParameters": {"enableTestCommands": 1}}, live) == []
+    assert unmet({"serverParameters": {"enableTestCommands": 2}}, live)
+    assert unmet({"serverParameters": {"nope": True}}, live) == [
+        "server parameter nope is not supported"
+    ]
+    assert unmet({"serverParameters": {"nope": True}}, RS_80) == []  # checked again when connected
+
+
+# -- the matrix -------------------------------------------------------------------------------
+
+
+def _cases_for(label: str, description: str) -> list[Any]:
+    files, _ = load_files()
+    spec = next(f for f in files if f.label == label)
+    test = next(t for t in spec.tests if t["description"] == description)
+    only = SpecFile(spec.path, spec.label, {**spec.data, "tests": [test]})
+    return simulator_cases([only], ["4.2", "6.0", "8.0", "8.2"])
+
+
+def test_sharded_only_test_is_skipped_for_lack_of_mongos() -> None:
+    cases = _cases_for(
+        "change-streams-showExpandedEvents.json",
+        "when showExpandedEvents is true, shardCollection events are reported",
+    )
+    assert {c.topology for c in cases} == {"sharded"}
+    by_version = {c.version: c.skip for c in cases}
+    assert by_version["8.0"] == NO_MONGOS
+    assert by_version["4.2"] is not None and "minServerVersion 6.0.0" in by_version["4.2"]
+
+
+def test_single_topology_cases_exist_only_when_asked_for() -> None:
+    cases = _cases_for(
+        "change-streams-errors.json",
+        "The watch helper must not throw a custom exception when executed against a single "
+        "server topology, but instead depend on a server error",
+    )
+    assert {c.topology for c in cases} == {"replicaset", "single"}
+    single_80 = next(c for c in cases if c.topology == "single" and c.version == "8.0")
+    assert single_80.skip is None
+    assert single_80.id.endswith("[8.0-single]")
+    assert all(c.skip for c in cases if c.topology == "replicaset")
+
+
+def test_old_servers_are_skipped_when_pymongo_cannot_talk_to_them(monkeypatch: Any) -> None:
+    description = "Test with string comment"
+    monkeypatch.setattr(pymongo.common, "MIN_SUPPORTED_WIRE_VERSION", 9)
+    cases = {c.version: c.skip for c in _cases_for("change-streams.json", description)}
+    assert cases["4.2"] == (
+        f"PyMongo {pymongo.version} cannot talk to MongoDB 4.2 (needs PyMongo <4.16)"
+    )
+    assert cases["8.0"] is None
+    monkeypatch.setattr(pymongo.common, "MIN_SUPPORTED_WIRE_VERSION", 8)
+    cases = {c.version: c.skip for c in _cases_for("change-streams.json", description)}
+    assert cases["4.2"] is None
+
+
+def test_case_ids_are_readable() -> None:
+    cases = _cases_for("change-streams.json", "Test array truncation")
+    assert "change-streams.json::Test array truncation[8.0-replicaset]" in [c.id for c in cases]
+
+
+def test_unknown_versions_are_refused() -> None:
+    with pytest.raises(RunnerError, match="unknown versions"):
+        simulator_cases([], ["9.9"])
+
+
+# -- expectError --------------------------------------------------------------------------------
+
+
+def _server_error(code: int, name: str, labels: list[str] | None = None) -> OperationFailure:
+    details: dict[str, Any] = {"ok": 0, "code": code, "codeName": name, "errmsg": "boom"}
+    if labels:
+        details["errorLabels"] = labels
+    return OperationFailure("boom", code, details)
+
+
+def test_server_error_assertions() -> None:
+    exc = _server_error(280, "ChangeStreamFatalError", ["NonResumableChangeStreamError"])
+    check_expected_error(
+        {
+            "errorCode": 280,
+            "errorCodeName": "changestreamfatalerror",
+            "isClientError": False,
+            "errorLabelsContain": ["NonResumableChangeStreamError"],
+            "errorLabelsOmit": ["ResumableChangeStreamError"],
+            "errorContains": "BOOM",
+        },
+        exc,
+        None,  # type: ignore[arg-type]
+    )
+    with pytest.raises(SpecFailure, match="expected error code 281"):
+        check_expected_error({"errorCode": 281}, exc, None)  # type: ignore[arg-type]
+    with pytest.raises(SpecFailure, match="client-side"):
+        check_expected_error({"isClientError": True}, exc, None)  # type: ignore[arg-type]
+    with pytest.raises(SpecFailure, match="label ResumableChangeStreamError"):
+        check_expected_error({"errorLabelsContain": ["ResumableChangeStreamError"]}, exc, None)  # type: ignore[arg-type]
+
+
+def test_network_errors_are_client_errors_and_not_primary_is_a_server_error() -> None:
+    check_expected_error({"isClientError": True, "isTimeoutError": True}, NetworkTimeout("t"), None)  # type: ignore[arg-type]
+    not_primary = NotPrimaryError("np", {"ok": 0, "code": 10107, "codeName": "NotWritablePrimary"})
+    check_expected_error({"isClientError": False, "errorCode": 10107}, not_primary, None)  # type: ignore[arg-type]
+
+
+def test_server_timeouts_are_timeouts_and_server_errors() -> None:
+    exc = ExecutionTimeout("slow", 50, {"ok": 0, "code": 50, "codeName": "MaxTimeMSExpired"})
+    check_expected_error({"isTimeoutError": True, "isClientError": False}, exc, None)  # type: ignore[arg-type]
+    with pytest.raises(SpecFailure, match="non-timeout"):
+        check_expected_error({"isTimeoutError": False}, exc, None)  # type: ignore[arg-type]
+
+
+def test_wrapped_server_errors_keep_their_reply() -> None:
+    try:
+        try:
+            raise _server_error(6, "HostUnreachable")
+        except OperationFailure as inner:
+            raise RuntimeError("library wrapper") from inner
+    except RuntimeError as outer:
+        assert server_reply(outer) is not None
+        check_expected_error({"errorCode": 6, "isClientError": False}, outer, None)  # type: ignore[arg-type]
+
+
+def test_unknown_expect_error_keys_are_loud() -> None:
+    with pytest.raises(RunnerError):
+        check_expected_error({"writeErrors": {}}, ValueError("x"), None)  # type: ignore[arg-type]
+
+
+def test_describe_shows_code_name_and_labels() -> None:
+    text = describe(_server_error(6, "HostUnreachable", ["ResumableChangeStreamError"]))
+    assert text == "OperationFailure 6 (HostUnreachable): boom ['ResumableChangeStreamError']"
+
+
+# -- operation arguments --------------------------------------------------------------------------
+
+
+def test_watch_options_use_pymongo_names() -> None:
+    pipeline, options = watch_options(
+        {
+            "pipeline": [{"$match": {}}],
+            "fullDocument": "updateLookup",
+            "batchSize": 1,
+            "showExpandedEvents": True,
+            "timeoutMS": 5,
+            "maxAwaitTimeMS": 1,
+            "comment": "c",
+        }
+    )
+    assert pipeline == [{"$match": {}}]
+    assert options == {
+        "full_document": "updateLookup",
+        "batch_size": 1,
+        "show_expanded_events": True,
+        "timeout_ms": 5,
+        "max_await_time_ms": 1,
+        "comment": "c",
+    }
+    with pytest.raises(RunnerError, match="unsupported arguments"):
+        watch_options({"pipeline": [], "hint": 1})
+
+
+def test_args_refuse_leftovers_and_sessions() -> None:
+    args = Args("insertOne", {"document": {}, "bogus": 1})
+    args.required("document")
+    with pytest.raises(RunnerError, match="bogus"):
+        args.done()
+    with pytest.raises(RunnerError, match="session"):
+        Args("insertOne", {"session": "s0"}).done()
+    with pytest.raises(RunnerError, match="missing required argument 'filter'"):
+        Args("deleteOne", {}).required("filter")

@@ -1,0 +1,103 @@
+"""pytest entry for the unified spec tests: one item per (file, test, version, topology).
+
+``conftest.py`` hands this module to :class:`UnifiedModule`, which collects
+one :class:`SpecFileCollector` per spec file and one :class:`SpecItem` per
+matrix case, so ids read like
+``test_unified.py::change-streams.json::Test array truncation[8.0-replicaset]``.
+Options (or environment variables): ``--spec-client`` (SPEC_TESTS_CLIENT),
+``--spec-versions`` (SPEC_TESTS_VERSIONS), ``--spec-files`` (SPEC_TESTS_FILES).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from spec_tests.runner import RunnerError, SpecFailure, SpecSkip
+from spec_tests.runner.adapter import DEFAULT_CLIENT
+from spec_tests.runner.matrix import Case, build_cases, execute_case
+from spec_tests.runner.targets import TargetPool
+
+_POOL = pytest.StashKey[TargetPool]()
+
+
+def option(config: pytest.Config, name: str, env: str, default: str | None = None) -> str | None:
+    """A ``--spec-*`` option, falling back to its environment variable."""
+    value = config.getoption(name, default=None)
+    return value if value is not None else os.environ.get(env, default)
+
+
+def get_pool(config: pytest.Config) -> TargetPool:
+    """The session's targets (simulators started on first use, stopped at exit)."""
+    if _POOL not in config.stash:
+        pool = TargetPool(os.environ.get("MONGODB_URI"))
+        config.stash[_POOL] = pool
+        config.add_cleanup(pool.close)
+    return config.stash[_POOL]
+
+
+def client_impl(config: pytest.Config) -> str:
+    return option(config, "--spec-client", "SPEC_TESTS_CLIENT", DEFAULT_CLIENT) or DEFAULT_CLIENT
+
+
+class UnifiedModule(pytest.Module):
+    """This module, collected as spec files instead of Python test functions."""
+
+    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
+        config = self.config
+        versions = option(config, "--spec-versions", "SPEC_TESTS_VERSIONS")
+        pattern = option(config, "--spec-files", "SPEC_TESTS_FILES")
+        try:
+            cases = build_cases(
+                get_pool(config),
+                [v.strip() for v in versions.split(",")] if versions else None,
+                pattern,
+            )
+        except RunnerError as exc:
+            raise self.CollectError(f"cannot build the spec test matrix: {exc}") from exc
+        by_file: dict[str, list[Case]] = {}
+        for case in cases:
+            by_file.setdefault(case.label, []).append(case)
+        for label, file_cases in by_file.items():
+            yield SpecFileCollector.from_parent(self, name=label, cases=file_cases)
+
+
+class SpecFileCollector(pytest.Collector):
+    """The cases of one spec file."""
+
+    def __init__(self, *, cases: list[Case], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cases = cases
+
+    def collect(self) -> Iterable[pytest.Item]:
+        for case in self.cases:
+            item = SpecItem.from_parent(self, name=case.name, case=case)
+            if case.skip is not None:
+                item.add_marker(pytest.mark.skip(reason=case.skip))
+            yield item
+
+
+class SpecItem(pytest.Item):
+    """One (file, test, version, topology) case."""
+
+    def __init__(self, *, case: Case, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case = case
+
+    def runtest(self) -> None:
+        try:
+            execute_case(self.case, get_pool(self.config), client_impl(self.config))
+        except SpecSkip as exc:
+            pytest.skip(str(exc))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, (SpecFailure, RunnerError)):
+            kind = "runner" if isinstance(excinfo.value, RunnerError) else "failed"
+            return f"{self.case.id} {kind}:\n{excinfo.value}"
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, self.case.id

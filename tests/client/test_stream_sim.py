@@ -1,0 +1,642 @@
+"""The prose tests and CSOT/resume behaviour end to end: ``changestream.watch`` over PyMongo.
+
+Runs against the ``changestream.testing`` replica-set simulator, or against a
+real replica set when ``MONGODB_URI`` is set (tests that need to drive the
+simulator itself, such as a failover, are then skipped). The fixtures at the
+top (``deployment``, ``recorder``, ``client``, ``admin``, ``coll``) are
+self-contained so they can move to a shared conftest unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import bson
+import pytest
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient, ReadPreference, monitoring
+from pymongo.errors import OperationFailure, PyMongoError
+
+import changestream
+from changestream.errors import MissingResumeTokenError
+
+STREAM_COMMANDS = ("aggregate", "getMore", "killCursors")
+FAST = {"max_await_time_ms": 50}
+"""Keep idle getMores short so try_next() returns quickly."""
+
+
+# -- fixtures (liftable into a shared conftest) ----------------------------------------------------
+class Deployment:
+    """Where the tests connect: the simulator (``sim`` set) or a real ``MONGODB_URI``."""
+
+    def __init__(self, uri: str, sim: Any = None) -> None:
+        self.uri = uri
+        self.sim = sim
+
+    def require_sim(self) -> Any:
+        if self.sim is None:
+            pytest.skip("needs the simulator (MONGODB_URI points at a real deployment)")
+        return self.sim
+
+
+def _probe(uri: str) -> str | None:
+    """Why the deployment cannot run change streams yet (``None``: it can)."""
+    try:
+        with MongoClient(uri, serverSelectionTimeoutMS=5000) as probe:
+            coll = probe[f"probe_{uuid.uuid4().hex[:8]}"]["c"]
+            with coll.watch(max_await_time_ms=200) as stream:
+                coll.insert_one({"probe": 1})
+                change = stream.try_next() or stream.try_next()
+            coll.database.client.drop_database(coll.database.name)
+            if change is None or change.get("operationType") != "insert":
+                return f"a change stream did not report an insert (got {change!r})"
+    except PyMongoError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Iterator[Deployment]:
+    uri = os.environ.get("MONGODB_URI")
+    if uri:
+        reason = _probe(uri)
+        if reason:
+            pytest.skip(f"MONGODB_URI cannot run change streams: {reason}")
+        yield Deployment(uri)
+        return
+    try:
+        from changestream.testing import ReplicaSet
+    except ImportError as exc:
+        pytest.skip(f"simulator not importable yet: {exc}")
+    with ReplicaSet("8.0", members=3) as rs:
+        reason = _probe(rs.uri)
+        if reason:
+            print(f"\nSKIP test_stream_sim: simulator not ready: {reason}")
+            pytest.skip(f"simulator cannot run change streams yet: {reason}")
+        yield Deployment(rs.uri, rs)
+
+
+class Recorder(monitoring.CommandListener):
+    """Records started/succeeded stream commands; ``on_success`` hooks run inside the driver call."""
+
+    def __init__(self) -> None:
+        self.events: list[monitoring.CommandStartedEvent] = []
+        self.replies: list[tuple[str, Any]] = []
+        self.on_success: Callable[[monitoring.CommandSucceededEvent], None] | None = None
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:  # type: ignore[override]
+        if event.command_name in STREAM_COMMANDS:
+            self.events.append(event)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if event.command_name in STREAM_COMMANDS:
+            self.replies.append((event.command_name, event.reply))
+            if self.on_success is not None:
+                self.on_success(event)
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+    def names(self) -> list[str]:
+        return [e.command_name for e in self.events]
+
+    def commands(self, name: str) -> list[Any]:
+        return [e.command for e in self.events if e.command_name == name]
+
+    def stage(self, index: int = -1) -> dict[str, Any]:
+        result: dict[str, Any] = self.commands("aggregate")[index]["pipeline"][0]["$changeStream"]
+        return result
+
+    def last_pbrt(self) -> Any:
+        """The postBatchResumeToken of the latest aggregate/getMore reply, as a dict."""
+        replies = [r for name, r in self.replies if name != "killCursors"]
+        return plain(replies[-1]["cursor"]["postBatchResumeToken"])
+
+    def clear(self) -> None:
+        self.events.clear()
+        self.replies.clear()
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def client(deployment: Deployment, recorder: Recorder) -> Iterator[MongoClient[dict[str, Any]]]:
+    """The observed client the streams run on."""
+    mongo: MongoClient[dict[str, Any]] = MongoClient(
+        deployment.uri, event_listeners=[recorder], serverSelectionTimeoutMS=5000
+    )
+    yield mongo
+    mongo.close()
+
+
+@pytest.fixture
+def admin(deployment: Deployment) -> Iterator[MongoClient[dict[str, Any]]]:
+    """An unobserved client for writes and failpoints."""
+    mongo: MongoClient[dict[str, Any]] = MongoClient(deployment.uri, serverSelectionTimeoutMS=5000)
+    yield mongo
+    with contextlib.suppress(PyMongoError):
+        for name in ("failCommand", "failGetMoreAfterCursorCheckout"):
+            mongo.admin.command({"configureFailPoint": name, "mode": "off"})
+    mongo.close()
+
+
+@pytest.fixture
+def names(admin: MongoClient[dict[str, Any]]) -> Iterator[tuple[str, str]]:
+    """A fresh ``(database, collection)`` pair, dropped afterwards."""
+    database = f"cs_{uuid.uuid4().hex[:10]}"
+    admin[database].create_collection("coll")
+    yield database, "coll"
+    admin.drop_database(database)
+
+
+@pytest.fixture
+def coll(client: MongoClient[dict[str, Any]], names: tuple[str, str]) -> Any:
+    return client[names[0]][names[1]]
+
+
+@pytest.fixture
+def writer(admin: MongoClient[dict[str, Any]], names: tuple[str, str]) -> Any:
+    return admin[names[0]][names[1]]
+
+
+def fail_point(admin: MongoClient[dict[str, Any]], name: str, mode: Any, **data: Any) -> None:
+    admin.admin.command({"configureFailPoint": name, "mode": mode, "data": data})
+
+
+def resumable_getmore_failure(admin: MongoClient[dict[str, Any]]) -> None:
+    """One getMore fails with a resumable error (the label is computed server-side)."""
+    fail_point(admin, "failGetMoreAfterCursorCheckout", {"times": 1}, errorCode=6)
+
+
+VOLATILE = {"lsid", "$clusterTime", "$db", "maxTimeMS", "$readPreference"}
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every RawBSONDocument/SON decoded to plain dicts (for comparisons)."""
+    return bson.decode(bson.encode({"v": value}))["v"]
+
+
+def address(event: monitoring.CommandStartedEvent) -> str:
+    host, port = event.connection_id
+    return f"{host}:{port}"
+
+
+def drain(stream: changestream.ChangeStream[Any], count: int) -> list[Any]:
+    return [stream.next() for _ in range(count)]
+
+
+# -- helpers and commands ---------------------------------------------------------------------
+def test_watch_targets_send_the_spec_commands(client: Any, coll: Any, writer: Any,
+                                              recorder: Recorder) -> None:
+    with changestream.watch(coll, [{"$match": {"operationType": "insert"}}], **FAST) as stream:
+        writer.insert_one({"x": 1})
+        assert stream.next()["fullDocument"]["x"] == 1
+    aggregate = recorder.commands("aggregate")[0]
+    assert aggregate["aggregate"] == coll.name and aggregate["cursor"] == {}
+    assert aggregate["pipeline"] == [{"$changeStream": {}}, {"$match": {"operationType": "insert"}}]
+    with changestream.Client(client)[coll.database.name].watch(**FAST) as stream:
+        writer.insert_one({"x": 2})
+        assert stream.next()["ns"] == {"db": coll.database.name, "coll": coll.name}
+    assert recorder.commands("aggregate")[-1]["aggregate"] == 1
+    assert recorder.commands("getMore")[-1]["collection"] == "$cmd.aggregate"
+    with changestream.watch(client, **FAST) as stream:
+        writer.insert_one({"x": 3})
+        assert stream.next()["fullDocument"]["x"] == 3
+    cluster = [e for e in recorder.events if e.command_name == "aggregate"][-1]
+    assert cluster.database_name == "admin"
+    assert recorder.stage() == {"allChangesForCluster": True}
+
+
+def test_iteration_and_one_session_for_every_command(coll: Any, writer: Any,
+                                                     recorder: Recorder) -> None:
+    stream = changestream.watch(coll, batch_size=2, **FAST)
+    writer.insert_many([{"i": i} for i in range(5)])
+    seen = []
+    for change in stream:
+        seen.append(change["fullDocument"]["i"])
+        if len(seen) == 5:
+            break
+    stream.close()
+    assert seen == [0, 1, 2, 3, 4]
+    assert not stream.alive
+    assert recorder.commands("aggregate")[0]["cursor"] == {"batchSize": 2}
+    assert all(c["batchSize"] == 2 for c in recorder.commands("getMore"))
+    assert recorder.names()[-1] == "killCursors"
+    assert len({e.command["lsid"]["id"] for e in recorder.events}) == 1
+    with pytest.raises(StopIteration):
+        stream.next()
+
+
+# -- prose tests --------------------------------------------------------------------------------
+def test_prose_1_tracks_the_last_seen_resume_token(coll: Any, writer: Any,
+                                                   recorder: Recorder) -> None:
+    with changestream.watch(coll, **FAST) as stream:
+        assert stream.resume_token == recorder.last_pbrt()
+        writer.insert_many([{"i": 1}, {"i": 2}])
+        first = stream.next()
+        if stream._machine.buffered:
+            assert stream.resume_token == first["_id"]
+            stream.next()
+        assert stream.resume_token == recorder.last_pbrt()
+        assert stream.try_next() is None
+        assert stream.resume_token == recorder.last_pbrt()
+
+
+def test_prose_2_missing_resume_token_raises_and_closes(coll: Any, writer: Any) -> None:
+    stream = changestream.watch(coll, [{"$project": {"_id": 0}}], **FAST)
+    writer.insert_one({"x": 1})
+    with pytest.raises((OperationFailure, MissingResumeTokenError)) as info:
+        stream.next()
+    if isinstance(info.value, OperationFailure):
+        assert info.value.code == 280
+    assert not stream.alive
+
+
+def test_prose_3_resumes_once_with_the_initial_pipeline(admin: Any, coll: Any, writer: Any,
+                                                        recorder: Recorder) -> None:
+    pipeline = [{"$match": {"operationType": "insert"}}]
+    with changestream.watch(coll, pipeline, full_document="updateLookup", **FAST) as stream:
+        writer.insert_one({"x": 1})
+        stream.next()
+        token = stream.resume_token
+        resumable_getmore_failure(admin)
+        writer.insert_one({"x": 2})
+        assert stream.next()["fullDocument"]["x"] == 2
+    first, resumed = (plain(c) for c in recorder.commands("aggregate"))
+    assert resumed["pipeline"][1:] == pipeline
+    assert resumed["pipeline"][0] == {
+        "$changeStream": {"fullDocument": "updateLookup", "resumeAfter": token}
+    }
+    assert {k: v for k, v in resumed.items() if k not in VOLATILE | {"pipeline"}} == {
+        k: v for k, v in first.items() if k not in VOLATILE | {"pipeline"}
+    }
+    assert recorder.names()[-3:] == ["killCursors", "aggregate", "killCursors"]
+
+
+def test_prose_4_no_resume_after_an_aggregate_error(admin: Any, coll: Any,
+                                                    recorder: Recorder) -> None:
+    fail_point(admin, "failCommand", {"times": 1}, failCommands=["aggregate"], errorCode=2)
+    with pytest.raises(OperationFailure) as info:
+        changestream.watch(coll, **FAST)
+    assert info.value.code == 2
+    assert recorder.names() == ["aggregate"]
+
+
+def test_prose_6_resume_selects_with_the_original_read_preference(
+    deployment: Deployment, coll: Any, writer: Any, recorder: Recorder
+) -> None:
+    sim = deployment.require_sim()
+    primary = sim.primary
+    with changestream.watch(coll, read_preference=ReadPreference.SECONDARY, **FAST) as stream:
+        writer.insert_one({"x": 1})
+        stream.next()
+        sim.kill_cursors()
+        writer.insert_one({"x": 2})
+        assert stream.next()["fullDocument"]["x"] == 2
+    addresses: dict[str, list[str]] = {name: [] for name in STREAM_COMMANDS}
+    for e in recorder.events:
+        addresses[e.command_name].append(address(e))
+    assert len(addresses["aggregate"]) == 2
+    assert primary not in addresses["aggregate"] + addresses["getMore"]
+
+
+def test_prose_7_initial_empty_batch_is_not_closed(coll: Any, writer: Any,
+                                                   recorder: Recorder) -> None:
+    with changestream.watch(coll, **FAST) as stream:
+        reply = recorder.replies[0][1]["cursor"]
+        assert reply["firstBatch"] == [] and reply["id"] != 0
+        assert stream.alive
+        writer.insert_one({"x": 1})
+        stream.next()
+        assert recorder.commands("getMore")[0]["getMore"] == reply["id"]
+
+
+def test_prose_8_kill_cursors_error_during_resume_is_suppressed(admin: Any, coll: Any,
+                                                                writer: Any) -> None:
+    with changestream.watch(coll, **FAST) as stream:
+        fail_point(admin, "failCommand", {"times": 1}, failCommands=["killCursors"], errorCode=2)
+        resumable_getmore_failure(admin)
+        writer.insert_one({"x": 1})
+        assert stream.next()["fullDocument"]["x"] == 1
+
+
+def test_prose_11_token_is_post_batch_token_for_empty_and_exhausted_batches(
+    coll: Any, writer: Any, recorder: Recorder
+) -> None:
+    with changestream.watch(coll, **FAST) as stream:
+        assert stream.try_next() is None
+        assert stream.resume_token == recorder.last_pbrt()
+        writer.insert_many([{"i": i} for i in range(3)])
+        while stream.try_next() is not None or stream._machine.buffered:
+            pass
+        assert stream.resume_token == recorder.last_pbrt()
+
+
+def test_prose_13_mid_batch_token_is_the_previous_id(coll: Any, writer: Any) -> None:
+    with changestream.watch(coll, **FAST) as stream:
+        writer.insert_many([{"i": i} for i in range(3, 6)])
+        first = stream.next()
+        assert stream._machine.buffered, "the three inserts should arrive in one batch"
+        second = stream.next()
+        assert stream.resume_token == second["_id"] != first["_id"]
+
+
+def test_prose_14_uniterated_batch_token(coll: Any, writer: Any) -> None:
+    with changestream.watch(coll, **FAST) as stream:
+        writer.insert_many([{"i": i} for i in range(3)])
+        first = stream.next()
+    with changestream.watch(coll, resume_after=first["_id"], **FAST) as resumed:
+        assert resumed._machine.buffered > 0
+        assert resumed.resume_token == first["_id"]
+    with changestream.watch(coll, start_after=first["_id"], **FAST) as started:
+        assert started._machine.buffered > 0
+        assert started.resume_token == first["_id"]
+
+
+def test_prose_17_start_after_without_results_resumes_with_start_after(
+    admin: Any, coll: Any, writer: Any, recorder: Recorder
+) -> None:
+    with changestream.watch(coll, **FAST) as stream:
+        writer.insert_one({"x": 1})
+        token = stream.next()["_id"]
+    recorder.clear()
+    with changestream.watch(coll, start_after=token, **FAST) as stream:
+        assert stream.try_next() is None
+        resumable_getmore_failure(admin)
+        stream.try_next()
+    stage = recorder.stage()
+    assert "startAfter" in stage and "resumeAfter" not in stage
+
+
+def test_prose_18_start_after_with_results_resumes_with_resume_after(
+    admin: Any, coll: Any, writer: Any, recorder: Recorder
+) -> None:
+    with changestream.watch(coll, **FAST) as stream:
+        writer.insert_one({"x": 1})
+        token = stream.next()["_id"]
+    recorder.clear()
+    with changestream.watch(coll, start_after=token, **FAST) as stream:
+        writer.insert_one({"x": 2})
+        stream.next()
+        resumable_getmore_failure(admin)
+        stream.try_next()
+    stage = recorder.stage()
+    assert "resumeAfter" in stage and "startAfter" not in stage
+
+
+BIG = 10 * 1024 * 1024
+
+
+def _split_setup(admin: Any, coll: Any) -> Any:
+    database = admin[coll.database.name]
+    database.drop_collection(coll.name)
+    database.create_collection(coll.name, changeStreamPreAndPostImages={"enabled": True})
+    database[coll.name].insert_one({"_id": 1, "value": "q" * BIG})
+    return database[coll.name]
+
+
+def test_prose_19_large_events_are_split(admin: Any, coll: Any) -> None:
+    writer = _split_setup(admin, coll)
+    with changestream.watch(coll, [{"$changeStreamSplitLargeEvent": {}}],
+                            full_document_before_change="required", **FAST) as stream:
+        writer.update_one({}, {"$set": {"value": "z" * BIG}})
+        fragments = drain(stream, 2)
+    assert [f["splitEvent"] for f in fragments] == [
+        {"fragment": 1, "of": 2},
+        {"fragment": 2, "of": 2},
+    ]
+
+
+def test_split_reassembly_survives_a_resume_mid_event(admin: Any, coll: Any,
+                                                      recorder: Recorder) -> None:
+    writer = _split_setup(admin, coll)
+    armed = threading.Event()
+
+    def fail_after_first_fragment(event: monitoring.CommandSucceededEvent) -> None:
+        batch = event.reply["cursor"].get("nextBatch") or []
+        if event.command_name == "getMore" and batch and not armed.is_set():
+            armed.set()
+            resumable_getmore_failure(admin)
+
+    with changestream.watch(coll, [{"$changeStreamSplitLargeEvent": {}}], batch_size=1,
+                            full_document_before_change="required", reassemble_split_events=True,
+                            **FAST) as stream:
+        before = stream.resume_token
+        recorder.on_success = fail_after_first_fragment
+        writer.update_one({}, {"$set": {"value": "z" * BIG}})
+        merged = stream.next()
+        recorder.on_success = None
+        assert armed.is_set()
+        assert "splitEvent" not in merged
+        assert len(merged["fullDocumentBeforeChange"]["value"]) == BIG
+        assert merged["updateDescription"]["updatedFields"]["value"] == "z" * BIG
+        assert plain(recorder.stage()["resumeAfter"]) == before
+        assert stream.try_next() is None
+
+
+# -- CSOT -------------------------------------------------------------------------------------
+def test_timeout_keeps_the_stream_and_the_next_call_resumes(admin: Any, coll: Any, writer: Any,
+                                                            recorder: Recorder) -> None:
+    with changestream.watch(coll, timeout_ms=300, max_await_time_ms=50) as stream:
+        fail_point(admin, "failCommand", {"times": 1}, failCommands=["getMore"],
+                   blockConnection=True, blockTimeMS=500)
+        with pytest.raises(PyMongoError) as info:
+            stream.next()
+        assert info.value.timeout
+        assert stream.alive
+        writer.insert_one({"x": 1})
+        assert stream.next()["fullDocument"]["x"] == 1
+    # The second call resumes first; the insert comes back in the new aggregate's first batch.
+    names = [n for n in recorder.names() if n != "killCursors"]
+    assert names[:3] == ["aggregate", "getMore", "aggregate"]
+    assert "maxTimeMS" in recorder.commands("aggregate")[0]
+    assert all(c["maxTimeMS"] <= 50 for c in recorder.commands("getMore"))
+
+
+def test_getmore_has_no_max_time_without_max_await(coll: Any, recorder: Recorder) -> None:
+    with changestream.watch(coll, timeout_ms=3000) as stream:
+        assert stream.try_next() is None
+    assert "maxTimeMS" in recorder.commands("aggregate")[0]
+    assert "maxTimeMS" not in recorder.commands("getMore")[0]
+
+
+# -- end of stream, documents and tokens -------------------------------------------------------------
+def test_invalidate_closes_and_its_token_starts_a_new_stream(coll: Any, writer: Any) -> None:
+    stream = changestream.watch(coll, **FAST)
+    writer.drop()
+    events = list(stream)
+    assert [e["operationType"] for e in events] == ["drop", "invalidate"]
+    assert not stream.alive
+    assert stream.resume_token == events[-1]["_id"]
+    writer.insert_one({"x": 1})
+    with changestream.watch(coll, start_after=stream.resume_token, **FAST) as again:
+        assert again.next()["operationType"] == "insert"
+
+
+def test_resume_after_the_server_lost_the_cursor(deployment: Deployment, coll: Any,
+                                                 writer: Any, recorder: Recorder) -> None:
+    sim = deployment.require_sim()
+    with changestream.watch(coll, **FAST) as stream:
+        assert stream.try_next() is None
+        sim.kill_cursors()
+        writer.insert_one({"x": 1})
+        assert stream.next()["fullDocument"]["x"] == 1
+    assert recorder.names().count("aggregate") == 2
+
+
+def test_failover_resumes_on_the_new_primary(deployment: Deployment, coll: Any, writer: Any,
+                                             recorder: Recorder) -> None:
+    sim = deployment.require_sim()
+    with changestream.watch(coll, **FAST) as stream:
+        writer.insert_one({"x": 1})
+        stream.next()
+        new_primary = sim.step_down()
+        writer.insert_one({"x": 2})
+        assert stream.next()["fullDocument"]["x"] == 2
+    resume = [e for e in recorder.events if e.command_name == "aggregate"][-1]
+    assert address(resume) == new_primary
+
+
+def test_typed_events_and_raw_documents(coll: Any, writer: Any) -> None:
+    from changestream import events
+
+    with changestream.watch(coll, typed=True, **FAST) as typed:
+        writer.insert_one({"x": 1})
+        change = typed.next()
+        assert isinstance(change, events.InsertEvent)
+    with changestream.watch(coll, document_class=RawBSONDocument, **FAST) as raw:
+        writer.insert_one({"x": 2})
+        change = raw.next()
+        assert isinstance(change, RawBSONDocument)
+        token = raw.resume_token
+        assert isinstance(token, RawBSONDocument)
+        writer.insert_one({"x": 3})
+    with changestream.watch(coll, resume_after=token, **FAST) as resumed:
+        assert resumed.next()["fullDocument"]["x"] == 3
+
+
+def test_collation_and_comment_are_sent(coll: Any, recorder: Recorder) -> None:
+    with changestream.watch(coll, collation={"locale": "en"}, comment="hi", **FAST) as stream:
+        stream.try_next()
+    aggregate = recorder.commands("aggregate")[0]
+    assert aggregate["collation"] == {"locale": "en"} and aggregate["comment"] == "hi"
+    assert recorder.commands("getMore")[0]["comment"] == "hi"
+
+
+# -- closing and interruption --------------------------------------------------------------------
+def test_close_from_another_thread_stops_a_blocked_next(coll: Any, recorder: Recorder) -> None:
+    stream = changestream.watch(coll, **FAST)
+    outcome: list[Any] = []
+
+    def consume() -> None:
+        try:
+            outcome.append(stream.next())
+        except StopIteration:
+            outcome.append("stopped")
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    while recorder.names().count("getMore") < 2:
+        thread.join(0.01)
+    stream.close()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert outcome == ["stopped"]
+    assert not stream.alive and recorder.names()[-1] == "killCursors"
+
+
+def test_keyboard_interrupt_kills_the_cursor_and_keeps_the_token(coll: Any,
+                                                                 recorder: Recorder) -> None:
+    stream = changestream.watch(coll, **FAST)
+    assert stream.try_next() is None
+    token = stream.resume_token
+
+    def interrupt(event: monitoring.CommandSucceededEvent) -> None:
+        if event.command_name == "getMore":
+            raise KeyboardInterrupt
+
+    recorder.on_success = interrupt
+    with pytest.raises(KeyboardInterrupt):
+        stream.next()
+    recorder.on_success = None
+    assert not stream.alive
+    assert stream.resume_token == token
+    assert recorder.names()[-1] == "killCursors"
+    assert stream.try_next() is None
+
+
+def test_client_wrapper_from_uri(deployment: Deployment, names: tuple[str, str],
+                                 writer: Any) -> None:
+    with changestream.Client(deployment.uri, serverSelectionTimeoutMS=5000) as client:
+        collection = client[names[0]].coll
+        assert isinstance(collection, changestream.Collection)
+        assert collection.pymongo.full_name == f"{names[0]}.coll"
+        with collection.watch(**FAST) as stream:
+            writer.insert_one({"x": 1})
+            assert stream.next()["fullDocument"]["x"] == 1
+
+
+class SdamRecorder(monitoring.ServerListener):
+    """Records server descriptions that changed to Unknown."""
+
+    def __init__(self) -> None:
+        self.unknown: list[tuple[str, int]] = []
+
+    def opened(self, event: monitoring.ServerOpeningEvent) -> None:
+        pass
+
+    def closed(self, event: monitoring.ServerClosedEvent) -> None:
+        pass
+
+    def description_changed(self, event: monitoring.ServerDescriptionChangedEvent) -> None:
+        if event.new_description.server_type_name == "Unknown":
+            self.unknown.append(event.server_address)
+
+
+@pytest.mark.parametrize("failure", [{"errorCode": 10107}, {"closeConnection": True}])
+def test_initial_aggregate_retry_and_sdam_error_handling(
+    deployment: Deployment, admin: Any, names: tuple[str, str], failure: dict[str, Any]
+) -> None:
+    recorder, sdam = Recorder(), SdamRecorder()
+    # A short heartbeat: after "not primary" the monitor rediscovers the primary quickly.
+    with MongoClient(deployment.uri, event_listeners=[recorder, sdam], heartbeatFrequencyMS=500,
+                     serverSelectionTimeoutMS=5000) as client:
+        client.admin.command("ping")
+        primary = client.primary
+        fail_point(admin, "failCommand", {"times": 1}, failCommands=["aggregate"], **failure)
+        with changestream.watch(client[names[0]][names[1]], **FAST) as stream:
+            assert stream.alive
+        assert recorder.names()[:2] == ["aggregate", "aggregate"]
+        # SDAM events are published by a background thread.
+        for _ in range(200):
+            if primary in sdam.unknown:
+                break
+            threading.Event().wait(0.01)
+        assert primary in sdam.unknown
+
+
+def test_pymongo_timeout_block_replaces_the_client_timeout(
+    deployment: Deployment, admin: Any, names: tuple[str, str]
+) -> None:
+    import pymongo
+
+    block = {"failCommands": ["getMore"], "blockConnection": True, "blockTimeMS": 400}
+    with (
+        MongoClient(deployment.uri, timeoutMS=200, serverSelectionTimeoutMS=5000) as client,
+        changestream.watch(client[names[0]][names[1]], **FAST) as stream,
+    ):
+        fail_point(admin, "failCommand", {"times": 1}, **block)
+        with pytest.raises(PyMongoError) as info:
+            stream.try_next()  # the client's timeoutMS=200 applies
+        assert info.value.timeout and stream.alive
+        fail_point(admin, "failCommand", {"times": 1}, **block)
+        with pymongo.timeout(5):
+            assert stream.try_next() is None  # resumed, then the blocked getMore fits in 5 s

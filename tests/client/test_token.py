@@ -1,0 +1,69 @@
+"""Unit tests of the resume-token helpers (Extended JSON storage, cluster time)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import bson
+import pytest
+from bson.binary import Binary
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+
+from changestream import token_cluster_time, token_from_json, token_to_json
+
+# Real tokens from the server notes (v1 insert from a 4.4 server; v2 insert; v2 HWM).
+V1_INSERT = (
+    "82612E8513000000012B022C0100296E5A1004A5093ABB38FE4B9EA67F01BB1A96D812463C5F6964003C5F5F5F78"
+    "000004"
+)
+V2_HWM = "826553F100000000042B0429296E1404"
+
+
+def test_json_round_trip_keeps_type_bits_byte_for_byte() -> None:
+    original = {"_data": V1_INSERT, "_typeBits": Binary(b"\x82\x00\x01", 0)}
+    for canonical in (False, True):
+        text = token_to_json(original, canonical=canonical)
+        assert json.loads(text)["_typeBits"] == {"$binary": {"base64": "ggAB", "subType": "00"}}
+        assert bson.encode(token_from_json(text)) == bson.encode(original)
+
+
+def test_raw_token_serialises_like_its_dict() -> None:
+    raw = RawBSONDocument(bson.encode({"_data": V2_HWM}))
+    assert token_from_json(token_to_json(raw)) == {"_data": V2_HWM}
+    assert token_from_json(token_to_json(raw).encode()) == {"_data": V2_HWM}
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"x": 1}', "42"])
+def test_from_json_rejects_non_tokens(text: str) -> None:
+    with pytest.raises(ValueError, match="resume token"):
+        token_from_json(text)
+
+
+def test_to_json_rejects_non_documents() -> None:
+    with pytest.raises(TypeError, match="token must be a document"):
+        token_to_json("826553")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [
+        ({"_data": V1_INSERT}, Timestamp(1630438675, 1)),
+        ({"_data": V2_HWM}, Timestamp(1700000000, 4)),
+        ({"_data": V2_HWM.lower()}, Timestamp(1700000000, 4)),
+        ({"_data": Binary(bytes.fromhex("825DD28AD000000005463C"), 0)}, Timestamp(1574079184, 5)),
+        (RawBSONDocument(bson.encode({"_data": V2_HWM})), Timestamp(1700000000, 4)),
+    ],
+)
+def test_cluster_time_from_the_keystring_prefix(token: Any, expected: Timestamp) -> None:
+    assert token_cluster_time(token) == expected
+
+
+@pytest.mark.parametrize(
+    "token",
+    [{"_data": "2B02"}, {"_data": "82ABCD"}, {"_data": "zz" * 9}, {"_data": 5}, {}, {"x": 1},
+     "82612E851300000001"],
+)
+def test_cluster_time_is_none_when_undecodable(token: Any) -> None:
+    assert token_cluster_time(token) is None

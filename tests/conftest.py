@@ -1,0 +1,71 @@
+"""Shared fixtures: the MongoDB deployment that server-facing tests talk to.
+
+With ``MONGODB_URI`` set, every server-facing test runs against that real
+deployment; otherwise one in-process simulator
+(:class:`changestream.testing.ReplicaSet`) is started for the session.
+Tests that need something only the simulator can do (``step_down()``,
+oplog rollover, a chosen server version) ask for ``simulator`` and are
+skipped, with the reason printed, against a real deployment.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+from pymongo.collection import Collection
+from pymongo.database import Database
+
+REAL_URI = os.environ.get("MONGODB_URI")
+
+
+@pytest.fixture(scope="session")
+def mongodb_uri() -> Iterator[str]:
+    """URI of the deployment under test (real, or a simulated 8.0 replica set)."""
+    if REAL_URI:
+        yield REAL_URI
+        return
+    from changestream.testing import ReplicaSet
+
+    with ReplicaSet("8.0") as rs:
+        yield rs.uri
+
+
+@pytest.fixture
+def simulator() -> Iterator[Any]:
+    """A fresh simulated replica set; skipped against a real deployment."""
+    if REAL_URI:
+        pytest.skip("needs the simulator (MONGODB_URI points at a real deployment)")
+    from changestream.testing import ReplicaSet
+
+    with ReplicaSet("8.0") as rs:
+        yield rs
+
+
+@pytest.fixture
+def mongo_client(mongodb_uri: str) -> Iterator[MongoClient[dict[str, Any]]]:
+    client: MongoClient[dict[str, Any]] = MongoClient(mongodb_uri, serverSelectionTimeoutMS=10000)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def test_db(mongo_client: MongoClient[dict[str, Any]]) -> Iterator[Database[dict[str, Any]]]:
+    """A database with a unique name, dropped afterwards."""
+    name = f"cs_test_{uuid.uuid4().hex[:10]}"
+    try:
+        yield mongo_client[name]
+    finally:
+        mongo_client.drop_database(name)
+
+
+@pytest.fixture
+def test_coll(test_db: Database[dict[str, Any]]) -> Collection[dict[str, Any]]:
+    """An (initially absent) collection in :func:`test_db`."""
+    return test_db["coll"]

@@ -7,14 +7,19 @@ getMore/killCursors), checks out a connection from that server and runs the
 command on it. This is the ONLY module touching non-public PyMongo API; every
 item below exists with the same call shape in PyMongo 4.14 and 4.20:
 
+The same items exist on ``AsyncMongoClient`` / ``AsyncConnection`` (awaited),
+so :class:`AsyncTransport` shares the routing below with :class:`SyncTransport`.
+
 * ``MongoClient._ensure_session()``: the implicit session PyMongo itself lends
   (not causally consistent, marked dirty on network errors). The stream keeps
-  it for its whole life and ends it on close.
+  it for its whole life and ends it on close (``AsyncClientSession.end_session``
+  is a coroutine).
 * ``MongoClient._select_server(selector, session, operation, address=None)``:
   server selection (honours CSOT and ``serverSelectionTimeoutMS``; records
   the server's minimum RTT for CSOT).
 * ``MongoClient._conn_from_server(read_preference, server, session)``:
-  context manager yielding ``(connection, effective_read_preference)``; it
+  context manager (async context manager on ``AsyncMongoClient``) yielding
+  ``(connection, effective_read_preference)``; it
   runs SDAM error handling (a "not primary" or network error marks the server
   unknown and clears its pool, as for PyMongo's own operations) and applies
   the direct-connection read-preference rule.
@@ -39,13 +44,17 @@ maxAwaitTimeMS, remaining - minRTT)`` and *no* ``maxTimeMS`` without
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.son import SON
 from pymongo import _csot
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.mongo_client import AsyncMongoClient
 from pymongo.errors import (
     AutoReconnect,
     ConnectionFailure,
@@ -58,14 +67,19 @@ from pymongo.read_preferences import ReadPreference
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.mongo_client import MongoClient
 
-from .machine import Command, ErrorInfo, KillCursors, ReplyInfo, RunAggregate, RunGetMore
+from .machine import Command, ErrorInfo, ReplyInfo, RunAggregate, RunGetMore
 
-__all__ = ["Outcome", "SyncTransport", "csot_context_active", "describe_error"]
+__all__ = ["AsyncTransport", "Outcome", "SyncTransport", "csot_context_active", "describe_error"]
 
 Outcome = tuple[Mapping[str, Any], ReplyInfo] | ErrorInfo
 
 _RAW: CodecOptions[Any] = CodecOptions(document_class=RawBSONDocument)
-"""Replies stay raw: tokens keep their exact bytes, events are decoded once, with the user's codec."""
+"""Replies arrive raw: tokens keep their exact bytes, events are decoded once, with the user's codec.
+
+A failed command raises from the raw reply, as in PyMongo's own change streams
+(SDAM then reads no ``topologyVersion`` from the error). A shell may ask for
+successful replies in ``options.reply_codec(...)``: decoded in one C pass.
+"""
 
 
 class _AwaitSpec(SON[str, Any]):
@@ -109,11 +123,51 @@ def describe_error(exc: Exception, wire_version: int | None) -> ErrorInfo:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Route:
+    """How one command reaches its server; shared by the sync and async transports."""
+
+    operation: str
+    selector: Any
+    """Read preference for server selection and connection checkout."""
+    address: Any
+    """``None``: select by ``selector``; else the server holding the cursor."""
+    spec: SON[str, Any]
+    read_concern: Any
+    is_aggregate: bool
+
+    def read_preference(self, effective: Any) -> Any:
+        """What the command sends: the checkout's effective preference for an aggregate only."""
+        return effective if self.is_aggregate else ReadPreference.PRIMARY
+
+
+def _route(client: Any, command: Command) -> _Route:
+    """Route ``command``; raise ``AutoReconnect`` for a killCursors on an unknown server."""
+    if isinstance(command, RunAggregate):
+        return _Route("aggregate", command.read_preference, None, SON(command.command),
+                      command.read_concern, True)
+    if isinstance(command, RunGetMore):
+        return _Route("getMore", ReadPreference.PRIMARY, command.address,
+                      _AwaitSpec(command.command), None, False)
+    description = client.topology_description.server_descriptions().get(command.address)
+    if description is None or not description.is_server_type_known:
+        # Never wait for an unreachable server just to kill a cursor (best effort).
+        raise AutoReconnect(f"server {command.address} is unavailable; cursor not killed")
+    return _Route("killCursors", ReadPreference.PRIMARY, command.address, SON(command.command),
+                  None, False)
+
+
 class SyncTransport:
     """Runs commands for one stream on a ``MongoClient`` with the stream's single session."""
 
-    def __init__(self, client: MongoClient[Any], session: ClientSession | None) -> None:
+    def __init__(
+        self,
+        client: MongoClient[Any],
+        session: ClientSession | None,
+        reply_codec: CodecOptions[Any] = _RAW,
+    ) -> None:
         self._client = client
+        self._reply_codec = reply_codec
         self._owns_session = session is None
         self._session = session if session is not None else client._ensure_session()
 
@@ -125,40 +179,26 @@ class SyncTransport:
         """Run one command; PyMongo (and other ``Exception``) failures come back as ``ErrorInfo``."""
         wire_version: int | None = None
         try:
-            if isinstance(command, KillCursors) and not self._server_known(command.address):
-                # Never wait for an unreachable server just to kill a cursor (best effort).
-                raise AutoReconnect(f"server {command.address} is unavailable; cursor not killed")
-            if isinstance(command, RunAggregate):
-                read_preference = command.read_preference
-                server = self._client._select_server(read_preference, self._session, "aggregate")
-                spec: SON[str, Any] = SON(command.command)
-            else:
-                read_preference = ReadPreference.PRIMARY
-                name = "getMore" if isinstance(command, RunGetMore) else "killCursors"
-                server = self._client._select_server(
-                    read_preference, self._session, name, address=command.address
-                )
-                spec = _AwaitSpec(command.command) if isinstance(command, RunGetMore) else SON(
-                    command.command
-                )
-            with self._client._conn_from_server(read_preference, server, self._session) as (
+            route = _route(self._client, command)
+            server = self._client._select_server(
+                route.selector, self._session, route.operation, address=route.address
+            )
+            with self._client._conn_from_server(route.selector, server, self._session) as (
                 conn,
                 effective_read_preference,
             ):
                 wire_version = conn.max_wire_version
                 reply = conn.command(
                     command.database,
-                    spec,
-                    read_preference=effective_read_preference
-                    if isinstance(command, RunAggregate)
-                    else ReadPreference.PRIMARY,
+                    route.spec,
+                    read_preference=route.read_preference(effective_read_preference),
                     codec_options=_RAW,
-                    read_concern=command.read_concern
-                    if isinstance(command, RunAggregate)
-                    else None,
+                    read_concern=route.read_concern,
                     session=self._session,
                     client=self._client,
                 )
+            if self._reply_codec is not _RAW:
+                reply = bson.decode(reply.raw, self._reply_codec)
             return reply, ReplyInfo(server.description.address, wire_version)
         except Exception as exc:
             return describe_error(exc, wire_version)
@@ -169,6 +209,52 @@ class SyncTransport:
             session, self._session = self._session, None
             session.end_session()
 
-    def _server_known(self, address: Any) -> bool:
-        description = self._client.topology_description.server_descriptions().get(address)
-        return description is not None and description.is_server_type_known
+
+class AsyncTransport:
+    """:class:`SyncTransport` for an ``AsyncMongoClient``: the same routing, awaited."""
+
+    def __init__(
+        self, client: AsyncMongoClient[Any], session: AsyncClientSession | None
+    ) -> None:
+        self._client = client
+        self._owns_session = session is None
+        self._session = session if session is not None else client._ensure_session()
+
+    @property
+    def session(self) -> AsyncClientSession | None:
+        return self._session
+
+    async def run(self, command: Command) -> Outcome:
+        """Run one command; PyMongo (and other ``Exception``) failures come back as ``ErrorInfo``.
+
+        Cancellation (``CancelledError``) is not an ``Exception`` and propagates.
+        """
+        wire_version: int | None = None
+        try:
+            route = _route(self._client, command)
+            server = await self._client._select_server(
+                route.selector, self._session, route.operation, address=route.address
+            )
+            async with self._client._conn_from_server(route.selector, server, self._session) as (
+                conn,
+                effective_read_preference,
+            ):
+                wire_version = conn.max_wire_version
+                reply = await conn.command(
+                    command.database,
+                    route.spec,
+                    read_preference=route.read_preference(effective_read_preference),
+                    codec_options=_RAW,
+                    read_concern=route.read_concern,
+                    session=self._session,
+                    client=self._client,
+                )
+            return reply, ReplyInfo(server.description.address, wire_version)
+        except Exception as exc:
+            return describe_error(exc, wire_version)
+
+    async def close(self) -> None:
+        """End the implicit session (a caller's session is left alone)."""
+        if self._owns_session and self._session is not None:
+            session, self._session = self._session, None
+            await session.end_session()

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bson.int64 import Int64
+from bson.raw_bson import RawBSONDocument
 
 from .errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
 from .options import ChangeStreamOptions
@@ -42,6 +43,7 @@ __all__ = [
     "Deliver",
     "ErrorInfo",
     "KillCursors",
+    "NOT_BUFFERED",
     "NoDocument",
     "Phase",
     "Raise",
@@ -62,6 +64,10 @@ RETRYABLE_READ_CODES = frozenset(
 )
 """Server codes after which the retryable-reads spec retries an aggregate once."""
 RETRYABLE_READ_LABEL = "RetryableError"
+NOT_BUFFERED: Any = object()
+"""Returned by :meth:`ChangeStreamMachine.next_buffered` when the fast path does not apply."""
+_RAW_ID_PREFIX = b"\x03_id\x00"
+"""BSON of an embedded-document field named ``_id``: where a raw event's token starts."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,6 +307,29 @@ class ChangeStreamMachine:
             self._op = None
         return action
 
+    def next_buffered(self) -> Any:
+        """Fast path for shells: the next buffered document, or :data:`NOT_BUFFERED`.
+
+        Same result as a ``next``/``try_next`` operation that delivers a buffered
+        document, without building an action per event. It covers only the plain
+        case (no operation in progress, not the last document of the batch, no
+        split-event reassembly, a token and a successful decode); everything else,
+        including the postBatchResumeToken and errors, is left to the operation.
+        """
+        batch = self._batch
+        if len(batch) < 2 or self._op is not None or self._fragments is not None:
+            return NOT_BUFFERED
+        event = batch[0]
+        try:
+            token = _event_token(event)
+            delivered = self._spec.decode(event)
+        except Exception:
+            return NOT_BUFFERED  # the operation re-reads the event and fails the stream
+        batch.popleft()
+        self._token = token
+        self._use_start_after = False
+        return delivered
+
     def receive_reply(self, reply: Mapping[str, Any], info: ReplyInfo) -> None:
         """Feed the successful reply of the in-flight command."""
         command = self._take_inflight()
@@ -408,8 +437,12 @@ class ChangeStreamMachine:
                 # Keep the token before the first fragment: a resume re-delivers the event.
                 return None
         assert event is not None
-        if "_id" not in event:
+        try:
+            token = _event_token(event)
+        except KeyError:
             return self._fail(MissingResumeTokenError())
+        except Exception as exc:
+            return self._fail(exc)
         try:
             delivered = self._spec.decode(event)
         except Exception as exc:
@@ -418,14 +451,15 @@ class ChangeStreamMachine:
         if last_in_batch and self._post_batch_token is not None:
             self._token = self._post_batch_token
         else:
-            self._token = event["_id"]
+            self._token = token
         self._use_start_after = False
         if last_in_batch and self._cursor is not None and self._cursor.id == 0:
             self._close_state()
         return Deliver(delivered)
 
-    def _load_batch(self, batch: Any, post_batch_token: Mapping[str, Any] | None) -> None:
-        self._batch = deque(batch)
+    def _load_batch(self, batch: deque[Mapping[str, Any]],
+                    post_batch_token: Mapping[str, Any] | None) -> None:
+        self._batch = batch
         self._post_batch_token = post_batch_token
         pending = self._fragments is not None and self._fragments.pending
         if not self._batch and post_batch_token is not None and not pending:
@@ -437,7 +471,7 @@ class ChangeStreamMachine:
         cursor = reply["cursor"]
         ns = cursor.get("ns") or f"{command.database}.{self._spec.collection or '$cmd.aggregate'}"
         database, _, collection = str(ns).partition(".")
-        batch = list(cursor["firstBatch"])
+        batch = deque(cursor["firstBatch"])
         post_batch_token = cursor.get("postBatchResumeToken")
         self._cursor = _Cursor(int(cursor["id"]), database, collection, info.address,
                                info.wire_version)
@@ -460,7 +494,7 @@ class ChangeStreamMachine:
 
     def _on_getmore_reply(self, reply: Mapping[str, Any]) -> None:
         cursor = reply["cursor"]
-        batch = list(cursor["nextBatch"])
+        batch = deque(cursor["nextBatch"])
         assert self._cursor is not None
         self._cursor.id = int(cursor["id"])
         self._load_batch(batch, cursor.get("postBatchResumeToken"))
@@ -585,3 +619,17 @@ class ChangeStreamMachine:
         if options.comment is not None and cursor.wire_version >= 9:
             command["comment"] = options.comment
         return RunGetMore(command, cursor.database, cursor.address)
+
+
+def _event_token(event: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The event's ``_id`` (its resume token); ``KeyError`` if it has none.
+
+    For a raw event whose first field is ``_id`` (as the server sends it), the
+    token's bytes are sliced out directly instead of inflating the whole event,
+    and copied so the token does not pin the reply's buffer.
+    """
+    if type(event) is RawBSONDocument:
+        raw = event.raw
+        if raw[4:9] == _RAW_ID_PREFIX:
+            return RawBSONDocument(bytes(raw[9:9 + int.from_bytes(raw[9:13], "little")]))
+    return event["_id"]  # type: ignore[no-any-return]

@@ -19,6 +19,7 @@ from typing import Any
 import bson
 from bson.codec_options import CodecOptions, TypeRegistry
 from bson.raw_bson import RawBSONDocument
+from bson.son import SON
 from bson.timestamp import Timestamp
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
@@ -46,10 +47,13 @@ __all__ = [
     "effective_timeout_ms",
     "event_decoder",
     "present_token",
+    "reply_codec",
     "resolve_target",
 ]
 
 _READ_PREFERENCES = (Primary, PrimaryPreferred, Secondary, SecondaryPreferred, Nearest)
+_RAW_REPLIES: CodecOptions[Any] = CodecOptions(document_class=RawBSONDocument)
+_NO_TYPE_CODECS = TypeRegistry()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,22 +180,57 @@ def effective_codec_options(options: ChangeStreamOptions, target: Target) -> Cod
     return codec
 
 
-def event_decoder(codec: CodecOptions[Any], typed: bool) -> Callable[[Mapping[str, Any]], Any]:
-    """How a raw event (``RawBSONDocument`` from the wire, or a merged dict) reaches the user.
+def reply_codec(codec: CodecOptions[Any]) -> CodecOptions[Any]:
+    """The codec the transport decodes replies with, chosen so each event is decoded only once.
 
-    Decoded with the user's codec options (document class, type registry,
-    tz, UUID representation); with ``typed=True`` further parsed by
+    When decoding with the user's ``codec`` keeps resume tokens exact, replies
+    are decoded with it, in C, in one pass: a ``RawBSONDocument`` class keeps
+    the bytes, and ``dict``/``SON`` without custom type decoders turn a token
+    ``{_data: <str>, _typeBits: <BinData 0>}`` into ``str``/``bytes``, which
+    re-encode byte for byte. Any other codec gets ``RawBSONDocument`` replies and
+    :func:`event_decoder` decodes each event with the user's codec.
+    """
+    document_class = codec.document_class
+    if issubclass(document_class, RawBSONDocument):
+        return codec
+    if document_class in (dict, SON) and codec.type_registry == _NO_TYPE_CODECS:
+        return codec
+    return _RAW_REPLIES
+
+
+def event_decoder(
+    codec: CodecOptions[Any], typed: bool, wire: CodecOptions[Any] | None = None
+) -> Callable[[Mapping[str, Any]], Any]:
+    """How an event, as the transport decoded it with ``wire``, reaches the user.
+
+    ``wire`` is :func:`reply_codec` of ``codec``, or ``None`` for
+    ``RawBSONDocument`` replies. Events are decoded with the user's codec
+    options (document class, type registry, tz, UUID representation) unless
+    the transport already did so; merged split events (plain dicts) are
+    converted. With ``typed=True`` the result is further parsed by
     :func:`changestream.events.parse_event`.
     """
     parse = importlib.import_module("changestream.events").parse_event if typed else None
-    raw_output = issubclass(codec.document_class, RawBSONDocument)
+    document_class = codec.document_class
+    decoded_by_transport = wire is codec
+    if decoded_by_transport and document_class is dict:
+        # Events, and split events merged from them, are already the user's dicts.
+        return _identity if parse is None else parse  # type: ignore[no-any-return]
+    raw_output = issubclass(document_class, RawBSONDocument)
 
     def decode(event: Mapping[str, Any]) -> Any:
-        data = event.raw if isinstance(event, RawBSONDocument) else bson.encode(event)
-        document = codec.document_class(data, codec) if raw_output else bson.decode(data, codec)
+        if decoded_by_transport and type(event) is document_class:
+            document: Any = event
+        else:
+            data = event.raw if isinstance(event, RawBSONDocument) else bson.encode(event)
+            document = document_class(data, codec) if raw_output else bson.decode(data, codec)
         return document if parse is None else parse(document)
 
     return decode
+
+
+def _identity(event: Mapping[str, Any]) -> Mapping[str, Any]:
+    return event
 
 
 def present_token(token: Mapping[str, Any] | None, codec: CodecOptions[Any]) -> Any:

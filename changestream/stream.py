@@ -19,6 +19,7 @@ from pymongo.synchronous.mongo_client import MongoClient
 
 from ._pymongo import SyncTransport, csot_context_active
 from .machine import (
+    NOT_BUFFERED,
     ChangeStreamMachine,
     Deliver,
     ErrorInfo,
@@ -33,6 +34,7 @@ from .options import (
     effective_timeout_ms,
     event_decoder,
     present_token,
+    reply_codec,
     resolve_target,
 )
 
@@ -84,7 +86,8 @@ class ChangeStream(Generic[_T]):
         self._timeout_is_explicit = options.timeout_ms is not None
         check_max_await(options, self._timeout_ms)
         self._codec = effective_codec_options(options, resolved)
-        self._transport = SyncTransport(resolved.client, options.session)
+        wire = reply_codec(self._codec)
+        self._transport = SyncTransport(resolved.client, options.session, wire)
         self._machine = ChangeStreamMachine(
             StreamSpec(
                 database=resolved.database,
@@ -98,7 +101,7 @@ class ChangeStream(Generic[_T]):
                 if options.read_concern is not None
                 else resolved.read_concern,
                 retry_reads=resolved.client.options.retry_reads,
-                decode=event_decoder(self._codec, options.typed),
+                decode=event_decoder(self._codec, options.typed, wire),
             )
         )
         self._lock = threading.RLock()
@@ -130,9 +133,11 @@ class ChangeStream(Generic[_T]):
         with self._lock:
             if self._close_requested:
                 raise StopIteration
-            with self._deadline():
-                self._machine.begin_next()
-                document = self._run(interruptible=True)
+            document = self._machine.next_buffered()
+            if document is NOT_BUFFERED:
+                with self._deadline():
+                    self._machine.begin_next()
+                    document = self._run(interruptible=True)
         if document is None:
             raise StopIteration
         return document  # type: ignore[no-any-return]
@@ -148,6 +153,9 @@ class ChangeStream(Generic[_T]):
         with self._lock:
             if self._close_requested:
                 return None
+            document = self._machine.next_buffered()
+            if document is not NOT_BUFFERED:
+                return document  # type: ignore[no-any-return]
             with self._deadline():
                 self._machine.begin_try_next()
                 return self._run(interruptible=True)  # type: ignore[no-any-return]

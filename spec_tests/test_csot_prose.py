@@ -1,12 +1,22 @@
 """CSOT prose test 5, "Blocking Iteration Methods - Change Streams" (csot/tests/README.md).
 
 With every getMore blocked for 15 ms and a client ``timeoutMS`` of 20, a
-blocking ``next()`` must fail with a timeout error, and the timeout must
-cover the whole loop of getMores: one aggregate, then exactly two getMores.
+blocking ``next()`` must fail with a timeout error: the 20 ms cover the whole
+loop of getMores, not each one.
+
+The README expects exactly two getMores. That needs the first getMore to
+return within the 5 ms left after the block, but the CSOT spec (and the
+unified test "timeoutMS is refreshed for getMore if maxAwaitTimeMS is not
+set") forbids ``maxTimeMS`` on the getMore here, so the server's awaitData
+wait (1 s by default on mongod) outlasts the deadline and a compliant client
+sees one getMore. Like the Java driver's version of this test, we accept one
+or two getMores, and also require ``next()`` to fail well before the 1 s
+awaitData wait would have ended.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,12 +87,15 @@ def test_blocking_next_times_out_across_getmores(
         assert aggregates, "watch() did not run an aggregate"
         assert aggregates[-1].event.reply["cursor"]["id"] != 0, "the change stream has no cursor"
 
+        started = time.monotonic()
         try:
             change = next_with_limit(stream, 10.0)
         except Exception as exc:  # any error type, as long as it is a timeout
             assert is_timeout(exc), f"expected a timeout error, got {describe(exc)}"
         else:
             pytest.fail(f"next() returned {change!r} instead of timing out")
+        elapsed = time.monotonic() - started
+        assert elapsed < 0.5, f"next() took {elapsed:.3f} s to time out with timeoutMS=20"
     finally:
         recorder.enabled = False
         if stream is not None:
@@ -94,7 +107,9 @@ def test_blocking_next_times_out_across_getmores(
         for o in recorder.snapshot()
         if o.kind == "commandStartedEvent" and o.event.database_name == "db" and _on_coll(o.command)
     ]
-    assert sent == ["aggregate", "getMore", "getMore"], f"commands against db.coll: {sent}"
+    assert sent in (["aggregate", "getMore"], ["aggregate", "getMore", "getMore"]), (
+        f"commands against db.coll: {sent} (expected one aggregate, then one or two getMores)"
+    )
 
 
 def _on_coll(command: dict[str, Any] | None) -> bool:

@@ -99,5 +99,5 @@ class SpecItem(pytest.Item):
             return f"{self.case.id} {kind}:\n{excinfo.value}"
         return super().repr_failure(excinfo)
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, self.case.id
+    def reportinfo(self) -> tuple[Any, int, str]:
+        return self.path, 0, self.case.id

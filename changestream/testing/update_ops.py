@@ -12,7 +12,8 @@ oplog entry at all.
 
 Replacement updates log the whole new document; pipeline-style updates are
 evaluated stage by stage and logged as the diff of the two images
-(:func:`~changestream.testing.changestreams.diff.diff_or_replacement`).
+(:func:`~changestream.testing.changestreams.diff.diff_or_replacement`). The
+``$project`` evaluation is shared with find projections (:func:`project`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from .storage import (
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _DEC_CTX = create_decimal128_context()
+_MISSING: Any = object()
+"""What an expression that yields nothing evaluates to."""
 _FILTER_ID = re.compile(r"^[a-z][a-zA-Z0-9]*$")
 
 _MODIFIERS = (
@@ -247,7 +250,7 @@ def _parse_leaf(op: str, path: str, arg: Any) -> _Leaf:
                 14, f"Cannot {verb} with non-numeric argument: {{{path}: {bson_repr(arg)}}}"
             )
     elif op == "$currentDate":
-        leaf.parsed = _parse_current_date(path, arg)
+        leaf.parsed = _parse_current_date(arg)
     elif op == "$push":
         leaf.parsed = _parse_push(arg)
     elif op == "$addToSet":
@@ -260,11 +263,11 @@ def _parse_leaf(op: str, path: str, arg: Any) -> _Leaf:
                 2, f"$pullAll requires an array argument but was given a {type_name(arg)}"
             )
     elif op == "$bit":
-        raise CommandError(2, "$bit is not supported by the simulator")
+        leaf.parsed = _parse_bit(arg)
     return leaf
 
 
-def _parse_current_date(path: str, arg: Any) -> str:
+def _parse_current_date(arg: Any) -> str:
     if isinstance(arg, bool):
         return "date"
     if isinstance(arg, dict) and list(arg) == ["$type"] and arg["$type"] in ("date", "timestamp"):
@@ -367,6 +370,46 @@ def _parse_add_to_set(arg: Any) -> list[Any]:
         if not any(values_equal(value, seen) for seen in unique):
             unique.append(value)
     return unique
+
+
+def _parse_bit(arg: Any) -> list[tuple[str, int | Int64]]:
+    if not isinstance(arg, dict):
+        raise CommandError(
+            2,
+            f"The $bit modifier is not compatible with a {type_name(arg)}. You must pass in an "
+            "embedded document: {$bit: {field: {and/or/xor: #}}",
+        )
+    ops: list[tuple[str, int | Int64]] = []
+    for name, value in arg.items():
+        if name not in ("and", "or", "xor"):
+            raise CommandError(
+                2,
+                "The $bit modifier only supports 'and', 'or', and 'xor', not '"
+                f"{name}' which is an unknown operator: {{{name}: {bson_repr(value)}}}",
+            )
+        if _num_rank(value) not in (1, 2):
+            raise CommandError(
+                2,
+                "The $bit modifier field must be an Integer(32/64 bit); a "
+                f"'{type_name(value)}' is not supported here: {{{name}: {bson_repr(value)}}}",
+            )
+        ops.append((name, value))
+    return ops
+
+
+def _bitwise(value: Any, ops: list[tuple[str, int | Int64]]) -> Any:
+    """``value`` and/or/xor each operand; int32 widens to int64 when either side is int64."""
+    rank = _num_rank(value)
+    result = int(value)
+    for name, operand in ops:
+        rank = max(rank, _num_rank(operand))
+        if name == "and":
+            result &= int(operand)
+        elif name == "or":
+            result |= int(operand)
+        else:
+            result ^= int(operand)
+    return Int64(result) if rank == 2 else result
 
 
 def _parse_pop(path: str, arg: Any) -> int:
@@ -819,6 +862,8 @@ class _Applier:
             return _zero_like(arg)
         if op == "$currentDate":
             return self.env.now() if leaf.parsed == "date" else self.env.timestamp()
+        if op == "$bit":
+            return _bitwise(0, leaf.parsed)
         if op == "$push":
             array: list[Any] = []
             self._push(leaf.parsed, array)
@@ -860,6 +905,18 @@ class _Applier:
             return _NORMAL
         if op == "$currentDate":
             holder[key] = self._new_value(leaf)
+            return _NORMAL
+        if op == "$bit":
+            if _num_rank(elem) not in (1, 2):
+                raise CommandError(
+                    2,
+                    f"Cannot apply $bit to a value of non-integral type.{{{self.id_text}}} has "
+                    f"the field {key} of non-integer type {type_name(elem)}",
+                )
+            result = _bitwise(elem, leaf.parsed)
+            if values_identical(result, elem):
+                return _NOOP
+            holder[key] = result
             return _NORMAL
         if op == "$placeholder":
             return _NOOP
@@ -1066,8 +1123,6 @@ def _first_matching_index(value: Any, parts: list[str], cond: Any) -> int | None
 # ======================================================================================
 # Pipeline-style updates
 # ======================================================================================
-
-_MISSING: Any = object()
 _PIPELINE_STAGES = ("$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith")
 
 

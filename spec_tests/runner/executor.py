@@ -14,6 +14,7 @@ from typing import Any
 
 import pymongo.common
 from bson import json_util
+from pymongo import network_layer
 from pymongo.errors import PyMongoError
 
 from . import RunnerError, SpecFailure, SpecSkip
@@ -29,20 +30,25 @@ _TEST_KEYS = frozenset(
     {"description", "runOnRequirements", "skipReason", "operations", "expectEvents", "outcome"}
 )
 
-FAST_HEARTBEAT_S = 0.01
-"""PyMongo's minimum re-check interval while a test runs (the spec allows lowering it),
-so a "not primary" or network error costs milliseconds, not half a second."""
+FAST_SDAM_S = 0.01
+"""While a test runs, PyMongo's minimum heartbeat interval and its socket poll interval
+(how soon a cancelled streaming hello notices) are lowered from 0.5 s, as the spec allows
+for tests with failpoints, so a "not primary" or network error costs milliseconds."""
+
+_KNOBS = ((pymongo.common, "MIN_HEARTBEAT_INTERVAL"), (network_layer, "_POLL_TIMEOUT"))
 
 
 @contextlib.contextmanager
 def fast_sdam() -> Iterator[None]:
-    """Lower PyMongo's min heartbeat interval for clients created inside the block."""
-    saved = pymongo.common.MIN_HEARTBEAT_INTERVAL
-    pymongo.common.MIN_HEARTBEAT_INTERVAL = FAST_HEARTBEAT_S
+    """Lower PyMongo's SDAM recovery intervals inside the block (knobs it lacks are left out)."""
+    saved = [(mod, name, getattr(mod, name)) for mod, name in _KNOBS if hasattr(mod, name)]
+    for mod, name, _ in saved:
+        setattr(mod, name, FAST_SDAM_S)
     try:
         yield
     finally:
-        pymongo.common.MIN_HEARTBEAT_INTERVAL = saved
+        for mod, name, value in saved:
+            setattr(mod, name, value)
 
 
 def run_test(target: Target, spec: SpecFile, test: dict[str, Any], client_impl: str) -> None:

@@ -153,7 +153,7 @@ def _as_command_error(err: CommandError | DuplicateKey) -> CommandError:
     return err.command_error() if isinstance(err, DuplicateKey) else err
 
 
-def _statements(ctx: CommandContext, field: str) -> list[Any]:
+def _statements(ctx: CommandContext, field: str, required: tuple[str, ...] = ()) -> list[Any]:
     items = ctx.body.get(field)
     if not isinstance(items, list):
         raise CommandError(
@@ -170,6 +170,18 @@ def _statements(ctx: CommandContext, field: str) -> list[Any]:
             "operations.",
             code_name="InvalidLength",
         )
+    for item in items if required else ():
+        if not isinstance(item, dict):
+            raise CommandError(
+                14,
+                f"BSON field '{ctx.name}.{field}' is the wrong type '{type_name(item)}', "
+                "expected type 'object'",
+            )
+        for name in required:
+            if name not in item:
+                raise CommandError(
+                    40414, f"BSON field '{ctx.name}.{field}.{name}' is missing but a required field"
+                )
     return items
 
 
@@ -208,7 +220,7 @@ def _prepare_insert(raw: Any) -> dict[str, Any]:
     return doc
 
 
-def insert_document(unit: WriteUnit, state: CollectionState, doc: dict[str, Any]) -> None:
+def _insert_document(unit: WriteUnit, state: CollectionState, doc: dict[str, Any]) -> None:
     """Store a prepared document and log its insert (raises DuplicateKey)."""
     key = state.insert(doc)
     unit.on_undo(functools.partial(state.remove, key))
@@ -224,6 +236,9 @@ def _store_update(
     state.replace(key, outcome.doc)
     unit.on_undo(functools.partial(state.replace, key, old))
     images = state.pre_post_images
+    # 4.x logged $v:1 updates that carried whole values; the simulator logs $v:2 diffs
+    # everywhere and keeps the post-image so those versions' update descriptions can be built.
+    legacy = not unit.ctx.deployment.profile.v2_update_oplog
     unit.log(
         "u",
         state.ns,
@@ -231,7 +246,9 @@ def _store_update(
         ui=state.uuid,
         o2={"_id": old["_id"]},
         pre_image=copy_value(old) if images else None,
-        post_image=copy_value(outcome.doc) if images and not outcome.replacement else None,
+        post_image=(
+            copy_value(outcome.doc) if (images or legacy) and not outcome.replacement else None
+        ),
     )
 
 
@@ -258,7 +275,7 @@ def _upsert(
     doc = _prepare_insert(update.upsert_document(query, _env(ctx)))
     state = ensure_collection(unit, ctx.db, coll)
     _validate(ctx, state, doc, None)
-    insert_document(unit, state, doc)
+    _insert_document(unit, state, doc)
     return doc
 
 
@@ -282,7 +299,7 @@ def insert(ctx: CommandContext) -> dict[str, Any]:
             doc = _prepare_insert(raw)
             if state.options.get("validator"):
                 _validate(ctx, state, doc, None)
-            insert_document(unit, state, doc)
+            _insert_document(unit, state, doc)
             n += 1
         except (CommandError, DuplicateKey) as err:
             if unit.in_transaction:
@@ -325,7 +342,7 @@ def _update_one_statement(
 @command("update", write=True)
 def update(ctx: CommandContext) -> dict[str, Any]:
     coll = collection_arg(ctx)
-    statements = _statements(ctx, "updates")
+    statements = _statements(ctx, "updates", ("q", "u"))
     ordered = ctx.body.get("ordered", True) is not False
     unit = WriteUnit.open(ctx)
     n = n_modified = 0
@@ -375,7 +392,11 @@ def _delete_one_statement(ctx: CommandContext, unit: WriteUnit, coll: str, stmt:
 @command("delete", write=True)
 def delete(ctx: CommandContext) -> dict[str, Any]:
     coll = collection_arg(ctx)
-    statements = _statements(ctx, "deletes")
+    statements = _statements(ctx, "deletes", ("q", "limit"))
+    for stmt in statements:
+        limit = stmt["limit"]
+        if limit not in (0, 1) or isinstance(limit, bool):
+            raise CommandError(9, f"The limit field in delete objects must be 0 or 1. Got {limit}")
     ordered = ctx.body.get("ordered", True) is not False
     unit = WriteUnit.open(ctx)
     n = 0

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import bson
 from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions
-from bson.int64 import Int64
 
 from ..cursors import CursorBatch, cursor_reply
 from ..errors import CommandError
@@ -560,14 +560,16 @@ def _normalize_index_spec(ctx: CommandContext, raw: Any, coll: str) -> dict[str,
                 raise CommandError(
                     67, f"Unknown index plugin '{value}'", code_name="CannotCreateIndex"
                 )
-        elif isinstance(value, bool) or not isinstance(value, (int, float, Int64)) or value == 0:
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
             raise CommandError(
                 67,
-                f"Values in the index key pattern can only be numbers or strings: {bson_repr(raw)}"
-                if not isinstance(value, (int, float)) or isinstance(value, bool)
-                else f"Values in v:2 index key pattern cannot be of type bool. Only numbers > 0, "
-                f"numbers < 0, and strings are allowed. {bson_repr(raw)}",
+                f"Values in v:2 index key pattern cannot be of type {type_name(value)}. Only "
+                "numbers > 0, numbers < 0, and strings are allowed.",
                 code_name="CannotCreateIndex",
+            )
+        elif value == 0:
+            raise CommandError(
+                67, "Values in v:2 index key pattern cannot be 0.", code_name="CannotCreateIndex"
             )
     name = raw.get("name")
     if not isinstance(name, str) or not name:
@@ -767,13 +769,29 @@ _COLLMOD_FIELDS = (
 )
 
 
-def _collmod_index(
-    state: CollectionState, spec: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Apply ``collMod.index``; return (logged index arg, old options, reply fields, new spec)."""
+@dataclass(slots=True)
+class _IndexMod:
+    """What ``collMod.index`` changes: the index, its new spec and what to log and reply."""
+
+    old_spec: dict[str, Any]
+    new_spec: dict[str, Any]
+    logged: dict[str, Any]
+    """The ``index`` argument as logged (``keyPattern`` resolved to ``name``)."""
+    old_options: dict[str, Any]
+    """``indexOptions_old`` (only the options that change)."""
+    reply: dict[str, Any]
+    """``<option>_old`` / ``<option>_new`` reply fields."""
+
+
+_INDEX_MOD_OPTIONS = ("expireAfterSeconds", "hidden", "prepareUnique", "unique")
+
+
+def _collmod_index(state: CollectionState, spec: Any) -> _IndexMod:
     if not isinstance(spec, dict):
         raise CommandError(
-            14, "BSON field 'collMod.index' is the wrong type, expected type 'object'"
+            14,
+            f"BSON field 'collMod.index' is the wrong type '{type_name(spec)}', expected type "
+            "'object'",
         )
     if ("name" in spec) == ("keyPattern" in spec):
         raise CommandError(
@@ -783,39 +801,28 @@ def _collmod_index(
             else "Both name and key pattern were specified for collMod.index",
         )
     target = _find_index(state, spec["keyPattern"] if "keyPattern" in spec else spec["name"])
-    changes = {
-        k: v
-        for k, v in spec.items()
-        if k in ("hidden", "expireAfterSeconds", "prepareUnique", "unique")
-    }
+    changes = {k: spec[k] for k in _INDEX_MOD_OPTIONS if k in spec}
     if not changes:
         raise CommandError(
-            2,
-            "no expireAfterSeconds, hidden, prepareUnique or unique field to modify",
+            2, "no expireAfterSeconds, hidden, prepareUnique or unique field to modify"
         )
     if "hidden" in changes and target["name"] == "_id_":
         raise CommandError(72, "can't hide _id index", code_name="InvalidOptions")
     if "expireAfterSeconds" in changes and "expireAfterSeconds" not in target:
         raise CommandError(72, "no expireAfterSeconds field to update", code_name="InvalidOptions")
-    logged: dict[str, Any] = {"name": target["name"]}
-    old: dict[str, Any] = {}
-    reply: dict[str, Any] = {}
-    new_spec = dict(target)
-    for option in ("expireAfterSeconds", "hidden", "prepareUnique", "unique"):
-        if option not in changes:
-            continue
-        before = target.get(option, False if option != "expireAfterSeconds" else None)
-        after = changes[option]
+    mod = _IndexMod(target, dict(target), {"name": target["name"]}, {}, {})
+    for option, after in changes.items():
+        before = target.get(option, None if option == "expireAfterSeconds" else False)
         if option == "hidden" and not after:
-            new_spec.pop("hidden", None)
+            mod.new_spec.pop("hidden", None)
         else:
-            new_spec[option] = after
-        logged[option] = after
+            mod.new_spec[option] = after
+        mod.logged[option] = after
         if not values_equal(before, after):
-            old[option] = before
-            reply[f"{option}_old"] = before
-            reply[f"{option}_new"] = after
-    return logged, old, reply, new_spec
+            mod.old_options[option] = before
+            mod.reply[f"{option}_old"] = before
+            mod.reply[f"{option}_new"] = after
+    return mod
 
 
 @command("collMod", write=True)
@@ -835,35 +842,30 @@ def coll_mod(ctx: CommandContext) -> dict[str, Any]:
                 72, f"option not supported on a {kind}: {key}", code_name="InvalidOptions"
             )
     old_options = canonical_options(state.options)
-    if not state.is_view:
-        old_options = {"uuid": state.uuid, **old_options}
     o: dict[str, Any] = {"collMod": name}
-    o2: dict[str, Any] = {"collectionOptions_old": old_options}
-    reply: dict[str, Any] = {}
+    o2: dict[str, Any] = {"collectionOptions_old": {"uuid": state.uuid, **old_options}}
     new_options = dict(state.options)
-    index_change: tuple[dict[str, Any], dict[str, Any]] | None = None
+    index_mod: _IndexMod | None = None
     for key, value in args.items():
         if key == "index":
-            logged, old_index, reply, new_spec = _collmod_index(state, value)
-            o["index"] = logged
-            o2["indexOptions_old"] = old_index
-            index_change = (state.index(logged["name"]) or {}, new_spec)
+            index_mod = _collmod_index(state, value)
+            o["index"] = index_mod.logged
+            o2["indexOptions_old"] = index_mod.old_options
             continue
         o[key] = copy_value(value)
-        if key == "changeStreamPreAndPostImages" or key in _CREATE_OPTION_ORDER:
+        if key in _CREATE_OPTION_ORDER:
             new_options[key] = copy_value(value)
-    old_spec_options = state.options
+    previous = state.options
     state.options = new_options
-    unit.on_undo(lambda: setattr(state, "options", old_spec_options))
-    if index_change is not None:
-        old_spec, new_spec = index_change
-        state.replace_index(old_spec, new_spec)
-        unit.on_undo(lambda: state.replace_index(new_spec, old_spec))
+    unit.on_undo(functools.partial(setattr, state, "options", previous))
+    if index_mod is not None:
+        state.replace_index(index_mod.old_spec, index_mod.new_spec)
+        unit.on_undo(functools.partial(state.replace_index, index_mod.new_spec, index_mod.old_spec))
     if state.is_view:
         _sync_view_definition(unit, ctx.deployment.catalog, state)
     else:
         unit.log("c", f"{ctx.db}.$cmd", o, ui=state.uuid, o2=o2)
-    return reply
+    return index_mod.reply if index_mod is not None else {}
 
 
 # ======================================================================================

@@ -1,0 +1,7 @@
+"""``python -m changestream ...``: the ``changestream`` command line (:mod:`changestream.cli`)."""
+
+from __future__ import annotations
+
+from .cli import main
+
+raise SystemExit(main())

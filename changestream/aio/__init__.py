@@ -1,0 +1,14 @@
+"""asyncio twin of :mod:`changestream`: the same streams over PyMongo's ``AsyncMongoClient``.
+
+``await changestream.aio.watch(async_coll)`` returns an
+:class:`AsyncChangeStream` driven by the same spec state machine as the
+sync :class:`changestream.ChangeStream`; :func:`consume` is the async
+at-least-once loop.
+"""
+
+from __future__ import annotations
+
+from .consume import consume
+from .stream import AsyncChangeStream, TokenCallback, watch
+
+__all__ = ["AsyncChangeStream", "TokenCallback", "consume", "watch"]

@@ -1,0 +1,313 @@
+"""The asyncio :class:`AsyncChangeStream`: the sync shell's twin over ``AsyncMongoClient``.
+
+All spec logic lives in :mod:`changestream.machine`; like
+:mod:`changestream.stream`, this module only runs the commands the machine
+asks for (through :class:`changestream._pymongo.AsyncTransport`), applies the
+per-call client-side timeout, serialises callers and turns the machine's
+verdicts into return values and exceptions. Two things are async-only:
+cancellation (the server cursor is killed in the background) and the optional
+``on_resume_token_change`` callback (the spec allows it only in async drivers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import bson
+import pymongo
+from bson.raw_bson import RawBSONDocument
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.mongo_client import AsyncMongoClient
+
+from .._pymongo import AsyncTransport, csot_context_active
+from ..machine import (
+    Action,
+    ChangeStreamMachine,
+    Deliver,
+    ErrorInfo,
+    NoDocument,
+    Raise,
+    StreamSpec,
+)
+from ..options import (
+    ChangeStreamOptions,
+    check_max_await,
+    effective_codec_options,
+    effective_timeout_ms,
+    event_decoder,
+    present_token,
+    resolve_target,
+)
+
+__all__ = ["AsyncChangeStream", "TokenCallback", "watch"]
+
+_T = TypeVar("_T")
+
+TokenCallback = Callable[[Any], Any]
+"""``on_resume_token_change(token)``: a function or a coroutine function."""
+
+_BACKGROUND: set[asyncio.Task[None]] = set()
+"""Strong references to background cursor kills (the event loop keeps only weak ones)."""
+
+
+async def watch(
+    target: Any,
+    pipeline: list[Mapping[str, Any]] | None = None,
+    *,
+    on_resume_token_change: TokenCallback | None = None,
+    **options: Any,
+) -> AsyncChangeStream[Any]:
+    """Open a change stream on a PyMongo ``AsyncMongoClient``, ``AsyncDatabase`` or ``AsyncCollection``.
+
+    The options are those of :func:`changestream.watch`; the initial
+    ``aggregate`` has run when the returned awaitable completes::
+
+        async with await changestream.aio.watch(coll) as stream:
+            async for change in stream:
+                ...
+
+    ``on_resume_token_change(token)`` (a function or a coroutine function)
+    is called whenever the cached resume token really changes: after the
+    initial aggregate, for each returned change (just before it is
+    returned) and for each new ``postBatchResumeToken`` of an empty batch,
+    even while :meth:`AsyncChangeStream.next` keeps waiting.
+    """
+    stream: AsyncChangeStream[Any] = AsyncChangeStream(
+        target,
+        ChangeStreamOptions.from_kwargs(pipeline, **options),
+        on_resume_token_change=on_resume_token_change,
+    )
+    await stream._start()
+    return stream
+
+
+def _token_key(token: Mapping[str, Any] | None) -> bytes | None:
+    """Tokens compare by their BSON bytes (each reply decodes a new object)."""
+    if token is None:
+        return None
+    return bytes(token.raw) if isinstance(token, RawBSONDocument) else bson.encode(token)
+
+
+class AsyncChangeStream(Generic[_T]):
+    """A resumable change stream for asyncio; same surface as :class:`changestream.ChangeStream`.
+
+    Create it with ``await changestream.aio.watch(target)``. Iterate with
+    ``async for`` / :meth:`next` (waits until a change arrives) or poll with
+    :meth:`try_next` (at most one ``getMore``); read :attr:`resume_token`
+    after each :meth:`try_next` to store progress, or pass
+    ``on_resume_token_change`` to :func:`watch`.
+
+    Cancelling a task that waits in :meth:`next` / :meth:`try_next` (also
+    via ``asyncio.timeout`` or ``wait_for``) closes the stream: the server
+    cursor is killed in the background (:meth:`close` waits for that), the
+    session is ended, and :attr:`resume_token` stays readable so a new
+    stream can continue with ``resume_after=stream.resume_token``.
+    A client-side timeout (``timeout_ms``) does *not* close it: the next call
+    resumes. :meth:`close` from another task lets a waiting :meth:`next`
+    finish its current ``getMore`` first (at most ``max_await_time_ms``).
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        options: ChangeStreamOptions,
+        *,
+        on_resume_token_change: TokenCallback | None = None,
+    ) -> None:
+        resolved = resolve_target(target)
+        if not isinstance(resolved.client, AsyncMongoClient):
+            raise TypeError(
+                "AsyncChangeStream needs a pymongo AsyncMongoClient target "
+                "(use changestream.watch for a MongoClient)"
+            )
+        if options.session is not None and not isinstance(options.session, AsyncClientSession):
+            raise TypeError("session must be an AsyncClientSession for an async change stream")
+        if on_resume_token_change is not None and not callable(on_resume_token_change):
+            raise TypeError("on_resume_token_change must be callable")
+        self._timeout_ms = effective_timeout_ms(options, resolved.client)
+        self._timeout_is_explicit = options.timeout_ms is not None
+        check_max_await(options, self._timeout_ms)
+        self._codec = effective_codec_options(options, resolved)
+        self._transport = AsyncTransport(resolved.client, options.session)
+        self._machine = ChangeStreamMachine(
+            StreamSpec(
+                database=resolved.database,
+                collection=resolved.collection,
+                cluster=resolved.cluster,
+                options=options,
+                read_preference=options.read_preference
+                if options.read_preference is not None
+                else resolved.read_preference,
+                read_concern=options.read_concern
+                if options.read_concern is not None
+                else resolved.read_concern,
+                retry_reads=resolved.client.options.retry_reads,
+                decode=event_decoder(self._codec, options.typed),
+            )
+        )
+        self._lock = asyncio.Lock()
+        self._close_requested = False
+        self._cleanup: asyncio.Task[None] | None = None
+        self._on_token = on_resume_token_change
+        self._notified = _token_key(self._machine.resume_token)
+
+    async def _start(self) -> None:
+        """Run the initial aggregate (called by :func:`watch`)."""
+        async with self._lock:
+            with self._deadline():
+                self._machine.start()
+                await self._run(interruptible=False)
+
+    # -- public surface ---------------------------------------------------------
+    @property
+    def resume_token(self) -> Any:
+        """The token a resume would use now: pass it as ``resume_after`` (or ``start_after``)."""
+        return present_token(self._machine.resume_token, self._codec)
+
+    def get_resume_token(self) -> Any:
+        """Same as :attr:`resume_token` (the spec's ``getResumeToken()``)."""
+        return self.resume_token
+
+    @property
+    def alive(self) -> bool:
+        """False once closed, cancelled or invalidated; ``True`` does not promise a next change."""
+        return self._machine.alive
+
+    async def next(self) -> _T:
+        """Wait for the next change; raise ``StopAsyncIteration`` once the stream is closed."""
+        async with self._lock:
+            await self._settle()
+            if self._close_requested:
+                raise StopAsyncIteration
+            with self._deadline():
+                self._machine.begin_next()
+                document = await self._run(interruptible=True)
+        if document is None:
+            raise StopAsyncIteration
+        return document  # type: ignore[no-any-return]
+
+    __anext__ = next
+
+    async def try_next(self) -> _T | None:
+        """Return a buffered change, else run at most one getMore; ``None`` if nothing came."""
+        async with self._lock:
+            await self._settle()
+            if self._close_requested:
+                return None
+            with self._deadline():
+                self._machine.begin_try_next()
+                return await self._run(interruptible=True)  # type: ignore[no-any-return]
+
+    async def close(self) -> None:
+        """Kill the server cursor and end the stream's implicit session (idempotent)."""
+        self._close_requested = True
+        async with self._lock:
+            await self._settle()
+            with self._deadline():
+                self._machine.close()
+                await self._run(interruptible=False)
+
+    def __aiter__(self) -> AsyncChangeStream[_T]:
+        return self
+
+    async def __aenter__(self) -> AsyncChangeStream[_T]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- the driving loop ------------------------------------------------------
+    def _deadline(self) -> contextlib.AbstractContextManager[None]:
+        """The per-call CSOT budget, with the sync stream's rules (``pymongo.timeout`` blocks win)."""
+        inherited_but_overridden = not self._timeout_is_explicit and csot_context_active()
+        if self._timeout_ms is None or inherited_but_overridden:
+            return contextlib.nullcontext()
+        return pymongo.timeout(self._timeout_ms / 1000)
+
+    async def _run(self, *, interruptible: bool) -> Any:
+        """Pump the machine until the current operation ends."""
+        machine = self._machine
+        try:
+            while True:
+                if interruptible and self._close_requested:
+                    return None
+                action = machine.next_action()
+                if isinstance(action, NoDocument):
+                    return None
+                if isinstance(action, Raise):
+                    raise action.error
+                try:
+                    if isinstance(action, Deliver):
+                        await self._notify()
+                        return action.document
+                    outcome = await self._transport.run(action)
+                    if isinstance(outcome, ErrorInfo):
+                        machine.receive_error(outcome)
+                    else:
+                        machine.receive_reply(*outcome)
+                    await self._notify()
+                except BaseException:
+                    # Cancelled (or the callback failed): close now, kill the cursor later.
+                    self._interrupted()
+                    raise
+        finally:
+            if not machine.alive and not machine.busy:
+                await self._transport.close()
+
+    async def _notify(self) -> None:
+        """Call ``on_resume_token_change`` if the cached token changed since the last call."""
+        if self._on_token is None:
+            return
+        key = _token_key(self._machine.resume_token)
+        if key == self._notified:
+            return
+        self._notified = key
+        result = self._on_token(self.resume_token)
+        if inspect.isawaitable(result):
+            await result
+
+    def _interrupted(self) -> None:
+        """Close the stream at once; kill its cursor and end the session in a background task."""
+        machine = self._machine
+        machine.abort()
+        action = machine.next_action()
+        task = asyncio.get_running_loop().create_task(self._finish(action))
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+        self._cleanup = task
+
+    async def _finish(self, action: Action) -> None:
+        """Run what remains of the close (a best-effort killCursors), then end the session."""
+        machine = self._machine
+        try:
+            while not isinstance(action, (Deliver, NoDocument, Raise)):
+                try:
+                    outcome = await self._transport.run(action)
+                except BaseException:
+                    # Cancelled again (e.g. the event loop shuts down): the server times it out.
+                    machine.abort()
+                    machine.next_action()
+                    raise
+                if isinstance(outcome, ErrorInfo):
+                    machine.receive_error(outcome)
+                else:
+                    machine.receive_reply(*outcome)
+                action = machine.next_action()
+        finally:
+            await self._transport.close()
+
+    async def _settle(self) -> None:
+        """Wait for a background close to finish (it never raises here)."""
+        task, self._cleanup = self._cleanup, None
+        if task is not None:
+            await asyncio.wait([task])

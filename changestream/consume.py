@@ -1,0 +1,425 @@
+"""At-least-once processing: run a handler for every change and keep the resume token durable.
+
+:func:`consume` polls a stream with ``try_next``, calls the handler, and saves
+the token of the last *handled* change (and of empty batches, the
+postBatchResumeToken) in a :class:`~changestream.stores.TokenStore`. After a
+crash, a restart resumes from the stored token, so every change is handled
+at least once. When the stream's own single resume fails for a transient
+reason (server unreachable, network errors, a failover longer than server
+selection) the stream is reopened from the last handled token with
+exponential backoff (tenacity). What no retry can fix stops with a
+:class:`ConsumeError` saying how to recover; a dead token never loops.
+
+The policy pieces (:func:`is_transient`, :func:`unrecoverable`, the save
+schedule and the retry settings) are shared with
+:func:`changestream.aio.consume`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import bson
+import tenacity
+from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
+
+from .errors import ChangeStreamError
+from .machine import RESUMABLE_CODES_BEFORE_4_4, RETRYABLE_READ_CODES
+from .stores import TokenStore
+from .stream import ChangeStream
+from .token import token_cluster_time, token_to_json
+
+__all__ = [
+    "ConsumeError",
+    "ConsumeResult",
+    "HistoryLostError",
+    "NotResumableError",
+    "RetriesExhaustedError",
+    "StreamInvalidatedError",
+    "consume",
+    "is_transient",
+    "unrecoverable",
+]
+
+log = logging.getLogger("changestream.consume")
+
+HISTORY_LOST = 286
+UNAUTHORIZED = 13
+CURSOR_NOT_FOUND = 43
+NON_RESUMABLE_LABEL = "NonResumableChangeStreamError"
+_TRANSIENT_CODES = RESUMABLE_CODES_BEFORE_4_4 | RETRYABLE_READ_CODES | {CURSOR_NOT_FOUND}
+_TRANSIENT_LABELS = ("ResumableChangeStreamError", "RetryableError")
+
+
+# -- errors ----------------------------------------------------------------------------------
+class ConsumeError(ChangeStreamError):
+    """:func:`consume` stopped on something a retry cannot fix.
+
+    ``token`` is the token of the last handled change (also in the store
+    when the error is raised): the safe point to restart from once fixed.
+    """
+
+    def __init__(self, message: str, *, token: Any) -> None:
+        super().__init__(message)
+        self.token = token
+
+
+class HistoryLostError(ConsumeError):
+    """The token is older than the server's oplog (ChangeStreamHistoryLost, code 286)."""
+
+
+class NotResumableError(ConsumeError):
+    """The server refuses the stream itself: not authorized (13) or ``NonResumableChangeStreamError``."""
+
+
+class StreamInvalidatedError(ConsumeError):
+    """The watched collection or database was dropped or renamed (an ``invalidate`` event).
+
+    ``invalidate_token`` starts a new stream after it: ``start_after=error.invalidate_token``.
+    """
+
+    def __init__(self, message: str, *, token: Any, invalidate_token: Any) -> None:
+        super().__init__(message, token=token)
+        self.invalidate_token = invalidate_token
+
+
+class RetriesExhaustedError(ConsumeError):
+    """Transient failures went on for longer than ``retry_for`` seconds."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsumeResult:
+    """How a :func:`consume` run that was stopped (``stop`` set) ended."""
+
+    handled: int
+    """Changes passed to the handler."""
+    reopens: int
+    """Times the stream was reopened after a transient failure."""
+    token: Any
+    """The last handled (and stored) token."""
+
+
+# -- classification (shared with the async loop) -----------------------------------------------
+def is_transient(exc: BaseException) -> bool:
+    """May reopening the stream from the stored token succeed later?
+
+    Network errors, server selection timeouts, client-side timeouts, and
+    server errors labelled resumable/retryable or with a retryable code are;
+    anything labelled ``NonResumableChangeStreamError`` never is.
+    """
+    if not isinstance(exc, PyMongoError) or exc.has_error_label(NON_RESUMABLE_LABEL):
+        return False
+    if isinstance(exc, ConnectionFailure) or exc.timeout:
+        return True
+    if isinstance(exc, OperationFailure):
+        return exc.code in _TRANSIENT_CODES or any(map(exc.has_error_label, _TRANSIENT_LABELS))
+    return False
+
+
+def _describe_token(token: Any) -> str:
+    if token is None:
+        return "no token (the stream started at the current time)"
+    text = token_to_json(token)
+    cluster_time = token_cluster_time(token)
+    if cluster_time is None:
+        return f"token {text}"
+    return f"token {text} (cluster time {cluster_time.as_datetime():%Y-%m-%d %H:%M:%S} UTC)"
+
+
+def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError | None:
+    """The :class:`ConsumeError` for ``exc`` if it is one of the known dead ends, else ``None``."""
+    if not isinstance(exc, OperationFailure):
+        return None
+    where = _describe_token(token)
+    if exc.code == HISTORY_LOST:
+        return HistoryLostError(
+            f"change stream history lost (code 286): the stored {where} is older than the "
+            f"oldest entry of the server's oplog, so the changes since then are gone from the "
+            f"change stream. To recover: resynchronise from the collection itself (e.g. a full "
+            f"copy), then start a new stream at the time of that copy "
+            f"(start_at_operation_time=...) or from now after clearing {store!r}. A larger "
+            f"oplog (replSetResizeOplog) or a faster consumer prevents this. Server: {exc}",
+            token=token,
+        )
+    if exc.code == UNAUTHORIZED:
+        return NotResumableError(
+            f"not authorized to watch (code 13): grant the user the 'changeStream' and 'find' "
+            f"actions on the watched namespace, then run again; {store!r} still holds {where}. "
+            f"Server: {exc}",
+            token=token,
+        )
+    if exc.has_error_label(NON_RESUMABLE_LABEL):
+        return NotResumableError(
+            f"the server says this change stream cannot be resumed (code {exc.code}, "
+            f"NonResumableChangeStreamError): {exc}. Fix the cause (often the pipeline, e.g. "
+            f"a stage removing '_id'), then run again from {where} in {store!r}.",
+            token=token,
+        )
+    return None
+
+
+def _operation_type(change: Any) -> Any:
+    if isinstance(change, Mapping):
+        return change.get("operationType")
+    return getattr(change, "operation_type", None)
+
+
+def invalidated(change: Any, token: Any, invalidate_token: Any) -> StreamInvalidatedError:
+    """The error for an ``invalidate`` event (``change``) or a stream the server ended (``None``)."""
+    if change is None:
+        what = "the server closed the change stream without an invalidate event (a pipeline "
+        what += "stage may have filtered it out)"
+    else:
+        what = "the change stream was invalidated: the watched collection or database was "
+        what += "dropped or renamed"
+    return StreamInvalidatedError(
+        f"{what}. Every change before it was handled and its token stored. To keep watching "
+        f"the namespace, open a new stream with start_after={token_to_json(invalidate_token)} "
+        f"(StreamInvalidatedError.invalidate_token); resume_after cannot pass an invalidate.",
+        token=token,
+        invalidate_token=invalidate_token,
+    )
+
+
+def is_invalidate(change: Any) -> bool:
+    return bool(_operation_type(change) == "invalidate")
+
+
+# -- the save schedule and retry settings (shared with the async loop) ------------------------
+def _key(token: Any) -> bytes | None:
+    return None if token is None else bson.encode(token)
+
+
+@dataclasses.dataclass
+class Progress:
+    """Which token is safe to store and when to store it."""
+
+    save_every: int
+    save_interval: float | None
+    token: Any = None
+    """Token of the last handled change or empty batch: restarting there loses nothing."""
+    handled: int = 0
+    advanced: bool = False
+    """The current stream handled a change or moved its token (resets the retry budget)."""
+    _saved: bytes | None = None
+    _unsaved: int = 0
+    _last_save: float = dataclasses.field(default_factory=time.monotonic)
+
+    def start(self, token: Any) -> None:
+        """The token loaded from the store."""
+        self.token = token
+        self._saved = _key(token)
+
+    def on_change(self, token: Any) -> bool:
+        """A change was handled; ``True``: save now."""
+        self.token = token
+        self.handled += 1
+        self._unsaved += 1
+        self.advanced = True
+        due = self.save_interval is not None and (
+            time.monotonic() - self._last_save >= self.save_interval
+        )
+        return self._unsaved >= self.save_every or due
+
+    def on_idle(self, token: Any) -> bool:
+        """No change came (empty batch, or a new stream): ``True``: save the new token now."""
+        if token is not None:
+            self.token = token
+        if self.pending:
+            self.advanced = True
+            return True
+        return False
+
+    @property
+    def pending(self) -> bool:
+        return self.token is not None and _key(self.token) != self._saved
+
+    def saved(self) -> None:
+        self._saved = _key(self.token)
+        self._unsaved = 0
+        self._last_save = time.monotonic()
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff between reopen attempts; ``retry_for=None`` retries forever."""
+
+    retry_for: float | None
+    backoff_initial: float
+    backoff_max: float
+
+    def __post_init__(self) -> None:
+        if self.retry_for is not None and self.retry_for < 0:
+            raise ValueError(f"retry_for must be >= 0 or None, not {self.retry_for}")
+        if not 0 < self.backoff_initial <= self.backoff_max:
+            raise ValueError(
+                "backoff needs 0 < backoff_initial <= backoff_max, got "
+                f"{self.backoff_initial} and {self.backoff_max}"
+            )
+
+    def arguments(self) -> dict[str, Any]:
+        """Keyword arguments for ``tenacity.Retrying`` / ``AsyncRetrying``."""
+        stop: Any = (
+            tenacity.stop_never if self.retry_for is None
+            else tenacity.stop_after_delay(self.retry_for)
+        )
+        return {
+            "retry": tenacity.retry_if_exception(is_transient),
+            "wait": tenacity.wait_exponential(multiplier=self.backoff_initial,
+                                              max=self.backoff_max)
+            + tenacity.wait_random(0, self.backoff_initial),
+            "stop": stop,
+            "before_sleep": _log_retry,
+            "reraise": True,
+        }
+
+    def dead_end(
+        self, exc: BaseException, token: Any, store: object, *, from_handler: bool
+    ) -> ConsumeError | None:
+        """What the loop raises for ``exc`` that ended it (``None``: ``exc`` itself)."""
+        if is_transient(exc):
+            source = "the handler" if from_handler else "the change stream"
+            return RetriesExhaustedError(
+                f"{source} kept failing for {self.retry_for:g} s ({type(exc).__name__}: {exc});"
+                f" {store!r} holds {_describe_token(token)}: run again once the deployment is"
+                " reachable and it resumes from there",
+                token=token,
+            )
+        return None if from_handler else unrecoverable(exc, token, store)
+
+
+def _log_retry(state: tenacity.RetryCallState) -> None:
+    outcome = state.outcome
+    exc = outcome.exception() if outcome is not None else None
+    delay = state.next_action.sleep if state.next_action is not None else 0.0
+    log.warning(
+        "change stream failed (%s: %s); reopening from the last handled token in %.2f s "
+        "(attempt %d)", type(exc).__name__, exc, delay, state.attempt_number + 1,
+    )
+
+
+def check_save_options(save_every: int, save_interval: float | None) -> None:
+    if isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1:
+        raise ValueError(f"save_every must be an integer >= 1, not {save_every!r}")
+    if save_interval is not None and save_interval < 0:
+        raise ValueError(f"save_interval must be >= 0 or None, not {save_interval!r}")
+
+
+# -- the synchronous loop ------------------------------------------------------------------
+def consume(
+    open_stream: Callable[[Any], ChangeStream[Any]],
+    handler: Callable[[Any], object],
+    store: TokenStore,
+    *,
+    save_every: int = 1,
+    save_interval: float | None = None,
+    retry_for: float | None = 300.0,
+    backoff_initial: float = 0.5,
+    backoff_max: float = 30.0,
+    stop: threading.Event | None = None,
+) -> ConsumeResult:
+    """Handle every change at least once, keeping the resume token in ``store``.
+
+    ``open_stream(token)`` opens the stream from a stored token (``None``:
+    nothing stored yet), e.g.
+    ``lambda token: changestream.watch(coll, resume_after=token)``.
+    ``handler(change)`` is called for each change, in order; the token is
+    saved after every ``save_every`` handled changes, when ``save_interval``
+    seconds have passed since the last save, after each empty batch (the
+    postBatchResumeToken) and when the loop ends. A failure between handling
+    and saving means the change is handled again after a restart, never lost.
+
+    Transient failures the stream could not resume from itself reopen the
+    stream from the last handled token with exponential backoff
+    (``backoff_initial`` doubling up to ``backoff_max`` seconds, plus jitter)
+    for up to ``retry_for`` seconds without progress (``None``: forever), then
+    raise :class:`RetriesExhaustedError`. The handler's own exceptions
+    propagate (a transient PyMongo error from it is retried the same way,
+    so the change is handled again). Raises :class:`HistoryLostError`,
+    :class:`NotResumableError` or :class:`StreamInvalidatedError` on dead
+    ends. Returns when ``stop`` is set (checked between polls, so within
+    about ``max_await_time_ms``).
+    """
+    check_save_options(save_every, save_interval)
+    policy = RetryPolicy(retry_for, backoff_initial, backoff_max)
+    progress = Progress(save_every, save_interval)
+    stored = store.load()
+    progress.start(stored.token if stored is not None else None)
+    stop = stop if stop is not None else threading.Event()
+    opened = 0
+    handler_error: BaseException | None = None
+
+    def save() -> None:
+        store.save(progress.token)
+        progress.saved()
+
+    def session() -> bool:
+        """Run one stream; ``True``: it failed transiently after progress, open a new one."""
+        nonlocal opened, handler_error
+        if stop.is_set():
+            return False
+        opened += 1
+        stream = open_stream(progress.token)
+        try:
+            with stream:
+                if progress.on_idle(stream.resume_token):
+                    save()
+                progress.advanced = False
+                while not stop.is_set():
+                    change = stream.try_next()
+                    token = stream.resume_token
+                    if change is None:
+                        if not stream.alive:
+                            raise invalidated(None, progress.token, token)
+                        if progress.on_idle(token):
+                            save()
+                    elif is_invalidate(change):
+                        raise invalidated(change, progress.token, token)
+                    else:
+                        try:
+                            handler(change)
+                        except Exception as exc:
+                            handler_error = exc
+                            raise
+                        if progress.on_change(token):
+                            save()
+        except Exception as exc:
+            if progress.advanced and is_transient(exc):
+                log.warning("change stream failed after progress (%s: %s); reopening",
+                            type(exc).__name__, exc)
+                return True
+            raise
+        return False
+
+    def sleep(seconds: float) -> None:
+        stop.wait(seconds)
+
+    try:
+        while tenacity.Retrying(sleep=sleep, **policy.arguments())(session):
+            pass
+    except Exception as exc:
+        _flush_quietly(progress, save)
+        dead_end = policy.dead_end(exc, progress.token, store, from_handler=exc is handler_error)
+        if dead_end is not None:
+            raise dead_end from exc
+        raise
+    except BaseException:
+        _flush_quietly(progress, save)
+        raise
+    if progress.pending:
+        save()
+    return ConsumeResult(progress.handled, max(opened - 1, 0), progress.token)
+
+
+def _flush_quietly(progress: Progress, save: Callable[[], None]) -> None:
+    """Store the last handled token on the way out; the original error matters more."""
+    if progress.pending:
+        try:
+            save()
+        except Exception:
+            log.exception("could not store the last handled resume token")

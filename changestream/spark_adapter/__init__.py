@@ -1,0 +1,38 @@
+"""Spark integration: ``foreach_batch`` (a loop you run) and the ``changestream`` data source.
+
+Both produce the same rows (:func:`event_ddl`) and give exactly-once results
+with an idempotent sink; see ``docs/spark.md``. Needs the ``spark`` extra
+(pyspark, pyarrow).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .batches import BatchRunResult, foreach_batch, stream_opener
+from .errors import (
+    ChangeStreamHistoryLostError,
+    ChangeStreamInvalidatedError,
+    SchemaMismatchError,
+)
+from .schema import ENVELOPE_COLUMNS, event_ddl
+from .source import ChangeStreamDataSource, ChangeStreamReader
+
+__all__ = [
+    "ENVELOPE_COLUMNS",
+    "BatchRunResult",
+    "ChangeStreamDataSource",
+    "ChangeStreamHistoryLostError",
+    "ChangeStreamInvalidatedError",
+    "ChangeStreamReader",
+    "SchemaMismatchError",
+    "event_ddl",
+    "foreach_batch",
+    "register",
+    "stream_opener",
+]
+
+
+def register(spark: Any) -> None:
+    """Register the data source so ``spark.readStream.format("changestream")`` finds it."""
+    spark.dataSource.register(ChangeStreamDataSource)

@@ -1,0 +1,215 @@
+"""Options of the ``changestream`` Spark data source: parsed once, validated, picklable.
+
+Spark hands options over as case-insensitive strings; everything is checked
+here, on the driver, so a typo fails the query at start with a message
+naming the option instead of surfacing later inside an executor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from bson import json_util
+from bson.timestamp import Timestamp
+from pymongo import MongoClient
+
+from ..token import token_from_json
+
+__all__ = ["STARTUP_MODES", "SourceConfig"]
+
+STARTUP_MODES = ("latest", "timestamp", "token")
+
+_SPLIT_STAGE = "$changeStreamSplitLargeEvent"
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceConfig:
+    """Validated data-source options (see ``docs/spark.md`` for the table)."""
+
+    uri: str
+    database: str | None = None
+    collection: str | None = None
+    pipeline: tuple[dict[str, Any], ...] = ()
+    full_document: str | None = None
+    full_document_before_change: str | None = None
+    show_expanded_events: bool = False
+    startup_mode: str = "latest"
+    start_at_operation_time: Timestamp | None = None
+    start_after: dict[str, Any] | None = None
+    max_rows_per_batch: int | None = None
+    full_document_schema: str | None = None
+    publish_full_document_only: bool = False
+    batch_size: int = 10_000
+    max_await_time_ms: int = 200
+    max_scan_ms: int = 2_000
+    idle_advance_seconds: float = 60.0
+    arrow_batch_rows: int = 10_000
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> SourceConfig:
+        """Parse Spark's string options (keys case-insensitive); raise ValueError naming the option."""
+        opts = {key.lower(): value for key, value in options.items()}
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(opts) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown changestream option(s) {', '.join(map(repr, unknown))}; "
+                f"valid options are: {', '.join(sorted(known))}"
+            )
+        if not opts.get("uri"):
+            raise ValueError("option 'uri' is required (a mongodb:// connection string)")
+        if opts.get("collection") and not opts.get("database"):
+            raise ValueError("option 'collection' needs option 'database'")
+        mode = opts.get("startup_mode", "latest").lower()
+        if mode not in STARTUP_MODES:
+            raise ValueError(
+                f"startup_mode must be one of {', '.join(STARTUP_MODES)}, not {mode!r}"
+            )
+        start_time = (
+            _timestamp(opts["start_at_operation_time"])
+            if "start_at_operation_time" in opts
+            else None
+        )
+        start_after = _token("start_after", opts["start_after"]) if "start_after" in opts else None
+        if mode == "timestamp" and start_time is None:
+            raise ValueError("startup_mode=timestamp needs option 'start_at_operation_time'")
+        if mode == "token" and start_after is None:
+            raise ValueError("startup_mode=token needs option 'start_after' (a resume token JSON)")
+        if mode != "timestamp" and start_time is not None:
+            raise ValueError("option 'start_at_operation_time' needs startup_mode=timestamp")
+        if mode != "token" and start_after is not None:
+            raise ValueError("option 'start_after' needs startup_mode=token")
+        publish = _bool("publish_full_document_only", opts.get("publish_full_document_only"))
+        full_document = opts.get("full_document")
+        if publish and full_document is None:
+            full_document = "updateLookup"  # updates carry no document otherwise
+        return cls(
+            uri=opts["uri"],
+            database=opts.get("database") or None,
+            collection=opts.get("collection") or None,
+            pipeline=_pipeline(opts.get("pipeline")),
+            full_document=full_document,
+            full_document_before_change=opts.get("full_document_before_change"),
+            show_expanded_events=_bool("show_expanded_events", opts.get("show_expanded_events")),
+            startup_mode=mode,
+            start_at_operation_time=start_time,
+            start_after=start_after,
+            max_rows_per_batch=_int("max_rows_per_batch", opts.get("max_rows_per_batch"), 1, None),
+            full_document_schema=opts.get("full_document_schema") or None,
+            publish_full_document_only=publish,
+            batch_size=_int("batch_size", opts.get("batch_size"), 1, cls.batch_size),
+            max_await_time_ms=_int(
+                "max_await_time_ms", opts.get("max_await_time_ms"), 1, cls.max_await_time_ms
+            ),
+            max_scan_ms=_int("max_scan_ms", opts.get("max_scan_ms"), 1, cls.max_scan_ms),
+            idle_advance_seconds=_float(
+                "idle_advance_seconds", opts.get("idle_advance_seconds"), cls.idle_advance_seconds
+            ),
+            arrow_batch_rows=_int(
+                "arrow_batch_rows", opts.get("arrow_batch_rows"), 1, cls.arrow_batch_rows
+            ),
+        )
+
+    def connect(self) -> MongoClient[dict[str, Any]]:
+        """A new client (never shared across processes)."""
+        return MongoClient(self.uri)
+
+    def target(self, client: MongoClient[dict[str, Any]]) -> Any:
+        """What to watch: a collection, a database, or (no database) the whole cluster."""
+        if self.database is None:
+            return client
+        database = client[self.database]
+        return database if self.collection is None else database[self.collection]
+
+    def watch_options(self, *, with_lookups: bool = True) -> dict[str, Any]:
+        """``watch()`` keywords shared by every stream of the query (the start comes separately)."""
+        options: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "max_await_time_ms": self.max_await_time_ms,
+        }
+        if self.show_expanded_events:
+            options["show_expanded_events"] = True
+        if with_lookups:
+            if self.full_document is not None:
+                options["full_document"] = self.full_document
+            if self.full_document_before_change is not None:
+                options["full_document_before_change"] = self.full_document_before_change
+        return options
+
+
+def _bool(name: str, text: str | None) -> bool:
+    if text is None:
+        return False
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"option {name!r} must be true or false, not {text!r}")
+    return value == "true"
+
+
+def _int(name: str, text: str | None, minimum: int, default: int | None) -> Any:
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"option {name!r} must be an integer, not {text!r}") from None
+    if value < minimum:
+        raise ValueError(f"option {name!r} must be >= {minimum}, not {value}")
+    return value
+
+
+def _float(name: str, text: str | None, default: float) -> float:
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"option {name!r} must be a number, not {text!r}") from None
+    if value < 0:
+        raise ValueError(f"option {name!r} must be >= 0, not {value}")
+    return value
+
+
+def _timestamp(text: str) -> Timestamp:
+    """Epoch seconds (``1700000000``) or Extended JSON ``{"$timestamp": {"t": .., "i": ..}}``."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        return Timestamp(int(stripped), 0)
+    try:
+        value = json_util.loads(stripped)
+    except (ValueError, TypeError):
+        value = None
+    if not isinstance(value, Timestamp):
+        raise ValueError(
+            "option 'start_at_operation_time' must be epoch seconds or "
+            f'{{"$timestamp": {{"t": <seconds>, "i": <increment>}}}}, not {text!r}'
+        )
+    return value
+
+
+def _token(name: str, text: str) -> dict[str, Any]:
+    try:
+        return token_from_json(text)
+    except ValueError as exc:
+        raise ValueError(f"option {name!r}: {exc}") from None
+
+
+def _pipeline(text: str | None) -> tuple[dict[str, Any], ...]:
+    if not text:
+        return ()
+    try:
+        stages = json_util.loads(text)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"option 'pipeline' is not (Extended) JSON: {exc}") from None
+    if isinstance(stages, dict):
+        stages = [stages]
+    if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
+        raise ValueError("option 'pipeline' must be a JSON array of stage documents")
+    if any(_SPLIT_STAGE in stage for stage in stages):
+        raise ValueError(
+            f"option 'pipeline': {_SPLIT_STAGE} is not supported by this source (fragments "
+            "would not line up with the batch bounds)"
+        )
+    return tuple(stages)

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import bson
 from bson.codec_options import CodecOptions
@@ -157,6 +157,11 @@ def _route(client: Any, command: Command) -> _Route:
                   None, False)
 
 
+def _decoded(reply: Mapping[str, Any], codec: CodecOptions[Any]) -> Mapping[str, Any]:
+    """A raw reply in the shell's reply codec (decoded once, in C)."""
+    return reply if codec is _RAW else bson.decode(cast(RawBSONDocument, reply).raw, codec)
+
+
 class SyncTransport:
     """Runs commands for one stream on a ``MongoClient`` with the stream's single session."""
 
@@ -197,9 +202,8 @@ class SyncTransport:
                     session=self._session,
                     client=self._client,
                 )
-            if self._reply_codec is not _RAW:
-                reply = bson.decode(reply.raw, self._reply_codec)
-            return reply, ReplyInfo(server.description.address, wire_version)
+            return _decoded(reply, self._reply_codec), ReplyInfo(server.description.address,
+                                                                 wire_version)
         except Exception as exc:
             return describe_error(exc, wire_version)
 
@@ -214,9 +218,13 @@ class AsyncTransport:
     """:class:`SyncTransport` for an ``AsyncMongoClient``: the same routing, awaited."""
 
     def __init__(
-        self, client: AsyncMongoClient[Any], session: AsyncClientSession | None
+        self,
+        client: AsyncMongoClient[Any],
+        session: AsyncClientSession | None,
+        reply_codec: CodecOptions[Any] = _RAW,
     ) -> None:
         self._client = client
+        self._reply_codec = reply_codec
         self._owns_session = session is None
         self._session = session if session is not None else client._ensure_session()
 
@@ -249,7 +257,8 @@ class AsyncTransport:
                     session=self._session,
                     client=self._client,
                 )
-            return reply, ReplyInfo(server.description.address, wire_version)
+            return _decoded(reply, self._reply_codec), ReplyInfo(server.description.address,
+                                                                 wire_version)
         except Exception as exc:
             return describe_error(exc, wire_version)
 

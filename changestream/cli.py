@@ -121,6 +121,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> int:
     logging.basicConfig(level=logging.WARNING, format="changestream: %(message)s")
+    # Also when started in the background, where SIGINT is inherited as ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     store: TokenStore = (
         FileTokenStore(args.token_file) if args.token_file else MemoryTokenStore()
@@ -136,11 +138,21 @@ def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> i
     if args.db:
         target = client[args.db][args.coll] if args.coll else client[args.db]
 
+    opened: list[bool] = []
+
     def open_stream(token: Mapping[str, Any] | None) -> ChangeStream[Any]:
         # startAfter also accepts an invalidate token; otherwise it acts as resumeAfter.
-        if token is None:
-            return watch(target, pipeline, **options)
-        return watch(target, pipeline, start_after=token, **options)
+        start = {} if token is None else {"start_after": token}
+        stream: ChangeStream[Any] = watch(target, pipeline, **start, **options)
+        if not opened:
+            opened.append(True)
+            where = (
+                "from now" if token is None
+                else f"after the token in {args.token_file}" if args.token_file
+                else "after the given token"
+            )
+            _say(f"watching {namespace} {where}; Ctrl-C to stop")
+        return stream
 
     def print_change(change: Any) -> None:
         sys.stdout.write(json_util.dumps(change, json_options=_RELAXED) + "\n")
@@ -149,9 +161,6 @@ def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> i
     try:
         if start_after is not None:
             store.save(start_after)
-        stored = store.load()
-        where = f"after the token in {args.token_file}" if stored else "from now"
-        _say(f"watching {namespace} {where}; Ctrl-C to stop")
         consume(open_stream, print_change, store)
     except KeyboardInterrupt:
         _say("stopped" + (f"; the token is in {args.token_file}" if args.token_file else ""))

@@ -53,7 +53,7 @@ class _Narrator(monitoring.CommandListener):
         key = next((k for k in ("resumeAfter", "startAfter") if k in stage), None)
         where = f"{key} = {_short(stage[key])}" if key else "startAtOperationTime"
         host, port = event.connection_id
-        self.say(f"   ↻ resuming on {host}:{port} with {where}")
+        self.say(f"   [resume] aggregate on {host}:{port} with {where}")
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -62,7 +62,7 @@ class _Narrator(monitoring.CommandListener):
         if event.command_name == "getMore":
             host, port = event.connection_id
             reason = str(event.failure.get("errmsg", event.failure))[:60]
-            self.say(f"   ✗ getMore on {host}:{port} failed: {reason}")
+            self.say(f"   [error]  getMore on {host}:{port} failed: {reason}")
 
 
 def run(version: str = "8.0", say: Callable[[str], None] = print) -> bool:
@@ -72,10 +72,9 @@ def run(version: str = "8.0", say: Callable[[str], None] = print) -> bool:
     with ReplicaSet(version, members=3) as rs:
         say(f"changestream demo: a simulated MongoDB {version} replica set, "
             f"members {', '.join(rs.members)}")
-        with (
-            MongoClient(rs.uri, event_listeners=[narrator]) as client,
-            MongoClient(rs.uri) as writer,
-        ):
+        client: MongoClient[dict[str, Any]] = MongoClient(rs.uri, event_listeners=[narrator])
+        writer: MongoClient[dict[str, Any]] = MongoClient(rs.uri)
+        with client, writer:
             orders = writer.demo.orders
             received: list[int] = []
 
@@ -85,7 +84,7 @@ def run(version: str = "8.0", say: Callable[[str], None] = print) -> bool:
                     document = change["fullDocument"]
                     received.append(document["_id"])
                     say(f"   event {change['operationType']:<7} order {document['_id']}: "
-                        f"{document['qty']:>2} × {document['item']:<6} "
+                        f"{document['qty']:>2} x {document['item']:<6} "
                         f"token {_short(stream.resume_token)}")
 
             def write(numbers: range) -> None:

@@ -561,6 +561,12 @@ _NS_CACHE_LIMIT: Final = 1024
 
 def _namespace(value: Any) -> Any:
     """``{db, coll?}`` → Namespace; a stream sees few namespaces, so plain ones are cached."""
+    if type(value) is dict and len(value) == 2:
+        # The usual ``{db, coll}`` seen before: a single lookup.
+        try:
+            return _NS_CACHE[value["db"], value["coll"]]
+        except (KeyError, TypeError):
+            pass
     if type(value) not in _MAPPING_TYPES and not isinstance(value, Mapping):
         return _BAD
     db, coll = value.get("db"), value.get("coll")

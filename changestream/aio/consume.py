@@ -10,6 +10,7 @@ a file store fsyncs).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -113,10 +114,8 @@ async def consume(
         return False
 
     async def sleep(seconds: float) -> None:
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
 
     try:
         while await tenacity.AsyncRetrying(sleep=sleep, **policy.arguments())(session):

@@ -26,6 +26,7 @@ from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
 from .._pymongo import AsyncTransport, csot_context_active
 from ..machine import (
+    NOT_BUFFERED,
     Action,
     ChangeStreamMachine,
     Deliver,
@@ -41,6 +42,7 @@ from ..options import (
     effective_timeout_ms,
     event_decoder,
     present_token,
+    reply_codec,
     resolve_target,
 )
 
@@ -133,7 +135,8 @@ class AsyncChangeStream(Generic[_T]):
         self._timeout_is_explicit = options.timeout_ms is not None
         check_max_await(options, self._timeout_ms)
         self._codec = effective_codec_options(options, resolved)
-        self._transport = AsyncTransport(resolved.client, options.session)
+        wire = reply_codec(self._codec)
+        self._transport = AsyncTransport(resolved.client, options.session, wire)
         self._machine = ChangeStreamMachine(
             StreamSpec(
                 database=resolved.database,
@@ -147,7 +150,7 @@ class AsyncChangeStream(Generic[_T]):
                 if options.read_concern is not None
                 else resolved.read_concern,
                 retry_reads=resolved.client.options.retry_reads,
-                decode=event_decoder(self._codec, options.typed),
+                decode=event_decoder(self._codec, options.typed, wire),
             )
         )
         self._lock = asyncio.Lock()
@@ -184,9 +187,11 @@ class AsyncChangeStream(Generic[_T]):
             await self._settle()
             if self._close_requested:
                 raise StopAsyncIteration
-            with self._deadline():
-                self._machine.begin_next()
-                document = await self._run(interruptible=True)
+            document = await self._next_buffered()
+            if document is NOT_BUFFERED:
+                with self._deadline():
+                    self._machine.begin_next()
+                    document = await self._run(interruptible=True)
         if document is None:
             raise StopAsyncIteration
         return document  # type: ignore[no-any-return]
@@ -199,6 +204,9 @@ class AsyncChangeStream(Generic[_T]):
             await self._settle()
             if self._close_requested:
                 return None
+            document = await self._next_buffered()
+            if document is not NOT_BUFFERED:
+                return document  # type: ignore[no-any-return]
             with self._deadline():
                 self._machine.begin_try_next()
                 return await self._run(interruptible=True)  # type: ignore[no-any-return]
@@ -263,6 +271,17 @@ class AsyncChangeStream(Generic[_T]):
         finally:
             if not machine.alive and not machine.busy:
                 await self._transport.close()
+
+    async def _next_buffered(self) -> Any:
+        """The machine's per-event fast path (no command to run), with the token callback."""
+        document = self._machine.next_buffered()
+        if document is not NOT_BUFFERED and self._on_token is not None:
+            try:
+                await self._notify()
+            except BaseException:
+                self._interrupted()
+                raise
+        return document
 
     async def _notify(self) -> None:
         """Call ``on_resume_token_change`` if the cached token changed since the last call."""

@@ -1,9 +1,10 @@
 """``foreach_batch``: feed a change stream to ``func(DataFrame, batch_id)`` in micro-batches.
 
-The loop polls with ``try_next`` (never blocking longer than one getMore),
-cuts a batch when it holds ``max_rows`` events or its first event is
-``max_seconds`` old, converts it through Arrow, calls ``func`` and only then
-saves (resume token, batch id) in the token store. After a crash the stream
+A background thread polls the stream with ``try_next`` (so fetching overlaps
+conversion and ``func``); the loop cuts a batch when it holds ``max_rows``
+events or its first event is ``max_seconds`` old, converts it through Arrow,
+calls ``func`` and only then saves (resume token, batch id) in the token
+store. After a crash the stream
 reopens from the stored token and the batch id continues, so a ``func`` that
 *replaces* its output for a batch id gives exactly-once results: the re-run
 batch may hold more or fewer events than the lost attempt (batches are cut
@@ -13,12 +14,14 @@ by time), but it starts at the same event and its output replaces the old.
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import bson
+import pyarrow as pa
 from bson.raw_bson import RawBSONDocument
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -124,7 +127,7 @@ def foreach_batch(
         first_at = 0.0
 
         def flush() -> None:
-            table = converter.convert(pending)
+            table = pa.Table.from_batches([converter.convert(pending)])
             if table.num_rows:
                 run.batch_id = (run.batch_id if run.batch_id is not None else -1) + 1
                 func(spark.createDataFrame(table, schema=spark_schema), run.batch_id)
@@ -133,43 +136,121 @@ def foreach_batch(
             run.save(pending[-1]["_id"])
             pending.clear()
 
-        while True:
-            if stop_event is not None and stop_event.is_set():
-                reason = "stopped"
-                break
-            event = stream.try_next()
-            now = time.monotonic()
-            if event is not None:
-                if not isinstance(event, Mapping):
-                    raise TypeError(
-                        "foreach_batch needs change documents (mappings); open the stream "
-                        f"without typed=True (got {type(event).__name__})"
-                    )
-                if event.get("operationType") == "invalidate":
-                    if pending:
+        with _Prefetcher(stream, capacity=2 * max_rows) as prefetched:
+            while True:
+                if stop_event is not None and stop_event.is_set():
+                    reason = "stopped"
+                    break
+                wait = first_at + max_seconds - time.monotonic() if pending else _TICK
+                item = prefetched.get(max(wait, 0.0))
+                now = time.monotonic()
+                if isinstance(item, _Idle):
+                    if pending and (until_idle or not item.alive or now - first_at >= max_seconds):
                         flush()
-                    run.save(event["_id"])
-                    reason = "invalidated"
-                    break
-                if not pending:
-                    first_at = now
-                pending.append(event)
-                if len(pending) >= max_rows or now - first_at >= max_seconds:
+                    if not pending and (
+                        until_idle or not item.alive or now - run.saved_at >= idle_seconds
+                    ):
+                        run.save_if_moved(item.resume_token)  # past every event delivered
+                        if not item.alive:
+                            reason = "invalidated"  # closed by an invalidate a $match removed
+                            break
+                        if until_idle:
+                            reason = "idle"
+                            break
+                elif item is not None:
+                    if not isinstance(item, Mapping):
+                        raise TypeError(
+                            "foreach_batch needs change documents (mappings); open the stream "
+                            f"without typed=True (got {type(item).__name__})"
+                        )
+                    if item.get("operationType") == "invalidate":
+                        if pending:
+                            flush()
+                        run.save(item["_id"])
+                        reason = "invalidated"
+                        break
+                    if not pending:
+                        first_at = now
+                    pending.append(item)
+                    if len(pending) >= max_rows or now - first_at >= max_seconds:
+                        flush()
+                elif pending and now - first_at >= max_seconds:
                     flush()
-            elif pending:
-                if until_idle or not stream.alive or now - first_at >= max_seconds:
-                    flush()
-            elif until_idle or not stream.alive or now - run.saved_at >= idle_seconds:
-                run.save_if_moved(stream.resume_token)
-                if until_idle or not stream.alive:
-                    reason = "idle" if stream.alive else "invalidated"
+                if max_batches is not None and run.batches >= max_batches:
+                    reason = "max_batches"
                     break
-            if max_batches is not None and run.batches >= max_batches:
-                reason = "max_batches"
-                break
         if pending:
             flush()
     return BatchRunResult(run.batches, run.rows, run.batch_id, run.token, reason)
+
+
+_TICK = 0.1
+"""Longest wait for the next event when no batch is open (bounds ``stop_event`` latency)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Idle:
+    """A getMore came back empty: the stream's token then (its postBatchResumeToken)."""
+
+    resume_token: Any
+    alive: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failed:
+    """The stream raised; the consumer re-raises the exception."""
+
+    error: BaseException
+
+
+class _Prefetcher:
+    """Calls ``try_next`` on a background thread so fetching overlaps conversion and ``func``.
+
+    Only this thread touches the stream inside the ``with`` block. The
+    queue holds events, :class:`_Idle` markers (in stream order, so an idle
+    token is only seen after every event before it) and at most one
+    :class:`_Failed`; ``capacity`` bounds the events held in memory.
+    """
+
+    def __init__(self, stream: ChangeStream[Any], capacity: int) -> None:
+        self._stream = stream
+        self._capacity = capacity
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="changestream-prefetch", daemon=True)
+
+    def __enter__(self) -> _Prefetcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()  # at most one getMore (max_await_time_ms) away
+
+    def get(self, timeout: float) -> Any:
+        """The next event or :class:`_Idle`, or ``None`` if nothing came within ``timeout``."""
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, _Failed):
+            raise item.error
+        return item
+
+    def _run(self) -> None:
+        stream = self._stream
+        try:
+            while not self._stop.is_set():
+                while self._queue.qsize() >= self._capacity and not self._stop.is_set():
+                    self._stop.wait(0.01)  # the consumer is behind: do not buffer more
+                event = stream.try_next()
+                self._queue.put(
+                    event if event is not None else _Idle(stream.resume_token, stream.alive)
+                )
+                if event is None and not stream.alive:
+                    return
+        except BaseException as exc:
+            self._queue.put(_Failed(exc))
 
 
 class _Run:

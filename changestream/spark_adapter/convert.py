@@ -1,9 +1,11 @@
 """Change events to Arrow record batches (the fast path into Spark).
 
 Columns are built one at a time from plain lists, then handed to pyarrow,
-which converts them in C. Documents become relaxed Extended JSON through the
-C JSON encoder with BSON types handled in ``default`` (same text as
-``bson.json_util.dumps(..., RELAXED_JSON_OPTIONS)``, several times faster).
+which converts them in C. Documents become relaxed Extended JSON through one
+reusable C JSON encoder with BSON types handled in ``default`` (same text as
+``bson.json_util.dumps(..., RELAXED_JSON_OPTIONS)``, several times faster:
+``json.dumps`` rebuilds its encoder on every call, which dominates for the
+small documents of change events).
 With a user schema, documents are converted field by field; a value that does
 not fit fails the batch with :class:`SchemaMismatchError` instead of being
 silently dropped.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
+import json.encoder as json_encoder
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -35,12 +38,38 @@ _RELAXED = json_util.RELAXED_JSON_OPTIONS
 
 
 def _json_default(value: Any) -> Any:
-    if isinstance(value, Mapping):  # e.g. a nested RawBSONDocument
-        return dict(value)
-    return json_util.default(value, _RELAXED)
+    try:
+        return json_util.default(value, _RELAXED)
+    except TypeError:
+        if isinstance(value, Mapping):  # e.g. a nested RawBSONDocument
+            return dict(value)
+        raise
 
 
-_encode = json.JSONEncoder(default=_json_default, allow_nan=False).encode
+def _make_encoder() -> Callable[[Any], str]:
+    """``json.dumps(value, default=_json_default, allow_nan=False)``, with the encoder built once.
+
+    BSON documents cannot be circular, so no cycle markers are needed. Falls
+    back to the pure-Python encoder where the C accelerator is missing.
+    """
+    make = getattr(json_encoder, "c_make_encoder", None)
+    if make is None:
+        return json.JSONEncoder(default=_json_default, allow_nan=False).encode
+    chunks = make(
+        None,
+        _json_default,
+        json_encoder.encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        False,
+        False,
+        False,
+    )
+    return lambda value: "".join(chunks(value, 0))
+
+
+_encode = _make_encoder()
 
 
 def relaxed_json(value: Any) -> str | None:
@@ -63,6 +92,7 @@ class _Mismatch(Exception):
 
 
 Convert = Callable[[Any], Any]
+"""Turns one BSON value into what pyarrow accepts for a given type."""
 
 
 def _compile(arrow_type: pa.DataType, path: str) -> Convert:
@@ -162,38 +192,99 @@ def _to_datetime(value: Any) -> datetime.datetime:
     return value.as_datetime() if isinstance(value, Timestamp) else value
 
 
-def _cluster_time_array(values: list[Any], arrow_type: pa.DataType) -> pa.Array:
-    seconds = pa.array([None if v is None else v.time for v in values], pa.int64())
-    increments = pa.array([None if v is None else v.inc for v in values], pa.int64())
-    mask = pa.array([v is None for v in values]) if None in values else None
-    return pa.StructArray.from_arrays([seconds, increments], fields=list(arrow_type), mask=mask)
+Column = Callable[[list[Mapping[str, Any]]], pa.Array]
+"""Builds one Arrow column from a batch of change documents."""
 
 
-def _get_in(document: Mapping[str, Any], outer: str, inner: str) -> Any:
-    value = document.get(outer)
-    return value.get(inner) if isinstance(value, Mapping) else None
+def _field(key: str, arrow_type: pa.DataType) -> Column:
+    return lambda docs: pa.array([d.get(key) for d in docs], arrow_type)
 
 
-_EXTRACTORS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "resume_token": lambda d: _get_in(d, "_id", "_data"),
-    "operation_type": lambda d: d.get("operationType"),
-    "database": lambda d: _get_in(d, "ns", "db"),
-    "collection": lambda d: _get_in(d, "ns", "coll"),
-    "document_key": lambda d: relaxed_json(d.get("documentKey")),
-    "cluster_time": lambda d: d.get("clusterTime"),
-    "wall_time": lambda d: d.get("wallTime"),
-    "update_description": lambda d: relaxed_json(d.get("updateDescription")),
-    "operation_description": lambda d: relaxed_json(d.get("operationDescription")),
-    "to_database": lambda d: _get_in(d, "to", "db"),
-    "to_collection": lambda d: _get_in(d, "to", "coll"),
-    "txn_number": lambda d: d.get("txnNumber"),
-    "lsid": lambda d: relaxed_json(d.get("lsid")),
+def _subfield(outer: str, inner: str, arrow_type: pa.DataType) -> Column:
+    """``event[outer][inner]`` (e.g. ``ns.db``); all-null columns cost one pass."""
+
+    def build(docs: list[Mapping[str, Any]]) -> pa.Array:
+        parents = [d.get(outer) for d in docs]
+        if parents.count(None) == len(parents):
+            return pa.nulls(len(parents), arrow_type)
+        try:
+            return pa.array([None if p is None else p.get(inner) for p in parents], arrow_type)
+        except AttributeError:  # a user pipeline replaced the document by something else
+            return pa.array(
+                [p.get(inner) if isinstance(p, Mapping) else None for p in parents], arrow_type
+            )
+
+    return build
+
+
+def _json_field(key: str, arrow_type: pa.DataType) -> Column:
+    """``event[key]`` as relaxed Extended JSON."""
+
+    def build(docs: list[Mapping[str, Any]]) -> pa.Array:
+        values = [d.get(key) for d in docs]
+        if values.count(None) == len(values):
+            return pa.nulls(len(values), arrow_type)
+        try:
+            return pa.array([None if v is None else _encode(v) for v in values], arrow_type)
+        except ValueError:  # a NaN somewhere: let relaxed_json spell it
+            return pa.array([relaxed_json(v) for v in values], arrow_type)
+
+    return build
+
+
+def _cluster_time(arrow_type: pa.DataType) -> Column:
+    """``clusterTime`` as ``STRUCT<t, i>``: a Spark TIMESTAMP would drop the increment."""
+
+    def build(docs: list[Mapping[str, Any]]) -> pa.Array:
+        values = [d.get("clusterTime") for d in docs]
+        seconds = pa.array([None if v is None else v.time for v in values], pa.int64())
+        increments = pa.array([None if v is None else v.inc for v in values], pa.int64())
+        mask = pa.array([v is None for v in values]) if None in values else None
+        return pa.StructArray.from_arrays([seconds, increments], fields=list(arrow_type), mask=mask)
+
+    return build
+
+
+def _document(key: str | None, field: str | None, arrow_type: pa.DataType, path: str) -> Column:
+    """The document at ``event[key]`` (or field ``field`` of the full document), typed."""
+    convert = _compile(arrow_type, path)
+
+    def build(docs: list[Mapping[str, Any]]) -> pa.Array:
+        values = []
+        for d in docs:
+            value = d.get(key) if key is not None else d["fullDocument"].get(field)
+            try:
+                values.append(convert(value))
+            except _Mismatch as exc:
+                token = d.get("_id", {}).get("_data")
+                raise SchemaMismatchError(
+                    f"change event {token} does not fit full_document_schema: {exc}"
+                ) from None
+        return pa.array(values, arrow_type)
+
+    return build
+
+
+_ENVELOPE: dict[str, Callable[[pa.DataType], Column]] = {
+    "resume_token": lambda t: _subfield("_id", "_data", t),
+    "operation_type": lambda t: _field("operationType", t),
+    "database": lambda t: _subfield("ns", "db", t),
+    "collection": lambda t: _subfield("ns", "coll", t),
+    "document_key": lambda t: _json_field("documentKey", t),
+    "cluster_time": _cluster_time,
+    "wall_time": lambda t: _field("wallTime", t),
+    "update_description": lambda t: _json_field("updateDescription", t),
+    "operation_description": lambda t: _json_field("operationDescription", t),
+    "to_database": lambda t: _subfield("to", "db", t),
+    "to_collection": lambda t: _subfield("to", "coll", t),
+    "txn_number": lambda t: _field("txnNumber", t),
+    "lsid": lambda t: _json_field("lsid", t),
 }
-_DOCUMENT_FIELDS = {
+_DOCUMENTS = {
     "full_document": "fullDocument",
     "full_document_before_change": "fullDocumentBeforeChange",
 }
-assert set(_EXTRACTORS) | set(_DOCUMENT_FIELDS) == {name for name, _ in ENVELOPE_COLUMNS}
+assert set(_ENVELOPE) | set(_DOCUMENTS) == {name for name, _ in ENVELOPE_COLUMNS}
 
 
 class EventConverter:
@@ -218,72 +309,23 @@ class EventConverter:
         self.publish_full_document_only = state["publish"]
         self._columns = self._plan()
 
-    def _plan(self) -> list[Callable[[list[Mapping[str, Any]]], pa.Array]]:
+    def _plan(self) -> list[Column]:
         if self.publish_full_document_only:
             if self.schema.names == ["full_document"] and pa.types.is_string(self.schema[0].type):
-                return [self._json_column("fullDocument", self.schema[0].type)]
-            return [
-                self._document_column(
-                    None, field.name, _compile(field.type, field.name), field.type
-                )
-                for field in self.schema
-            ]
+                return [_json_field("fullDocument", self.schema[0].type)]
+            return [_document(None, f.name, f.type, f.name) for f in self.schema]
         columns = []
         for field in self.schema:
-            if field.name in _DOCUMENT_FIELDS:
-                key = _DOCUMENT_FIELDS[field.name]
-                if pa.types.is_struct(field.type):
-                    columns.append(
-                        self._document_column(key, None, _compile(field.type, key), field.type)
-                    )
-                else:
-                    columns.append(self._json_column(key, field.type))
-            elif field.name == "cluster_time":
-                columns.append(self._cluster_time_column(field.type))
-            elif field.name in _EXTRACTORS:
-                columns.append(self._simple_column(_EXTRACTORS[field.name], field.type))
+            key = _DOCUMENTS.get(field.name)
+            if key is not None and pa.types.is_struct(field.type):
+                columns.append(_document(key, None, field.type, key))
+            elif key is not None:
+                columns.append(_json_field(key, field.type))
+            elif field.name in _ENVELOPE:
+                columns.append(_ENVELOPE[field.name](field.type))
             else:
                 raise ValueError(f"unknown change-event column {field.name!r}")
         return columns
-
-    @staticmethod
-    def _simple_column(
-        extract: Callable[[Mapping[str, Any]], Any], arrow_type: pa.DataType
-    ) -> Callable[[list[Mapping[str, Any]]], pa.Array]:
-        return lambda docs: pa.array([extract(d) for d in docs], arrow_type)
-
-    @staticmethod
-    def _json_column(
-        key: str, arrow_type: pa.DataType
-    ) -> Callable[[list[Mapping[str, Any]]], pa.Array]:
-        return lambda docs: pa.array([relaxed_json(d.get(key)) for d in docs], arrow_type)
-
-    @staticmethod
-    def _cluster_time_column(
-        arrow_type: pa.DataType,
-    ) -> Callable[[list[Mapping[str, Any]]], pa.Array]:
-        return lambda docs: _cluster_time_array([d.get("clusterTime") for d in docs], arrow_type)
-
-    @staticmethod
-    def _document_column(
-        key: str | None, field: str | None, convert: Convert, arrow_type: pa.DataType
-    ) -> Callable[[list[Mapping[str, Any]]], pa.Array]:
-        """A column from the document at ``key`` (or from field ``field`` of the full document)."""
-
-        def build(docs: list[Mapping[str, Any]]) -> pa.Array:
-            values = []
-            for d in docs:
-                value = d.get(key) if key is not None else d["fullDocument"].get(field)
-                try:
-                    values.append(convert(value))
-                except _Mismatch as exc:
-                    token = _get_in(d, "_id", "_data")
-                    raise SchemaMismatchError(
-                        f"change event {token} does not fit full_document_schema: {exc}"
-                    ) from None
-            return pa.array(values, arrow_type)
-
-        return build
 
     def convert(self, events: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
         """One record batch for ``events`` (dicts or ``RawBSONDocument``s, in stream order).

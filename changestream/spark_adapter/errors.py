@@ -46,8 +46,8 @@ class ChangeStreamHistoryLostError(ChangeStreamError):
 class ChangeStreamInvalidatedError(ChangeStreamError):
     """The watched collection was dropped or renamed (or its database dropped): the stream ended."""
 
-    def __init__(self, token: Mapping[str, Any]) -> None:
-        text = token_to_json(token)
+    def __init__(self, token: Mapping[str, Any] | None) -> None:
+        text = token_to_json(token) if token is not None else "<the invalidate token>"
         super().__init__(
             "the change stream was invalidated (the watched collection was dropped or renamed, "
             "or its database dropped); every event before the invalidate was delivered. To "

@@ -139,6 +139,13 @@ class _TokenScanner:
             self._stream.close()
         self._stream = self._peeked = self._position = None
 
+    def shutdown(self) -> None:
+        """Close the stream and the client."""
+        self.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
     def moved_to(self, offset: dict[str, Any]) -> None:
         """The stream's position is now ``offset`` (after an idle advance to its own token)."""
         self._position = offset["token"]
@@ -200,7 +207,10 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(rows) if rows else ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        """The end of the next batch: at most ``limit`` events after ``start`` (``start`` = none)."""
+        """The end of the next batch: at most ``limit`` events after ``start``.
+
+        Returns ``start`` itself when there is nothing new (Spark then plans no batch).
+        """
         cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if self._scanner is None:
             self._scanner = _TokenScanner(self._config)
@@ -247,6 +257,12 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: Spark's checkpoint is the durable record of progress."""
+
+    def stop(self) -> None:
+        """Close the driver's stream and client (PySpark 4.3 may end the process instead)."""
+        if self._scanner is not None:
+            self._scanner.shutdown()
+            self._scanner = None
 
     def _current_token(self, start_at: Any) -> Mapping[str, Any]:
         """The postBatchResumeToken of a fresh stream (at ``start_at``, or now)."""

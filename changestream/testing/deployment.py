@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from .clock import ClusterClock
+from .compression import CompressorSet, resolve
 from .cursors import CursorManager
 from .oplog import Oplog, OplogEntry
 from .versions import VersionProfile
@@ -42,6 +43,8 @@ class Member:
         self.port = 0
         """Set once its listener is bound."""
         self.failpoints: FailPointRegistry = FailPointRegistry()
+        self.compressors = CompressorSet(deployment.network_compressors)
+        """The wire compressors it enables, with their byte counters."""
         self.process_id = ObjectId()
         """``topologyVersion.processId``; changes when the member restarts."""
         self.topology_counter = 0
@@ -79,6 +82,7 @@ class Deployment:
         oplog_max_entries: int | None = None,
         oplog_max_bytes: int | None = None,
         now: Callable[[], float] = time.time,
+        compressors: Iterable[str] | str | None = None,
     ) -> None:
         from .storage import Catalog
 
@@ -93,6 +97,8 @@ class Deployment:
         self.cursors = CursorManager()
         self.term = 1
         self.set_version = 1
+        self.network_compressors = resolve(compressors)
+        """``networkMessageCompressors`` of every member (None: mongod's default)."""
         self.members: list[Member] = [Member(self, i) for i in range(members)]
         self.primary: Member | None = self.members[0]
         self.catalog: Catalog = Catalog(self)
@@ -116,6 +122,7 @@ class Deployment:
         o2: dict[str, Any] | None = None,
         lsid: dict[str, Any] | None = None,
         txn_number: int | None = None,
+        stmt_id: int | None = None,
         txn_ops: list[OplogEntry] | None = None,
         pre_image: dict[str, Any] | None = None,
         post_image: dict[str, Any] | None = None,
@@ -138,6 +145,7 @@ class Deployment:
             t=self.term,
             lsid=lsid,
             txn_number=txn_number,
+            stmt_id=stmt_id,
             txn_ops=txn_ops,
             pre_image=pre_image,
             post_image=post_image,

@@ -1,4 +1,5 @@
-"""mongod's test failpoints: ``failCommand`` and ``failGetMoreAfterCursorCheckout``.
+"""mongod's test failpoints: ``failCommand``, ``failGetMoreAfterCursorCheckout`` and
+``onPrimaryTransactionalWrite``.
 
 One :class:`FailPointRegistry` per member holds each failpoint's mode, data
 and ``timesEntered`` counter with mongod's semantics (``fail_point.cpp``):
@@ -19,7 +20,8 @@ from .errors import CommandError
 
 FAIL_COMMAND = "failCommand"
 FAIL_GET_MORE_AFTER_CHECKOUT = "failGetMoreAfterCursorCheckout"
-KNOWN_FAILPOINTS = (FAIL_COMMAND, FAIL_GET_MORE_AFTER_CHECKOUT)
+ON_PRIMARY_TRANSACTIONAL_WRITE = "onPrimaryTransactionalWrite"
+KNOWN_FAILPOINTS = (FAIL_COMMAND, FAIL_GET_MORE_AFTER_CHECKOUT, ON_PRIMARY_TRANSACTIONAL_WRITE)
 
 _MODE_SHAPES = "'mode' must be one of 'off', 'alwaysOn', '{times:n}', '{skip:n}' or '{activationProbability:p}'"
 
@@ -232,6 +234,12 @@ class FailPointRegistry:
                 int(code) if _is_number(code) else 1,
                 "Hit the 'failGetMoreAfterCursorCheckout' failpoint",
             )
+
+
+    # -- onPrimaryTransactionalWrite ---------------------------------------------------------
+    def on_primary_transactional_write(self) -> dict[str, Any] | None:
+        """The failpoint's data when it fires for a retryable write's commit, else None."""
+        return self._evaluate(ON_PRIMARY_TRANSACTIONAL_WRITE, lambda d: True)
 
 
 def _labels(data: dict[str, Any]) -> list[str] | None:

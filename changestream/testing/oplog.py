@@ -62,6 +62,8 @@ class OplogEntry:
     t: int = 1
     lsid: dict[str, Any] | None = None
     txn_number: int | None = None
+    stmt_id: int | None = None
+    """Statement id of a retryable write's entry (with ``lsid`` and ``txn_number``)."""
     txn_ops: list[OplogEntry] | None = None
     pre_image: dict[str, Any] | None = None
     post_image: dict[str, Any] | None = None

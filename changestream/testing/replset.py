@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from types import TracebackType
 
 from .commands.admin import elect_next, notify_topology_change
@@ -28,7 +29,9 @@ class ReplicaSet:
     ``port=0`` picks free ports; ``port=N`` puts the members on N, N+1, ....
     While the set is idle a "periodic noop" oplog entry is written every
     ``noop_interval`` seconds, as mongod does, so idle change streams'
-    postBatchResumeToken advances.
+    postBatchResumeToken advances. ``compressors`` is mongod's
+    ``networkMessageCompressors`` (a list, ``"zlib,noop"`` or ``"disabled"``;
+    default: mongod's snappy, zstd, zlib, those this Python can run).
     """
 
     def __init__(
@@ -43,6 +46,7 @@ class ReplicaSet:
         oplog_max_entries: int | None = None,
         oplog_max_bytes: int | None = None,
         noop_interval: float = 10.0,
+        compressors: Iterable[str] | str | None = None,
     ) -> None:
         if members < 1:
             raise ValueError(f"a replica set needs at least one member, got {members}")
@@ -53,6 +57,7 @@ class ReplicaSet:
             standalone=standalone,
             oplog_max_entries=oplog_max_entries,
             oplog_max_bytes=oplog_max_bytes,
+            compressors=compressors,
         )
         for member in self.deployment.members:
             member.host = host

@@ -59,6 +59,7 @@ class MemberServer:
         self.port = port
         self.dispatcher = Dispatcher(deployment, member)
         self.total_created = 0
+        self.network = NetworkCounters()
         self._lock = threading.Lock()
         self._conns: dict[int, _Connection] = {}
         self._listener: socket.socket | None = None
@@ -161,7 +162,9 @@ class MemberServer:
     def _serve(self, conn: _Connection) -> None:
         try:
             while not conn.info.closed:
-                self._handle(conn, wire.read_request(conn.sock))
+                request = wire.read_request(conn.sock, self.member.compressors)
+                self.network.received(request)
+                self._handle(conn, request)
         except (wire.ConnectionClosed, CloseConnection, OSError):
             pass
         except wire.ProtocolError as exc:
@@ -180,7 +183,7 @@ class MemberServer:
         if request.more_to_come:
             return
         if request.op_code == wire.OP_QUERY:
-            conn.sock.sendall(wire.encode_op_reply(request.request_id, self._encode(reply)))
+            self._send(conn, request, wire.encode_op_reply(request.request_id, self._encode(reply)))
             return
         response_to = request.request_id
         while True:
@@ -190,20 +193,32 @@ class MemberServer:
                 else None
             )
             reply_id = wire.new_request_id()
-            conn.sock.sendall(
-                wire.encode_op_msg(
-                    reply_id,
-                    response_to,
-                    self._encode(reply),
-                    more_to_come=following is not None,
-                    checksum=request.checksum,
-                )
+            message = wire.encode_op_msg(
+                reply_id,
+                response_to,
+                self._encode(reply),
+                more_to_come=following is not None,
+                checksum=request.checksum,
             )
+            self._send(conn, request, message)
             if following is None or conn.info.closed or self._stopping.is_set():
                 return
             request = dataclasses.replace(request, body=following)
             response_to = reply_id
             reply = self.dispatcher.run(conn.info, request)
+
+    def _send(self, conn: _Connection, request: wire.Request, message: bytes) -> None:
+        """Send a reply, compressed with the request's compressor when it came compressed."""
+        physical = message
+        codec = (
+            self.member.compressors.codec(request.compressor_id)
+            if request.compressor_id is not None
+            else None
+        )
+        if codec is not None:
+            physical = wire.compress_message(message, codec, self.member.compressors)
+        conn.sock.sendall(physical)
+        self.network.sent(len(message), len(physical))
 
     def _encode(self, reply: dict[str, Any]) -> bytes:
         """BSON for ``reply``, or for the error mongod sends when it cannot be sent."""
@@ -221,6 +236,26 @@ class MemberServer:
             )
             return wire.encode_document(self.dispatcher.error_reply(None, err))
         return payload
+
+
+class NetworkCounters:
+    """``serverStatus().network`` byte and request counts (logical vs. on the wire)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes_in = self.bytes_out = self.physical_in = self.physical_out = 0
+        self.requests = 0
+
+    def received(self, request: wire.Request) -> None:
+        with self._lock:
+            self.requests += 1
+            self.bytes_in += request.size
+            self.physical_in += request.wire_size
+
+    def sent(self, logical: int, physical: int) -> None:
+        with self._lock:
+            self.bytes_out += logical
+            self.physical_out += physical
 
 
 def _shutdown(conn: _Connection) -> None:

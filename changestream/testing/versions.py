@@ -34,7 +34,7 @@ class VersionProfile:
     ns_type: bool
     """``nsType`` on ``create`` events (8.1+)."""
     split_events: bool
-    """``$changeStreamSplitLargeEvent`` (7.0+; 6.0.9+ too, not emulated)."""
+    """``$changeStreamSplitLargeEvent`` (7.0+, and 6.0.9+ on the 6.0 line)."""
     any_type_comment: bool
     """``comment`` of any BSON type on aggregate, and comment on getMore (4.4+)."""
     topology_version: bool
@@ -55,7 +55,8 @@ class VersionProfile:
 
 
 def _profile(version: str, wire: int) -> VersionProfile:
-    mm = tuple(int(p) for p in version.split(".")[:2])
+    full = tuple(int(p) for p in version.split("."))
+    mm = full[:2]
     return VersionProfile(
         version=version,
         max_wire_version=wire,
@@ -67,7 +68,7 @@ def _profile(version: str, wire: int) -> VersionProfile:
         pre_post_images=mm >= (6, 0),
         disambiguated_paths=mm >= (6, 1),
         ns_type=mm >= (8, 1),
-        split_events=mm >= (7, 0),
+        split_events=mm >= (7, 0) or (mm == (6, 0) and full >= (6, 0, 9)),
         any_type_comment=mm >= (4, 4),
         topology_version=mm >= (4, 4),
         rejects_op_query_commands=mm >= (5, 1),
@@ -90,10 +91,17 @@ DEFAULT_VERSION = "8.0"
 
 
 def get_profile(version: str) -> VersionProfile:
-    """Return the profile for ``"8.0"`` (or a full ``"8.0.4"``); raise ValueError otherwise."""
-    key = ".".join(version.split(".")[:2])
-    try:
-        return VERSIONS[key]
-    except KeyError:
+    """The profile for a release line (``"8.0"``) or for one patch release of it (``"6.0.8"``).
+
+    A patch release matters where a feature arrived mid-line (split events in
+    6.0.9); its profile reports that exact version. Raises ValueError otherwise.
+    """
+    parts = version.split(".")
+    key = ".".join(parts[:2])
+    line = VERSIONS.get(key)
+    if line is None or not all(p.isdigit() for p in parts) or len(parts) > 3:
         known = ", ".join(VERSIONS)
-        raise ValueError(f"unsupported server version {version!r}; emulated: {known}") from None
+        raise ValueError(f"unsupported server version {version!r}; emulated: {known}")
+    if len(parts) == 3 and version != line.version:
+        return _profile(version, line.max_wire_version)
+    return line

@@ -1,9 +1,9 @@
-"""MongoDB wire-protocol framing: OP_MSG and the legacy OP_QUERY handshake.
+"""MongoDB wire-protocol framing: OP_MSG, the legacy OP_QUERY handshake, OP_COMPRESSED.
 
 Parses one request from a socket into a :class:`Request` and encodes replies
-(OP_MSG, or OP_REPLY for OP_QUERY). Anything malformed raises
-:class:`ProtocolError`; the server answers that by closing just that
-connection, as mongod does.
+(OP_MSG, or OP_REPLY for OP_QUERY, compressed again when the request was).
+Anything malformed raises :class:`ProtocolError`; the server answers that by
+closing just that connection, as mongod does.
 """
 
 from __future__ import annotations
@@ -12,12 +12,17 @@ import itertools
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bson
 from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.errors import BSONError
+
+from .compression import CompressionError
+
+if TYPE_CHECKING:
+    from .compression import Codec, CompressorSet
 
 OP_REPLY = 1
 OP_QUERY = 2004
@@ -39,6 +44,8 @@ _HEADER = struct.Struct("<iiii")
 _INT32 = struct.Struct("<i")
 _UINT32 = struct.Struct("<I")
 _OP_REPLY_PREFIX = struct.Struct("<iqii")
+_COMPRESSION_HEADER = struct.Struct("<iiB")
+"""OP_COMPRESSED: originalOpcode, uncompressedSize, compressorId."""
 
 DECODE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
     document_class=dict,
@@ -78,6 +85,12 @@ class Request:
     """OP_QUERY: the database of ``<db>.$cmd``; OP_MSG: None (it is ``body["$db"]``)."""
     flags: int = 0
     """OP_MSG flag bits, or the OP_QUERY flags."""
+    compressor_id: int | None = None
+    """The compressor of an OP_COMPRESSED request (its reply uses the same one)."""
+    wire_size: int = 0
+    """Bytes read from the socket (compressed size for OP_COMPRESSED)."""
+    size: int = 0
+    """Length of the (decompressed) message."""
 
     @property
     def checksum(self) -> bool:
@@ -135,22 +148,55 @@ def _recv_exactly(sock: socket.socket, n: int, *, at_start: bool = False) -> byt
     return buf
 
 
-def read_request(sock: socket.socket) -> Request:
+def read_request(sock: socket.socket, compressors: CompressorSet | None = None) -> Request:
     """Read and decode one request from ``sock``.
 
-    Raises :class:`ConnectionClosed` on a clean EOF and :class:`ProtocolError`
-    for anything malformed (socket errors propagate as ``OSError``).
+    OP_COMPRESSED is decompressed with the member's ``compressors`` (any
+    enabled one: mongod does not require it to have been negotiated). Raises
+    :class:`ConnectionClosed` on a clean EOF and :class:`ProtocolError` for
+    anything malformed (socket errors propagate as ``OSError``).
     """
     header = _recv_exactly(sock, 16, at_start=True)
     length, request_id, _response_to, op_code = _HEADER.unpack(header)
     if length < 21 or length > MAX_MESSAGE_SIZE:
         raise ProtocolError(f"invalid message length {length}")
-    if op_code not in (OP_MSG, OP_QUERY):
+    if op_code not in (OP_MSG, OP_QUERY, OP_COMPRESSED):
         raise ProtocolError(f"unsupported opcode {op_code}")
     rest = _recv_exactly(sock, length - 16)
+    compressor_id: int | None = None
+    if op_code == OP_COMPRESSED:
+        compressor_id, header, rest = _decompress(header, rest, compressors)
+        op_code = _HEADER.unpack(header)[3]
     if op_code == OP_MSG:
-        return _parse_op_msg(request_id, header, rest)
-    return _parse_op_query(request_id, rest)
+        request = _parse_op_msg(request_id, header, rest)
+    else:
+        request = _parse_op_query(request_id, rest)
+    request.compressor_id = compressor_id
+    request.wire_size = length
+    request.size = len(rest) + 16
+    return request
+
+
+def _decompress(
+    header: bytearray, rest: bytearray, compressors: CompressorSet | None
+) -> tuple[int, bytearray, bytearray]:
+    """``decompressMessage``: the compressor id, and the original message's header and body."""
+    if len(rest) < _COMPRESSION_HEADER.size:
+        raise ProtocolError("Invalid compressed message header")
+    original_op, size, ident = _COMPRESSION_HEADER.unpack_from(rest)
+    if original_op not in (OP_MSG, OP_QUERY):
+        raise ProtocolError(f"unsupported opcode {original_op} inside OP_COMPRESSED")
+    if not 5 <= size <= MAX_MESSAGE_SIZE - 16:
+        raise ProtocolError("Decompressed message would be larger than maximum message size")
+    if compressors is None:
+        raise ProtocolError("Compression algorithm specified in message is not available")
+    try:
+        codec, body = compressors.decompress(ident, bytes(rest[_COMPRESSION_HEADER.size :]), size)
+    except CompressionError as exc:
+        raise ProtocolError(str(exc)) from None
+    _length, request_id, response_to, _op = _HEADER.unpack(header)
+    original = bytearray(_HEADER.pack(size + 16, request_id, response_to, original_op))
+    return codec.id, original, bytearray(body)
 
 
 def _decode(data: bytes | bytearray | memoryview) -> dict[str, Any]:
@@ -293,6 +339,23 @@ def encode_op_reply(response_to: int, payload: bytes) -> bytes:
         (
             _HEADER.pack(length, new_request_id(), response_to, OP_REPLY),
             _OP_REPLY_PREFIX.pack(OP_REPLY_AWAIT_CAPABLE, 0, 0, 1),
+            payload,
+        )
+    )
+
+
+def compress_message(message: bytes, codec: Codec, compressors: CompressorSet) -> bytes:
+    """``message`` as an OP_COMPRESSED with ``codec`` (unchanged if that would be too big)."""
+    _length, request_id, response_to, op_code = _HEADER.unpack_from(message)
+    body = message[16:]
+    payload = compressors.compress(codec, body)
+    length = 16 + _COMPRESSION_HEADER.size + len(payload)
+    if length > MAX_MESSAGE_SIZE:
+        return message
+    return b"".join(
+        (
+            _HEADER.pack(length, request_id, response_to, OP_COMPRESSED),
+            _COMPRESSION_HEADER.pack(op_code, len(body), codec.id),
             payload,
         )
     )

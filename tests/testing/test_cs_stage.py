@@ -309,7 +309,9 @@ def test_malformed_tokens_fail_with_the_decoders_errors() -> None:
 def test_split_stage_rules() -> None:
     split = {"$changeStreamSplitLargeEvent": {}}
     assert stream({}, split, version="7.0")["cursor"]["id"]
-    assert error(lambda: stream({}, split, version="6.0")).code == 40324
+    assert stream({}, split, version="6.0")["cursor"]["id"]  # 6.0.20: backported in 6.0.9
+    assert error(lambda: stream({}, split, version="6.0.8")).code == 40324
+    assert error(lambda: stream({}, split, version="5.0")).code == 40324
     err = error(lambda: stream({}, {"$changeStreamSplitLargeEvent": {"a": 1}}))
     assert (err.code, err.errmsg) == (
         7182800,

@@ -10,6 +10,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -66,12 +67,34 @@ class Reply(NamedTuple):
     flags: int
     doc: dict[str, Any]
     request_id: int
+    compressor_id: int | None = None
+    """Set when the reply came as OP_COMPRESSED (``opcode`` is then the original one)."""
+
+
+COMPRESSION = struct.Struct("<iiB")
+INFLATE = {0: lambda data: data, 2: zlib.decompress}
+
+
+def compressed(message: bytes, compressor_id: int = 2, payload: bytes | None = None) -> bytes:
+    """``message`` wrapped in OP_COMPRESSED (zlib, or noop with id 0; or a given payload)."""
+    _length, rid, response_to, opcode = HEADER.unpack_from(message)
+    body = message[16:]
+    if payload is None:
+        payload = zlib.compress(body) if compressor_id == 2 else body
+    rest = COMPRESSION.pack(opcode, len(body), compressor_id) + payload
+    return HEADER.pack(16 + len(rest), rid, response_to, wire.OP_COMPRESSED) + rest
 
 
 def recv_reply(sock: socket.socket) -> Reply:
-    """The next message from the server."""
+    """The next message from the server (decompressed if it came compressed)."""
     length, rid, response_to, opcode = HEADER.unpack(recv_exactly(sock, 16))
     rest = recv_exactly(sock, length - 16)
+    compressor_id = None
+    if opcode == wire.OP_COMPRESSED:
+        opcode, size, compressor_id = COMPRESSION.unpack_from(rest)
+        rest = INFLATE[compressor_id](rest[COMPRESSION.size :])
+        assert len(rest) == size
+        length = size + 16
     if opcode == wire.OP_MSG:
         (flags,) = struct.unpack_from("<I", rest)
         end = len(rest) - 4 if flags & wire.CHECKSUM_PRESENT else len(rest)
@@ -79,11 +102,11 @@ def recv_reply(sock: socket.socket) -> Reply:
             header = struct.pack("<iiii", length, rid, response_to, opcode)
             assert wire.crc32c(header + rest[:end]) == struct.unpack_from("<I", rest, end)[0]
         assert rest[4] == 0
-        return Reply(response_to, opcode, flags, bson.decode(rest[5:end]), rid)
+        return Reply(response_to, opcode, flags, bson.decode(rest[5:end]), rid, compressor_id)
     assert opcode == wire.OP_REPLY
     response_flags, cursor_id, _start, number = struct.unpack_from("<iqii", rest)
     assert (cursor_id, number) == (0, 1)
-    return Reply(response_to, opcode, response_flags, bson.decode(rest[20:]), rid)
+    return Reply(response_to, opcode, response_flags, bson.decode(rest[20:]), rid, compressor_id)
 
 
 def is_closed(sock: socket.socket, timeout: float = 3.0) -> bool:
@@ -139,7 +162,7 @@ def test_crc32c_matches_the_castagnoli_check_value() -> None:
 def test_op_msg_reply_answers_the_request_id(connect: Any) -> None:
     sock = connect()
     sock.sendall(op_msg({"ping": 1, "$db": "admin"}, request_id=42))
-    response_to, opcode, flags, doc, _ = recv_reply(sock)
+    response_to, opcode, flags, doc, *_ = recv_reply(sock)
     assert (response_to, opcode, flags) == (42, wire.OP_MSG, 0)
     assert doc["ok"] == 1.0
     assert list(doc) == ["ok", "$clusterTime", "operationTime"]
@@ -158,7 +181,7 @@ def test_document_sequences_are_merged_into_the_body(rs: ReplicaSet, connect: An
 def test_checksummed_request_gets_a_checksummed_reply(connect: Any) -> None:
     sock = connect()
     sock.sendall(op_msg({"ping": 1, "$db": "admin"}, flags=wire.CHECKSUM_PRESENT, request_id=3))
-    response_to, _, flags, doc, _ = recv_reply(sock)  # recv_reply verifies the CRC
+    response_to, _, flags, doc, *_ = recv_reply(sock)  # recv_reply verifies the CRC
     assert response_to == 3 and flags == wire.CHECKSUM_PRESENT and doc["ok"] == 1.0
 
 
@@ -234,7 +257,7 @@ def test_exhaust_getmore_streams_until_the_cursor_is_exhausted(
 def test_legacy_op_query_handshake(connect: Any) -> None:
     sock = connect()
     sock.sendall(op_query({"isMaster": 1, "helloOk": True}, request_id=5))
-    response_to, opcode, flags, doc, _ = recv_reply(sock)
+    response_to, opcode, flags, doc, *_ = recv_reply(sock)
     assert (response_to, opcode, flags) == (5, wire.OP_REPLY, wire.OP_REPLY_AWAIT_CAPABLE)
     assert doc["helloOk"] is True and doc["ismaster"] is True and doc["ok"] == 1.0
 
@@ -258,6 +281,117 @@ def test_op_query_outside_cmd_namespace_closes_the_connection(connect: Any) -> N
     sock = connect()
     sock.sendall(op_query({"x": 1}, collection="test.coll"))
     assert is_closed(sock)
+
+
+# -- OP_COMPRESSED ---------------------------------------------------------------------------------
+
+
+def hello(sock: socket.socket, **fields: Any) -> dict[str, Any]:
+    sock.sendall(op_msg({"hello": 1, **fields, "$db": "admin"}, request_id=3))
+    return recv_reply(sock).doc
+
+
+def test_hello_negotiates_compressors_in_the_clients_order(connect: Any) -> None:
+    sock = connect()
+    assert "compression" not in hello(sock)  # no offer: no field
+    # snappy/zstd need modules this Python lacks; noop is not enabled by default (as mongod)
+    assert hello(sock, compression=["snappy", "noop", "zlib"])["compression"] == ["zlib"]
+    assert hello(sock)["compression"] == ["zlib"]  # later hellos report the negotiated list
+    assert "compression" not in hello(sock, compression=["zstd"])  # renegotiated: none
+    assert "compression" not in hello(sock)
+    err = hello(sock, compression="zlib")
+    assert (err["code"], err["errmsg"]) == (
+        14,
+        "BSON field 'hello.compression' is the wrong type 'string', expected type 'array'",
+    )
+
+
+def test_compressed_request_gets_a_reply_compressed_the_same_way(connect: Any) -> None:
+    sock = connect()
+    sock.sendall(compressed(op_msg({"ping": 1, "$db": "admin"}, request_id=11)))
+    reply = recv_reply(sock)
+    assert (reply.response_to, reply.opcode, reply.compressor_id) == (11, wire.OP_MSG, 2)
+    assert reply.doc["ok"] == 1.0
+    sock.sendall(op_msg({"ping": 1, "$db": "admin"}, request_id=12))
+    assert recv_reply(sock).compressor_id is None  # an uncompressed request: plain reply
+    flags = wire.CHECKSUM_PRESENT
+    sock.sendall(compressed(op_msg({"ping": 1, "$db": "admin"}, request_id=13, flags=flags)))
+    reply = recv_reply(sock)  # the CRC inside covers the decompressed message
+    assert (reply.compressor_id, reply.flags & flags) == (2, flags)
+
+
+def test_compressed_legacy_op_query_gets_a_compressed_op_reply(connect: Any) -> None:
+    sock = connect()
+    sock.sendall(compressed(op_query({"isMaster": 1}, request_id=21)))
+    reply = recv_reply(sock)
+    assert (reply.response_to, reply.opcode, reply.compressor_id) == (21, wire.OP_REPLY, 2)
+    assert reply.doc["ismaster"] is True
+
+
+def test_exhaust_replies_stay_compressed(rs: ReplicaSet, connect: Any) -> None:
+    sock = connect()
+    sock.sendall(compressed(op_msg({"insert": "exz", "documents": [{"i": i} for i in range(3)],
+                                    "$db": "db"})))  # fmt: skip
+    assert recv_reply(sock).doc["n"] == 3
+    sock.sendall(compressed(op_msg({"find": "exz", "batchSize": 1, "$db": "db"})))
+    cid = recv_reply(sock).doc["cursor"]["id"]
+    get_more = {"getMore": cid, "collection": "exz", "batchSize": 1, "$db": "db"}
+    sock.sendall(compressed(op_msg(get_more, flags=wire.EXHAUST_ALLOWED)))
+    replies = [recv_reply(sock), recv_reply(sock)]
+    assert [r.compressor_id for r in replies] == [2, 2]
+    assert [bool(r.flags & wire.MORE_TO_COME) for r in replies] == [True, False]
+
+
+def test_noop_compression_when_enabled() -> None:
+    with ReplicaSet("8.0", compressors="noop,zlib") as replset:
+        host, port = replset.members[0].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            offer = ["zlib", "noop"]
+            assert hello(sock, compression=offer)["compression"] == offer
+            sock.sendall(compressed(op_msg({"ping": 1, "$db": "admin"}, request_id=31), 0))
+            reply = recv_reply(sock)
+            assert (reply.response_to, reply.compressor_id, reply.doc["ok"]) == (31, 0, 1.0)
+
+
+def test_compression_can_be_disabled_and_unknown_compressors_are_refused() -> None:
+    with ReplicaSet("8.0", compressors="disabled") as replset:
+        host, port = replset.members[0].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            assert "compression" not in hello(sock, compression=["zlib"])
+            sock.sendall(compressed(op_msg({"ping": 1, "$db": "admin"})))
+            assert is_closed(sock)
+    with pytest.raises(ValueError, match=r"Invalid network message compressor .*: lz4"):
+        ReplicaSet("8.0", compressors=["zlib", "lz4"])
+
+
+PING = op_msg({"ping": 1, "$db": "admin"})
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        pytest.param(compressed(PING, payload=b"not zlib at all"), id="corrupt-data"),
+        pytest.param(compressed(PING, payload=zlib.compress(PING[16:-1])), id="short-data"),
+        pytest.param(compressed(PING, payload=zlib.compress(PING[16:] + b"x")), id="long-data"),
+        pytest.param(compressed(PING, payload=zlib.compress(PING[16:])[:-3]), id="truncated"),
+        pytest.param(compressed(PING, compressor_id=1), id="snappy-not-enabled"),
+        pytest.param(compressed(PING, compressor_id=0), id="noop-not-enabled"),
+        pytest.param(compressed(PING, compressor_id=9), id="unknown-id"),
+        pytest.param(HEADER.pack(24, 1, 0, wire.OP_COMPRESSED) + b"\x00" * 8, id="short-header"),
+        pytest.param(
+            HEADER.pack(25, 1, 0, wire.OP_COMPRESSED) + COMPRESSION.pack(wire.OP_MSG, 10**8, 2),
+            id="huge-size",
+        ),
+        pytest.param(compressed(compressed(PING)), id="nested"),
+    ],
+)
+def test_malformed_compressed_messages_close_only_that_connection(
+    connect: Any, garbage: bytes
+) -> None:
+    bystander, victim = connect(), connect()
+    victim.sendall(garbage)
+    assert is_closed(victim)
+    assert ping_ok(bystander)
 
 
 # -- malformed input ----------------------------------------------------------------------------------

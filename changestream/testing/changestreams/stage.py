@@ -257,10 +257,17 @@ def _resolve_token(
     return token, token_doc
 
 
-def default_token_version(profile: VersionProfile, generate_v2_tokens: bool | None) -> int:
-    """The token version a new stream mints (``$_generateV2ResumeTokens`` overrides, 6.0+)."""
+def default_token_version(
+    profile: VersionProfile, generate_v2_tokens: bool | None, *, split: bool = False
+) -> int:
+    """The token version a new stream mints (``$_generateV2ResumeTokens`` overrides, 6.0+).
+
+    A split stage needs v2 tokens (only they carry ``fragmentNum``), so on 6.0,
+    whose default is v1, a pipeline with ``$changeStreamSplitLargeEvent``
+    mints v2 tokens (SERVER-81295: "generate V2 resume tokens by design").
+    """
     if generate_v2_tokens is None or not profile.expanded_events:
-        return profile.token_version
+        return 2 if split else profile.token_version
     return 2 if generate_v2_tokens else 1
 
 
@@ -322,7 +329,7 @@ def parse_change_stream(
         resume_token_doc=token_doc,
         start_after="startAfter" in options,
         start_at_operation_time=options.get("startAtOperationTime"),
-        token_version=default_token_version(profile, generate_v2_tokens),
+        token_version=default_token_version(profile, generate_v2_tokens, split=split),
         pipeline=pipeline,
         split_large_events=split,
     )

@@ -31,6 +31,8 @@ class ConnectionInfo:
     app_name: str | None = None
     client_metadata: dict[str, Any] | None = None
     closed: bool = False
+    compressors: list[str] = field(default_factory=list)
+    """The compressors ``hello`` negotiated on this connection (client's order)."""
 
 
 @dataclass(slots=True)

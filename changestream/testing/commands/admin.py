@@ -21,6 +21,7 @@ from bson.timestamp import Timestamp
 
 from ..dispatch import topology_version
 from ..errors import CommandError
+from ..storage import type_name
 from ..wire import MAX_MESSAGE_SIZE
 from . import CommandContext, command
 
@@ -144,6 +145,7 @@ def hello(ctx: CommandContext) -> dict[str, Any]:
         app = metadata.get("application")
         conn.client_metadata = metadata
         conn.app_name = app.get("name") if isinstance(app, dict) else None
+    offered = _compression_offer(ctx)
     if ("topologyVersion" in body) != ("maxAwaitTimeMS" in body):
         raise CommandError(
             31368,
@@ -194,7 +196,36 @@ def hello(ctx: CommandContext) -> dict[str, Any]:
     reply["minWireVersion"] = 0
     reply["maxWireVersion"] = profile.max_wire_version
     reply["readOnly"] = False
+    if offered is not None:
+        conn.compressors = member.compressors.negotiate(offered)
+    if conn.compressors:
+        reply["compression"] = list(conn.compressors)
     return reply
+
+
+def _compression_offer(ctx: CommandContext) -> list[str] | None:
+    """The ``compression`` list of a hello (IDL-checked), or None when it has none.
+
+    ``serverNegotiate``: a hello with the field renegotiates the connection's
+    compressors; one without it just reports what was negotiated before.
+    """
+    if "compression" not in ctx.body:
+        return None
+    offered = ctx.body["compression"]
+    if not isinstance(offered, list):
+        raise CommandError(
+            14,
+            f"BSON field '{ctx.name}.compression' is the wrong type "
+            f"'{type_name(offered)}', expected type 'array'",
+        )
+    for index, name in enumerate(offered):
+        if not isinstance(name, str):
+            raise CommandError(
+                14,
+                f"BSON field '{ctx.name}.compression.{index}' is the wrong type "
+                f"'{type_name(name)}', expected type 'string'",
+            )
+    return offered
 
 
 # -- build and server information ------------------------------------------------------------
@@ -271,6 +302,17 @@ def server_status(ctx: CommandContext) -> dict[str, Any]:
     server = server_of(member)
     current = server.connection_count if server is not None else 0
     uptime = max(0.0, time.time() - deployment.started_at)
+    network: dict[str, Any] = {}
+    if server is not None:
+        counters = server.network
+        network = {
+            "bytesIn": Int64(counters.bytes_in),
+            "bytesOut": Int64(counters.bytes_out),
+            "physicalBytesIn": Int64(counters.physical_in),
+            "physicalBytesOut": Int64(counters.physical_out),
+            "numRequests": Int64(counters.requests),
+        }
+    network["compression"] = member.compressors.stats()
     reply: dict[str, Any] = {
         "host": member.name,
         "version": deployment.profile.version,
@@ -286,6 +328,7 @@ def server_status(ctx: CommandContext) -> dict[str, Any]:
             "totalCreated": server.total_created if server is not None else 0,
             "active": 1,
         },
+        "network": network,
     }
     if not deployment.standalone:
         reply["repl"] = _repl_info(deployment, member)

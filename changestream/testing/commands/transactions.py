@@ -1,4 +1,4 @@
-"""Multi-document transactions, and the write sink every writing command uses.
+"""Multi-document transactions, retryable writes, and the write sink every writing command uses.
 
 A write command runs inside a :class:`WriteUnit`: outside a transaction its
 oplog entries go straight to the oplog; inside one (``lsid`` + ``txnNumber`` +
@@ -8,6 +8,13 @@ logs one ``applyOps`` command entry (``admin.$cmd``) whose inner operations
 all carry the commit timestamp, which is how mongod makes a transaction's
 change events share one ``clusterTime``; ``abortTransaction`` runs the undo
 closures and logs nothing.
+
+A retryable write (``lsid`` + ``txnNumber`` without ``autocommit``) remembers,
+per statement id, the result of every statement it executed: a retry of the
+same ``txnNumber`` returns those results (``retriedStmtIds``) instead of
+writing again, as mongod's ``TransactionParticipant`` does, and its oplog
+entries carry ``lsid``, ``txnNumber`` and ``stmtId``. Their change events do
+not (only events unwound from a transaction's ``applyOps`` do).
 
 Known difference from mongod: there is no snapshot isolation; other clients
 see a transaction's writes before it commits.
@@ -68,6 +75,20 @@ class Transaction:
         self.state = "aborted"
 
 
+@dataclass(slots=True)
+class RetryableWrite:
+    """One retryable write of a session and the statements it has executed."""
+
+    lsid: dict[str, Any]
+    txn_number: int
+    executed: dict[int, Any] = field(default_factory=dict)
+    """Statement id -> what the statement returned (for the reply of a retry)."""
+
+
+NOT_EXECUTED: Any = object()
+"""What :meth:`WriteUnit.statement` returns for a statement that must run."""
+
+
 def _session_key(lsid: dict[str, Any]) -> bytes:
     ident = lsid.get("id")
     if isinstance(ident, uuid.UUID):
@@ -77,10 +98,69 @@ def _session_key(lsid: dict[str, Any]) -> bytes:
     raise CommandError(40415, "BSON field 'lsid.id' is missing or not a UUID")
 
 
-def _sessions(ctx: CommandContext) -> dict[bytes, Transaction]:
-    """The latest transaction of every session, kept with the deployment."""
-    table: dict[bytes, Transaction] = ctx.deployment.extra.setdefault("transactions", {})
+def _sessions(ctx: CommandContext) -> dict[bytes, Transaction | RetryableWrite]:
+    """The latest transaction or retryable write of every session, kept with the deployment."""
+    table: dict[bytes, Transaction | RetryableWrite] = ctx.deployment.extra.setdefault(
+        "transactions", {}
+    )
     return table
+
+
+def session_uuid(lsid: dict[str, Any]) -> uuid.UUID:
+    """``lsid.id`` as a UUID (for messages)."""
+    return uuid.UUID(bytes=_session_key(lsid))
+
+
+def abort_session(ctx: CommandContext, lsid: dict[str, Any]) -> None:
+    """Abort the session's open transaction, if any (killSessions, endSessions)."""
+    current = _sessions(ctx).get(_session_key(lsid))
+    if isinstance(current, Transaction):
+        current.abort()
+
+
+def abort_all_sessions(ctx: CommandContext) -> None:
+    """Abort every open transaction (``killAllSessions: []``)."""
+    for current in _sessions(ctx).values():
+        if isinstance(current, Transaction):
+            current.abort()
+
+
+def retryable_write_for(ctx: CommandContext) -> RetryableWrite | None:
+    """The retryable write this command belongs to (``_beginOrContinueRetryableWrite``).
+
+    None without ``txnNumber`` or inside a transaction. A higher ``txnNumber``
+    starts a new retryable write (aborting a transaction still open on the
+    session); the same one continues it, so executed statements are skipped.
+    """
+    if ctx.txn_number is None or ctx.autocommit is not None:
+        return None
+    if ctx.lsid is None:
+        raise CommandError(50768, "Transaction number requires a session ID to also be specified")
+    key = _session_key(ctx.lsid)
+    sessions = _sessions(ctx)
+    current = sessions.get(key)
+    number = ctx.txn_number
+    if current is not None and current.txn_number > number:
+        kind = "retryable write" if isinstance(current, RetryableWrite) else "transaction"
+        raise CommandError(
+            225,
+            f"Retryable write with txnNumber {number} is prohibited on session "
+            f"{uuid.UUID(bytes=key)} because a newer {kind} with txnNumber "
+            f"{current.txn_number} has already started on this session.",
+        )
+    if current is None or number > current.txn_number:
+        if isinstance(current, Transaction):
+            current.abort()
+        retry = RetryableWrite(lsid=dict(ctx.lsid), txn_number=number)
+        sessions[key] = retry
+        return retry
+    if isinstance(current, Transaction):
+        raise CommandError(
+            217,
+            "Cannot retry a retryable write that has been converted into a transaction",
+            code_name="IncompleteTransactionHistory",
+        )
+    return current
 
 
 def _no_such_transaction(message: str) -> CommandError:
@@ -123,12 +203,12 @@ def transaction_for(ctx: CommandContext) -> Transaction | None:
                 f"Transaction with {{ txnNumber: {number} }} has already been started.",
                 code_name="ConflictingOperationInProgress",
             )
-        if current is not None:
+        if isinstance(current, Transaction):
             current.abort()  # a newer transaction implicitly aborts the old one
         txn = Transaction(lsid=dict(ctx.lsid), txn_number=number)
         sessions[key] = txn
         return txn
-    if current is None or current.txn_number != number:
+    if not isinstance(current, Transaction) or current.txn_number != number:
         active = current.txn_number if current is not None else -1
         raise _no_such_transaction(
             f"Given transaction number {number} does not match any in-progress transactions. "
@@ -142,11 +222,26 @@ def transaction_for(ctx: CommandContext) -> Transaction | None:
 
 
 class WriteUnit:
-    """Where one command's writes go: the oplog, or its transaction's buffer."""
+    """Where one command's writes go: the oplog, or its transaction's buffer.
 
-    def __init__(self, ctx: CommandContext, txn: Transaction | None) -> None:
+    In a retryable write, each statement is announced with :meth:`statement`
+    (which tells whether it already ran) and confirmed with :meth:`done`;
+    :meth:`commit_point` marks where mongod commits (once per insert command,
+    once per update or delete statement), which is where the
+    ``onPrimaryTransactionalWrite`` failpoint acts.
+    """
+
+    def __init__(
+        self, ctx: CommandContext, txn: Transaction | None, retry: RetryableWrite | None = None
+    ) -> None:
         self.ctx = ctx
         self.txn = txn
+        self.retry = retry
+        self.stmt_id: int | None = None
+        self.retried: list[int] = []
+        """Statement ids this retry did not execute again (``retriedStmtIds``)."""
+        self._close_after_commit = False
+        self._failpoint_checked = False
 
     @classmethod
     def open(cls, ctx: CommandContext, *, ddl: bool = False) -> WriteUnit:
@@ -154,11 +249,77 @@ class WriteUnit:
         txn = transaction_for(ctx)
         if txn is not None and ddl and ctx.name not in DDL_IN_TRANSACTION:
             raise CommandError(263, f"Cannot run '{ctx.name}' in a multi-document transaction.")
-        return cls(ctx, txn)
+        retry = retryable_write_for(ctx) if txn is None and not ddl else None
+        return cls(ctx, txn, retry)
 
     @property
     def in_transaction(self) -> bool:
         return self.txn is not None
+
+    def statement_ids(self, count: int) -> list[int]:
+        """The statement ids of ``count`` statements (``stmtIds``, or ``stmtId`` + index)."""
+        body = self.ctx.body
+        ids = body.get("stmtIds")
+        if isinstance(ids, list):
+            if len(ids) != count:
+                raise CommandError(
+                    16,
+                    "Number of statement ids must match the number of batch entries. Got "
+                    f"{len(ids)} statement ids but {count} operations.",
+                    code_name="InvalidLength",
+                )
+            return [int(i) for i in ids]
+        first = body.get("stmtId", 0)
+        start = int(first) if isinstance(first, int) else 0
+        return list(range(start, start + count))
+
+    def statement(self, stmt_id: int) -> Any:
+        """Start statement ``stmt_id``: its recorded result if this retryable write ran it.
+
+        Otherwise :data:`NOT_EXECUTED`, and the statement's oplog entries will
+        carry ``stmt_id``.
+        """
+        self.stmt_id = stmt_id
+        if self.retry is None:
+            return NOT_EXECUTED
+        if stmt_id in self.retry.executed:
+            self.retried.append(stmt_id)
+            return self.retry.executed[stmt_id]
+        self._check_failpoint()
+        return NOT_EXECUTED
+
+    def done(self, result: Any) -> None:
+        """The current statement succeeded with ``result`` (what a retry will return)."""
+        if self.retry is not None and self.stmt_id is not None:
+            self.retry.executed[self.stmt_id] = result
+
+    def commit_point(self) -> None:
+        """Where mongod commits: ``onPrimaryTransactionalWrite`` closes the connection here."""
+        self._failpoint_checked = False
+        if self._close_after_commit:
+            from ..dispatch import CloseConnection
+
+            raise CloseConnection
+
+    def _check_failpoint(self) -> None:
+        """``onPrimaryTransactionalWrite``, evaluated once per commit of a retryable write.
+
+        ``failBeforeCommitExceptionCode`` fails the statement before it writes
+        anything; otherwise (``closeConnection``, default true) the write is
+        kept and the connection closes before the reply. mongod evaluates it
+        when the write commits, so unlike here an update that matches nothing
+        does not trigger it there.
+        """
+        if self._failpoint_checked:
+            return
+        self._failpoint_checked = True
+        data = self.ctx.member.failpoints.on_primary_transactional_write()
+        if data is None:
+            return
+        code = data.get("failBeforeCommitExceptionCode")
+        if isinstance(code, int) and not isinstance(code, bool):
+            raise CommandError(code, "Failing write for test due to failpoint")
+        self._close_after_commit = data.get("closeConnection", True) is not False
 
     def log(
         self,
@@ -177,8 +338,18 @@ class WriteUnit:
         if self.txn is not None:
             self.txn.ops.append(_PendingOp(op, ns, o, ui, o2, pre_image, post_image))
             return
+        retry = self.retry
         entry = self.ctx.deployment.log(
-            op, ns, o, ui=ui, o2=o2, pre_image=pre_image, post_image=post_image
+            op,
+            ns,
+            o,
+            ui=ui,
+            o2=o2,
+            pre_image=pre_image,
+            post_image=post_image,
+            lsid=_full_lsid(retry.lsid) if retry is not None else None,
+            txn_number=Int64(retry.txn_number) if retry is not None else None,
+            stmt_id=self.stmt_id if retry is not None else None,
         )
         self.ctx.operation_time = entry.ts
 
@@ -191,6 +362,11 @@ class WriteUnit:
         """A command failed inside the transaction: mongod aborts the whole transaction."""
         if self.txn is not None:
             self.txn.abort()
+
+
+def _full_lsid(lsid: dict[str, Any]) -> dict[str, Any]:
+    """``{id, uid}`` as mongod writes a session id into the oplog (auth disabled)."""
+    return {"id": lsid["id"], "uid": lsid.get("uid", NO_AUTH_UID)}
 
 
 def _end_target(ctx: CommandContext) -> Transaction:
@@ -238,12 +414,11 @@ def commit_transaction(ctx: CommandContext) -> dict[str, Any]:
             if p.o2 is not None:
                 doc["o2"] = p.o2
             apply_ops.append(doc)
-        lsid = {"id": txn.lsid["id"], "uid": txn.lsid.get("uid", NO_AUTH_UID)}
         entry = deployment.log(
             "c",
             "admin.$cmd",
             {"applyOps": apply_ops},
-            lsid=lsid,
+            lsid=_full_lsid(txn.lsid),
             txn_number=Int64(txn.txn_number),
             txn_ops=inner,
             ts=ts,

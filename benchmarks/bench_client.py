@@ -1,0 +1,418 @@
+"""Client-side throughput and memory of change-stream consumers, against one server.
+
+    python -m benchmarks.bench_client [--events N] [--memory-events M] [--uri URI] [--json F]
+
+Without ``--uri`` the simulator runs in a *separate process* (so it does not
+share the client's GIL). N small inserts are preloaded, then every mode reads
+the same N events (``start_at_operation_time`` of a marker write made just
+before them, same ``batch_size``), best of ``--runs``:
+
+(a) raw ``aggregate``/``getMore`` loop through ``Database.command()`` (dicts):
+    the floor any client pays (wire, C decoding, a Python loop);
+(b) PyMongo's ``Collection.watch()``;
+(c) ``changestream.watch()`` (dicts); (d) ``typed=True``;
+(e) ``document_class=RawBSONDocument``.
+
+Wall-clock throughput is capped by the server; client CPU time (process time,
+the server being elsewhere) per event is the client's own cost. Then M events
+are streamed with one mode while RSS and the tracemalloc peak are sampled every
+100,000 events: memory must stay flat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import json
+import os
+import platform
+import re
+import resource
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
+
+import bson
+import pymongo
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+from pymongo import MongoClient
+from pymongo.collection import Collection
+
+import changestream
+
+DATABASE = "changestream_bench"
+INSERT_BATCH = 10_000
+SAMPLE_EVERY = 100_000
+WARM_UP_EVENTS = 20_000
+PAYLOAD = "x" * 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Where the preloaded events are and how every mode reads them."""
+
+    collection: Collection[Any]
+    start: Timestamp
+    batch_size: int | None
+
+
+Consumer = Callable[[Workload], Generator[Any, None, None]]
+
+
+# ------------------------------------------------------------------------------ the modes
+def raw_getmore_loop(work: Workload) -> Generator[Any, None, None]:
+    """(a) ``aggregate`` + ``getMore`` through ``Database.command``, replies decoded to dicts."""
+    coll = work.collection
+    db = coll.database
+    cursor_options = {} if work.batch_size is None else {"batchSize": work.batch_size}
+    reply = db.command({
+        "aggregate": coll.name,
+        "pipeline": [{"$changeStream": {"startAtOperationTime": work.start}}],
+        "cursor": cursor_options,
+    })
+    cursor = reply["cursor"]
+    batch, cursor_id = cursor["firstBatch"], cursor["id"]
+    try:
+        while True:
+            yield from batch
+            getmore: dict[str, Any] = {"getMore": cursor_id, "collection": coll.name}
+            getmore.update(cursor_options)
+            cursor = db.command(getmore)["cursor"]
+            batch, cursor_id = cursor["nextBatch"], cursor["id"]
+    finally:
+        if cursor_id:
+            db.command({"killCursors": coll.name, "cursors": [cursor_id]})
+
+
+def pymongo_watch(work: Workload) -> Generator[Any, None, None]:
+    """(b) PyMongo's own change stream."""
+    with work.collection.watch(start_at_operation_time=work.start,
+                               batch_size=work.batch_size) as stream:
+        yield from stream
+
+
+def ours(**options: Any) -> Consumer:
+    def consume(work: Workload) -> Generator[Any, None, None]:
+        with changestream.watch(work.collection, start_at_operation_time=work.start,
+                                batch_size=work.batch_size, **options) as stream:
+            yield from stream
+
+    return consume
+
+
+MODES: dict[str, tuple[str, Consumer]] = {
+    "a": ("raw getMore loop (dicts)", raw_getmore_loop),
+    "b": ("pymongo watch() (dicts)", pymongo_watch),
+    "c": ("changestream (dicts)", ours()),
+    "d": ("changestream typed=True", ours(typed=True)),
+    "e": ("changestream RawBSONDocument", ours(document_class=RawBSONDocument)),
+}
+
+
+def sequence_number(change: Any) -> int:
+    """The ``i`` of the inserted document, whatever the mode returned."""
+    full_document = getattr(change, "full_document", None)
+    if full_document is None:
+        full_document = change["fullDocument"]
+    return int(full_document["i"])
+
+
+# ------------------------------------------------------------------------------ measuring
+@dataclasses.dataclass
+class Run:
+    wall: float
+    cpu: float
+    server_cpu: float | None = None
+    """CPU seconds of the simulator process during the run (``None`` with ``--uri``)."""
+
+
+class ServerClock:
+    """CPU time of the simulator process, read from ``/proc`` (Linux); ``None`` elsewhere."""
+
+    def __init__(self, pid: int | None) -> None:
+        self._path = None if pid is None else f"/proc/{pid}/stat"
+
+    def seconds(self) -> float | None:
+        if self._path is None:
+            return None
+        try:
+            with open(self._path) as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def timed_run(consume: Consumer, work: Workload, limit: int, server: ServerClock) -> Run:
+    """Read ``limit`` events; check they are exactly the preloaded ones, in order."""
+    count, last = 0, None
+    stream = consume(work)
+    gc.collect()
+    server_cpu = server.seconds()
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        for change in stream:
+            last = change
+            count += 1
+            if count == limit:
+                break
+    finally:
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        server_end = server.seconds()
+        stream.close()
+    if count != limit or sequence_number(last) != limit - 1:
+        raise RuntimeError(f"read {count} events ending at {last!r:.200}; expected {limit}")
+    if server_cpu is not None and server_end is not None:
+        return Run(wall, cpu, server_end - server_cpu)
+    return Run(wall, cpu)
+
+
+def measure(work: Workload, modes: list[str], events: int, runs: int,
+            server: ServerClock) -> dict[str, list[Run]]:
+    """Interleave the modes run by run, so noise from other processes hits all of them."""
+    results: dict[str, list[Run]] = {mode: [] for mode in modes}
+    for mode in modes:  # warm-up: imports, connection pools, the server's first scan
+        timed_run(MODES[mode][1], work, min(events, WARM_UP_EVENTS), server)
+    for index in range(runs):
+        for mode in modes:
+            run = timed_run(MODES[mode][1], work, events, server)
+            results[mode].append(run)
+            server_note = "" if run.server_cpu is None else (
+                f"  server {run.server_cpu / events * 1e6:5.1f} µs CPU/ev")
+            print(f"  run {index + 1}/{runs} ({mode}) {MODES[mode][0]:<30} "
+                  f"{events / run.wall:>9,.0f} ev/s  {run.cpu / events * 1e6:6.2f} µs CPU/ev"
+                  f"{server_note}", flush=True)
+    return results
+
+
+def current_rss_mb() -> float:
+    """Resident set size now (Linux ``/proc``), else the peak from ``getrusage``."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return float(peak_kb) / 1024
+
+
+def memory_profile(work: Workload, mode: str, events: int) -> list[dict[str, float]]:
+    """Stream ``events`` with ``mode``; every SAMPLE_EVERY events record RSS and traced memory."""
+    samples: list[dict[str, float]] = []
+    tracemalloc.start()
+    started = time.perf_counter()
+    count, last = 0, None
+    stream = MODES[mode][1](work)
+    try:
+        for change in stream:
+            last = change
+            count += 1
+            if count % SAMPLE_EVERY == 0 or count == events:
+                current, peak = tracemalloc.get_traced_memory()
+                tracemalloc.reset_peak()
+                samples.append({
+                    "events": count,
+                    "rss_mb": round(current_rss_mb(), 1),
+                    "traced_mb": round(current / 2**20, 2),
+                    "traced_peak_mb": round(peak / 2**20, 2),
+                    "seconds": round(time.perf_counter() - started, 1),
+                })
+                print(f"  {count:>9,} events  RSS {samples[-1]['rss_mb']:7.1f} MB  traced "
+                      f"{samples[-1]['traced_mb']:6.2f} MB (peak {samples[-1]['traced_peak_mb']:6.2f}"
+                      " MB)", flush=True)
+            if count == events:
+                break
+        if count != events or sequence_number(last) != events - 1:
+            raise RuntimeError(f"memory run read {count} events; expected {events}")
+    finally:
+        stream.close()
+        tracemalloc.stop()
+    return samples
+
+
+# ------------------------------------------------------------------------------ the server
+@contextlib.contextmanager
+def simulator(version: str) -> Iterator[tuple[str, int | None]]:
+    """``python -m changestream.testing serve`` in a child process; yields its URI and pid."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "changestream.testing", "serve", "--port", "0",
+         "--version", version],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert process.stdout is not None
+        uri = process.stdout.readline().strip()
+        if not uri.startswith("mongodb://"):
+            raise RuntimeError(f"the simulator did not start (exit code {process.poll()})")
+        yield uri, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def preload(client: MongoClient[Any], count: int, batch_size: int | None) -> Workload:
+    """Insert ``count`` small documents after a marker write whose time starts every stream."""
+    db = client[DATABASE]
+    collection = db[f"events_{os.getpid()}_{int(time.time())}"]
+    with client.start_session(causal_consistency=False) as session:
+        db["marker"].insert_one({"at": time.time()}, session=session)
+        start = session.operation_time
+    if not isinstance(start, Timestamp):
+        raise RuntimeError("the server reported no operationTime: a replica set is required")
+    began = time.perf_counter()
+    for offset in range(0, count, INSERT_BATCH):
+        size = min(INSERT_BATCH, count - offset)
+        collection.insert_many([{"i": offset + k, "s": PAYLOAD} for k in range(size)])
+    print(f"preloaded {count:,} inserts in {time.perf_counter() - began:.1f} s", flush=True)
+    return Workload(collection, start, batch_size)
+
+
+# ------------------------------------------------------------------------------ reporting
+def redact(uri: str) -> str:
+    return re.sub(r"//[^@/]*@", "//<credentials>@", uri)
+
+
+def summarise(results: dict[str, list[Run]], events: int) -> list[dict[str, Any]]:
+    best = {mode: (min(r.wall for r in runs), min(r.cpu for r in runs))
+            for mode, runs in results.items()}
+    rows = []
+    for mode, (wall, cpu) in best.items():
+        row: dict[str, Any] = {
+            "mode": mode,
+            "name": MODES[mode][0],
+            "wall_events_per_s": round(events / wall),
+            "cpu_us_per_event": round(cpu / events * 1e6, 3),
+            "cpu_events_per_s": round(events / cpu),
+            "runs": [dataclasses.asdict(r) for r in results[mode]],
+        }
+        server = [r.server_cpu for r in results[mode] if r.server_cpu is not None]
+        if server:
+            row["server_cpu_us_per_event"] = round(min(server) / events * 1e6, 2)
+        for base in ("a", "b"):
+            if base in best:
+                row[f"wall_vs_{base}"] = round(best[base][0] / wall, 3)
+                row[f"cpu_vs_{base}"] = round(best[base][1] / cpu, 3)
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = (f"{'mode':<34} {'ev/s wall':>10} {'CPU µs/ev':>10} {'ev/s CPU':>10} "
+              f"{'wall/a':>7} {'CPU/a':>7} {'wall/b':>7} {'CPU/b':>7} {'server µs/ev':>13}")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        ratios = " ".join(f"{row.get(key, float('nan')):>7.2f}"
+                          for key in ("wall_vs_a", "cpu_vs_a", "wall_vs_b", "cpu_vs_b"))
+        server = row.get("server_cpu_us_per_event")
+        print(f"({row['mode']}) {row['name']:<30} {row['wall_events_per_s']:>10,} "
+              f"{row['cpu_us_per_event']:>10.2f} {row['cpu_events_per_s']:>10,} {ratios} "
+              f"{'-' if server is None else f'{server:.1f}':>13}")
+    print("ratios > 1: faster than (a) / (b). CPU: the client process's CPU time (the server "
+          "runs elsewhere); server: the simulator process's CPU time over the same run")
+
+
+def print_memory(samples: list[dict[str, float]]) -> dict[str, float]:
+    first, last = samples[0], samples[-1]
+    summary = {
+        "rss_growth_mb": round(last["rss_mb"] - first["rss_mb"], 1),
+        "traced_growth_mb": round(last["traced_mb"] - first["traced_mb"], 2),
+        "max_traced_peak_mb": max(s["traced_peak_mb"] for s in samples),
+    }
+    print(f"RSS {first['rss_mb']:.1f} MB after {first['events']:,.0f} events -> "
+          f"{last['rss_mb']:.1f} MB after {last['events']:,.0f} "
+          f"(growth {summary['rss_growth_mb']:+.1f} MB); traced memory growth "
+          f"{summary['traced_growth_mb']:+.2f} MB, largest peak between samples "
+          f"{summary['max_traced_peak_mb']:.2f} MB")
+    return summary
+
+
+# ------------------------------------------------------------------------------ main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_client",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=200_000,
+                        help="events per throughput run (default 200,000)")
+    parser.add_argument("--memory-events", type=int, default=1_000_000,
+                        help="events streamed for the memory profile (0: skip; default 1,000,000)")
+    parser.add_argument("--memory-mode", choices=sorted(MODES), default="c",
+                        help="mode of the memory profile (default c)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per mode; best is kept")
+    parser.add_argument("--batch-size", type=int, default=1000,
+                        help="batch_size of every mode (0: the server's default)")
+    parser.add_argument("--modes", default="abcde", help="modes to measure (default abcde)")
+    parser.add_argument("--uri", help="use this replica set instead of starting the simulator "
+                        f"(writes to database {DATABASE!r})")
+    parser.add_argument("--version", default="8.0", help="simulated server version (default 8.0)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if args.events < 1 or args.runs < 1 or args.memory_events < 0 or args.batch_size < 0:
+        parser.error("--events and --runs must be >= 1, --memory-events and --batch-size >= 0")
+    if not args.modes or set(args.modes) - set(MODES):
+        parser.error(f"--modes takes letters from {''.join(MODES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = " ".join([os.path.basename(sys.executable), "-m", "benchmarks.bench_client",
+                        *(sys.argv[1:] if argv is None else argv)])
+    versions = {
+        "python": platform.python_version(),
+        "pymongo": pymongo.version,
+        "pymongo_c_extensions": pymongo.has_c() and bson.has_c(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
+    print(f"command: {command}")
+    print("versions: " + ", ".join(f"{k}={v}" for k, v in versions.items()))
+    server = contextlib.nullcontext((args.uri, None)) if args.uri else simulator(args.version)
+    with server as (uri, pid):
+        print(f"server: {redact(uri)}" + ("" if args.uri else
+                                          f" (simulator {args.version}, separate process)"))
+        client: MongoClient[Any]
+        with MongoClient(uri) as client:
+            work = preload(client, max(args.events, args.memory_events),
+                           args.batch_size or None)
+            try:
+                print(f"throughput: {args.events:,} events per run, batch_size "
+                      f"{args.batch_size or 'server default'}, best of {args.runs}")
+                results = measure(work, list(args.modes), args.events, args.runs,
+                                  ServerClock(pid))
+                rows = summarise(results, args.events)
+                memory: list[dict[str, float]] = []
+                memory_summary: dict[str, float] = {}
+                if args.memory_events:
+                    print(f"memory: streaming {args.memory_events:,} events with mode "
+                          f"({args.memory_mode}) {MODES[args.memory_mode][0]} under tracemalloc")
+                    memory = memory_profile(work, args.memory_mode, args.memory_events)
+            finally:
+                work.collection.drop()
+    print()
+    print(f"command: {command}")
+    print("versions: " + ", ".join(f"{k}={v}" for k, v in versions.items()))
+    print_table(rows)
+    if memory:
+        memory_summary = print_memory(memory)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"command": command, "versions": versions,
+                       "server": "uri" if args.uri else f"simulator {args.version}",
+                       "events": args.events, "batch_size": args.batch_size or None,
+                       "runs": args.runs, "throughput": rows,
+                       "memory": {"mode": args.memory_mode, "samples": memory,
+                                  **memory_summary}}, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""Events per second into ``foreachBatch`` for both Spark paths, and where the time goes.
+
+    .venv/bin/python benchmarks/spark_bench.py [--events 100000] [--batch-rows 20000]
+
+Starts the simulator in its own process (so it does not share a GIL with the
+client), inserts ``--events`` documents, then measures, each over the same
+events:
+
+1. the simulator alone: a raw ``aggregate`` + ``getMore`` loop (PyMongo);
+2. the simulator + this library's client (``try_next`` loop);
+3. the adapter's event → Arrow conversion alone (events already in memory);
+4. ``foreach_batch`` fed from memory (conversion + Spark, no server);
+5. ``foreach_batch`` end to end (server + client + conversion + Spark; the
+   fetch runs on a background thread, overlapping the rest);
+6. the ``changestream`` data source end to end (``Trigger.availableNow``):
+   the driver's token-only scan (2b) and the executor's read both hit the
+   server; 6b leaves out query start-up and the first batch (Python worker
+   start), using Spark's own per-batch durations.
+
+``foreach_batch`` is measured with a no-op ``func`` (the rows are already in
+the JVM: ``createDataFrame`` ships the Arrow data eagerly) and with
+``df.count()``; the data source needs an action to read at all, so its
+``func`` always counts. With ``MONGODB_URI`` set, that deployment is used
+instead of the simulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+from pymongo import MongoClient
+
+import changestream
+from changestream.spark_adapter import foreach_batch, register, stream_opener
+from changestream.spark_adapter.convert import EventConverter
+from changestream.stores import MemoryTokenStore
+
+
+def serve() -> tuple[str, subprocess.Popen[str] | None]:
+    """``MONGODB_URI``, or a simulator in a child process (with its own GIL and core)."""
+    if os.environ.get("MONGODB_URI"):
+        return os.environ["MONGODB_URI"], None
+    process = subprocess.Popen(
+        [sys.executable, "-m", "changestream.testing", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    return process.stdout.readline().strip(), process
+
+
+def timed(run: Callable[[], int]) -> tuple[int, float]:
+    """``(events, seconds)`` of one run."""
+    started = time.perf_counter()
+    events = run()
+    return events, time.perf_counter() - started
+
+
+class ReplayStream:
+    """A stand-in for ``ChangeStream`` that replays events from memory (``foreach_batch`` only)."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self._events: Iterator[Any] = iter(events)
+        self.resume_token: Any = None
+        self.alive = True
+
+    def try_next(self) -> Any:
+        event = next(self._events, None)
+        if event is not None:
+            self.resume_token = event["_id"]
+        return event
+
+    def __enter__(self) -> ReplayStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.alive = False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--batch-rows", type=int, default=20_000, help="rows per micro-batch")
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark workers: this venv, loopback
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    total, rows = args.events, args.batch_rows
+    uri, server = serve()
+    results: list[tuple[str, int, float]] = []
+    try:
+        client: MongoClient[dict[str, Any]] = MongoClient(uri)
+        coll = client[f"bench_{os.getpid()}"]["events"]
+        with changestream.watch(coll, batch_size=0) as stream:
+            start = stream.resume_token
+        document = {"qty": 1, "sku": "abc-123", "tags": ["a", "b"], "price": 9.99}
+
+        def insert() -> int:
+            for i in range(0, total, 1000):
+                coll.insert_many([{"_id": j, **document} for j in range(i, min(i + 1000, total))])
+            return total
+
+        results.append(("insert (setup, for reference)", *timed(insert)))
+
+        def raw_get_more() -> int:
+            database = coll.database
+            reply = database.command(
+                {
+                    "aggregate": coll.name,
+                    "pipeline": [{"$changeStream": {"resumeAfter": start}}],
+                    "cursor": {"batchSize": 10_000},
+                }
+            )
+            cursor, seen = reply["cursor"], len(reply["cursor"]["firstBatch"])
+            while seen < total:
+                batch = database.command(
+                    {"getMore": cursor["id"], "collection": coll.name, "batchSize": 10_000}
+                )["cursor"]["nextBatch"]
+                seen += len(batch)
+            database.command({"killCursors": coll.name, "cursors": [cursor["id"]]})
+            return seen
+
+        results.append(("1 simulator alone (raw getMore loop)", *timed(raw_get_more)))
+
+        events: list[Any] = []
+
+        def client_loop() -> int:
+            with changestream.watch(
+                coll, resume_after=start, batch_size=10_000, max_await_time_ms=100
+            ) as stream:
+                while len(events) < total:
+                    event = stream.try_next()
+                    if event is not None:
+                        events.append(event)
+            return len(events)
+
+        results.append(("2 simulator + client (try_next loop)", *timed(client_loop)))
+
+        def token_scan() -> int:
+            seen = 0
+            with changestream.watch(
+                coll,
+                [{"$project": {"_id": 1, "operationType": 1}}],
+                resume_after=start,
+                batch_size=10_000,
+                max_await_time_ms=100,
+            ) as stream:
+                while seen < total:
+                    seen += stream.try_next() is not None
+            return seen
+
+        results.append(("2b token-only scan (the source's driver side)", *timed(token_scan)))
+
+        from pyspark.sql import SparkSession
+
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        register(spark)
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import DataType
+
+        from changestream.spark_adapter import event_ddl
+
+        converter = EventConverter(to_arrow_schema(DataType.fromDDL(event_ddl()), timezone="UTC"))
+
+        def convert() -> int:
+            return sum(
+                converter.convert(events[i : i + rows]).num_rows for i in range(0, total, rows)
+            )
+
+        convert()  # warm up
+        results.append(("3 event -> Arrow conversion alone", *timed(convert)))
+
+        counted: list[int] = []
+
+        def count(df: Any, batch_id: int) -> None:
+            counted.append(df.count())
+
+        def helper(open_stream: Any, func: Any) -> int:
+            return foreach_batch(
+                spark, open_stream, func, MemoryTokenStore(), max_rows=rows, until_idle=True
+            ).rows
+
+        def noop(df: Any, batch_id: int) -> None:
+            """The DataFrame already holds the rows: createDataFrame shipped them to the JVM."""
+
+        def from_memory(token: Any) -> ReplayStream:
+            return ReplayStream(events)
+
+        helper(lambda token: ReplayStream(events[:rows]), count)  # warm up Spark
+        opener = stream_opener(coll, start_after=start, batch_size=10_000, max_await_time_ms=100)
+        for name, open_stream in (("4 from memory", from_memory), ("5 end to end", opener)):
+            for label, func in (("no-op", noop), ("df.count()", count)):
+                results.append(
+                    (
+                        f"{name}: foreach_batch, func {label}",
+                        *timed(lambda o=open_stream, f=func: helper(o, f)),
+                    )
+                )
+
+        def data_source() -> int:
+            counted.clear()
+            with tempfile.TemporaryDirectory() as checkpoint:
+                query = (
+                    spark.readStream.format("changestream")
+                    .option("uri", uri)
+                    .option("database", coll.database.name)
+                    .option("collection", coll.name)
+                    .option("startup_mode", "token")
+                    .option("start_after", changestream.token_to_json(start))
+                    .option("max_rows_per_batch", str(rows))
+                    .load()
+                    .writeStream.foreachBatch(count)
+                    .option("checkpointLocation", checkpoint)
+                    .trigger(availableNow=True)
+                    .start()
+                )
+                if not query.awaitTermination(600):
+                    query.stop()
+                    raise RuntimeError("the availableNow query did not finish in 600 s")
+                progress.extend(query.recentProgress)
+            return sum(counted)
+
+        progress: list[Any] = []
+        results.append(("6 data source end to end (availableNow)", *timed(data_source)))
+        later = [p for p in progress if p["batchId"] > 0 and p["numInputRows"]]
+        results.append(
+            (
+                "6b data source, batches after the first",
+                sum(p["numInputRows"] for p in later),
+                sum(p["durationMs"]["triggerExecution"] for p in later) / 1000,
+            )
+        )
+        spark.stop()
+        client.drop_database(coll.database.name)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait()
+    print(f"\n{total} insert events, {rows} rows per micro-batch, pyarrow {pa.__version__}")
+    print(f"{'measurement':48} {'events':>9} {'seconds':>8} {'events/s':>10}")
+    for name, count_, seconds in results:
+        rate = f"{count_ / seconds:>10,.0f}" if seconds else f"{'-':>10}"
+        print(f"{name:48} {count_:>9} {seconds:>8.2f} {rate}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""``changestream.aio.consume``: the async at-least-once loop (policy shared with the sync one)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import bson
+import pytest
+from aio_support import Ctx
+
+import changestream
+from changestream.aio import AsyncChangeStream, consume, watch
+from changestream.stores import AsyncMongoTokenStore, FileTokenStore, MemoryTokenStore
+
+FAST = {"max_await_time_ms": 50}
+Run = Callable[..., None]
+
+
+def same(a: Any, b: Any) -> bool:
+    return bson.encode(a) == bson.encode(b)
+
+
+class Opener:
+    """``open_stream`` that records the tokens it was given."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+        self.tokens: list[Any] = []
+
+    async def __call__(self, token: Any) -> AsyncChangeStream[Any]:
+        self.tokens.append(token)
+        return await watch(self.ctx.coll, resume_after=token, **FAST)
+
+
+def test_async_handler_and_async_store(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        store = AsyncMongoTokenStore(ctx.client[ctx.coll.database.name].tokens, "consumer")
+        stop = asyncio.Event()
+        seen: list[int] = []
+
+        async def handler(change: Any) -> None:
+            await asyncio.sleep(0)
+            seen.append(change["fullDocument"]["i"])
+            if len(seen) == 3:
+                stop.set()
+
+        task = asyncio.create_task(consume(Opener(ctx), handler, store, stop=stop))
+        await asyncio.sleep(0.2)
+        ctx.writer.insert_many([{"i": i} for i in range(3)])
+        result = await asyncio.wait_for(task, 10)
+        assert seen == [0, 1, 2] and result.handled == 3
+        stored = await store.load()
+        assert stored is not None and same(stored.token, result.token)
+
+    run(scenario)
+
+
+def test_sync_file_store_and_restart_without_loss(run: Run, tmp_path: Path) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        store = FileTokenStore(tmp_path / "token.json")
+
+        async def consume_until(count: int) -> list[int]:
+            stop = asyncio.Event()
+            seen: list[int] = []
+
+            def handler(change: Any) -> None:
+                seen.append(change["fullDocument"]["i"])
+                if len(seen) == count:
+                    stop.set()
+
+            await asyncio.wait_for(consume(Opener(ctx), handler, store, stop=stop), 10)
+            return seen
+
+        first = asyncio.create_task(consume_until(2))
+        await asyncio.sleep(0.2)
+        ctx.writer.insert_many([{"i": 0}, {"i": 1}])
+        assert await first == [0, 1]
+        ctx.writer.insert_many([{"i": 2}, {"i": 3}])  # written while nobody consumes
+        assert await consume_until(2) == [2, 3]
+
+    run(scenario)
+
+
+def test_reopens_with_backoff_when_the_single_resume_fails(
+    run: Run, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="changestream.consume")
+
+    async def scenario(ctx: Ctx) -> None:
+        opener = Opener(ctx)
+        stop = asyncio.Event()
+        seen: list[int] = []
+
+        def handler(change: Any) -> None:
+            seen.append(change["fullDocument"]["i"])
+            if len(seen) == 2:
+                stop.set()
+
+        task = asyncio.create_task(consume(opener, handler, MemoryTokenStore(), stop=stop,
+                                           backoff_initial=0.2, backoff_max=1.0))
+        await asyncio.sleep(0.2)
+        ctx.writer.insert_one({"i": 0})
+        while not seen:
+            await asyncio.sleep(0.01)
+        ctx.fail_point("failCommand", {"times": 5}, failCommands=["getMore", "aggregate"],
+                       closeConnection=True)
+        while len(opener.tokens) < 3:
+            await asyncio.sleep(0.01)
+        ctx.writer.insert_one({"i": 1})
+        result = await asyncio.wait_for(task, 10)
+        assert seen == [0, 1] and result.reopens == 2
+
+    run(scenario)
+    waits = [r for r in caplog.records if "reopening from the last handled token in" in
+             r.getMessage()]
+    assert len(waits) == 1
+
+
+def test_invalidate_and_history_lost_stop_at_once(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        opener = Opener(ctx)
+        store = MemoryTokenStore()
+        task = asyncio.create_task(consume(opener, lambda change: None, store))
+        await asyncio.sleep(0.2)
+        ctx.writer.insert_one({"i": 0})
+        ctx.writer.drop()
+        with pytest.raises(changestream.StreamInvalidatedError) as info:
+            await asyncio.wait_for(task, 10)
+        assert info.value.invalidate_token is not None and len(opener.tokens) == 1
+
+        ctx.fail_point("failCommand", {"times": 1}, failCommands=["aggregate"], errorCode=286)
+        again = Opener(ctx)
+        with pytest.raises(changestream.HistoryLostError, match="history lost"):
+            await asyncio.wait_for(consume(again, lambda change: None, store), 10)
+        assert len(again.tokens) == 1
+
+    run(scenario)
+
+
+def test_cancellation_stores_the_last_handled_token(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        store = MemoryTokenStore()
+        handled: list[Any] = []
+        task = asyncio.create_task(
+            consume(Opener(ctx), lambda change: handled.append(change["_id"]), store,
+                    save_every=100)
+        )
+        await asyncio.sleep(0.2)
+        ctx.writer.insert_many([{"i": 0}, {"i": 1}])
+        while len(handled) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        stored = store.load()
+        assert stored is not None
+        # The flush on the way out stored a token at or after the second change.
+        time_of = changestream.token_cluster_time
+        assert time_of(stored.token) >= time_of(handled[1])  # type: ignore[operator]
+
+    run(scenario)

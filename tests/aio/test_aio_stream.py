@@ -1,0 +1,607 @@
+"""``changestream.aio``: the sync suite's prose and resume tests in async form, plus what only
+async has (cancellation, the resume-token callback).
+
+Each test mirrors its namesake in ``tests/client/test_stream_sim.py``; the
+scenario runs inside ``asyncio.run`` (see ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from aio_support import STREAM_COMMANDS, Ctx, Recorder, plain
+from bson.raw_bson import RawBSONDocument
+from pymongo import AsyncMongoClient, MongoClient, ReadPreference, monitoring
+from pymongo.errors import OperationFailure, PyMongoError
+
+import changestream
+from changestream.aio import AsyncChangeStream, watch
+from changestream.errors import MissingResumeTokenError
+
+FAST = {"max_await_time_ms": 50}
+VOLATILE = {"lsid", "$clusterTime", "$db", "maxTimeMS", "$readPreference"}
+BIG = 10 * 1024 * 1024
+
+Run = Callable[..., None]
+
+
+def address(event: monitoring.CommandStartedEvent) -> str:
+    host, port = event.connection_id
+    return f"{host}:{port}"
+
+
+async def drain(stream: AsyncChangeStream[Any], count: int) -> list[Any]:
+    return [await stream.next() for _ in range(count)]
+
+
+# -- helpers and commands ---------------------------------------------------------------------
+def test_watch_targets_send_the_spec_commands(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        pipeline = [{"$match": {"operationType": "insert"}}]
+        async with await watch(ctx.coll, pipeline, **FAST) as stream:
+            ctx.writer.insert_one({"x": 1})
+            assert (await stream.next())["fullDocument"]["x"] == 1
+        aggregate = ctx.recorder.commands("aggregate")[0]
+        assert aggregate["aggregate"] == ctx.coll.name and aggregate["cursor"] == {}
+        assert aggregate["pipeline"] == [{"$changeStream": {}}, *pipeline]
+        async with await watch(ctx.coll.database, **FAST) as stream:
+            ctx.writer.insert_one({"x": 2})
+            assert (await stream.next())["ns"] == {"db": ctx.coll.database.name,
+                                                   "coll": ctx.coll.name}
+        assert ctx.recorder.commands("aggregate")[-1]["aggregate"] == 1
+        assert ctx.recorder.commands("getMore")[-1]["collection"] == "$cmd.aggregate"
+        async with await watch(ctx.client, **FAST) as stream:
+            ctx.writer.insert_one({"x": 3})
+            assert (await stream.next())["fullDocument"]["x"] == 3
+        cluster = [e for e in ctx.recorder.events if e.command_name == "aggregate"][-1]
+        assert cluster.database_name == "admin"
+        assert ctx.recorder.stage() == {"allChangesForCluster": True}
+
+    run(scenario)
+
+
+def test_iteration_and_one_session_for_every_command(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        stream = await watch(ctx.coll, batch_size=2, **FAST)
+        ctx.writer.insert_many([{"i": i} for i in range(5)])
+        seen = []
+        async for change in stream:
+            seen.append(change["fullDocument"]["i"])
+            if len(seen) == 5:
+                break
+        await stream.close()
+        assert seen == [0, 1, 2, 3, 4]
+        assert not stream.alive
+        recorder = ctx.recorder
+        assert recorder.commands("aggregate")[0]["cursor"] == {"batchSize": 2}
+        assert all(c["batchSize"] == 2 for c in recorder.commands("getMore"))
+        assert recorder.names()[-1] == "killCursors"
+        assert len({e.command["lsid"]["id"] for e in recorder.events}) == 1
+        with pytest.raises(StopAsyncIteration):
+            await stream.next()
+        assert await stream.try_next() is None
+
+    run(scenario)
+
+
+def test_a_sync_client_is_refused() -> None:
+    client: MongoClient[dict[str, Any]] = MongoClient("mongodb://127.0.0.1:1", connect=False)
+    with pytest.raises(TypeError, match="AsyncMongoClient"):
+        asyncio.run(watch(client.db.coll))
+    with pytest.raises(TypeError, match="synchronous"):
+        changestream.watch(AsyncMongoClient("mongodb://127.0.0.1:1", connect=False).db.coll)
+
+
+# -- prose tests --------------------------------------------------------------------------------
+def test_prose_1_tracks_the_last_seen_resume_token(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, **FAST) as stream:
+            assert stream.resume_token == ctx.recorder.last_pbrt()
+            ctx.writer.insert_many([{"i": 1}, {"i": 2}])
+            first = await stream.next()
+            if stream._machine.buffered:
+                assert stream.resume_token == first["_id"]
+                await stream.next()
+            assert stream.resume_token == ctx.recorder.last_pbrt()
+            assert await stream.try_next() is None
+            assert stream.resume_token == ctx.recorder.last_pbrt()
+
+    run(scenario)
+
+
+def test_prose_2_missing_resume_token_raises_and_closes(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        stream = await watch(ctx.coll, [{"$project": {"_id": 0}}], **FAST)
+        ctx.writer.insert_one({"x": 1})
+        with pytest.raises((OperationFailure, MissingResumeTokenError)) as info:
+            await stream.next()
+        if isinstance(info.value, OperationFailure):
+            assert info.value.code == 280
+        assert not stream.alive
+
+    run(scenario)
+
+
+def test_prose_3_resumes_once_with_the_initial_pipeline(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        pipeline = [{"$match": {"operationType": "insert"}}]
+        async with await watch(ctx.coll, pipeline, full_document="updateLookup",
+                               **FAST) as stream:
+            ctx.writer.insert_one({"x": 1})
+            await stream.next()
+            token = stream.resume_token
+            ctx.resumable_getmore_failure()
+            ctx.writer.insert_one({"x": 2})
+            assert (await stream.next())["fullDocument"]["x"] == 2
+        first, resumed = (plain(c) for c in ctx.recorder.commands("aggregate"))
+        assert resumed["pipeline"][1:] == pipeline
+        assert resumed["pipeline"][0] == {
+            "$changeStream": {"fullDocument": "updateLookup", "resumeAfter": token}
+        }
+        assert {k: v for k, v in resumed.items() if k not in VOLATILE | {"pipeline"}} == {
+            k: v for k, v in first.items() if k not in VOLATILE | {"pipeline"}
+        }
+        assert ctx.recorder.names()[-3:] == ["killCursors", "aggregate", "killCursors"]
+
+    run(scenario)
+
+
+def test_resumes_after_a_network_error(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, **FAST) as stream:
+            ctx.writer.insert_one({"x": 1})
+            await stream.next()
+            token = stream.resume_token
+            ctx.fail_point("failCommand", {"times": 1}, failCommands=["getMore"],
+                           closeConnection=True)
+            ctx.writer.insert_one({"x": 2})
+            assert (await stream.next())["fullDocument"]["x"] == 2
+        assert ctx.recorder.names().count("aggregate") == 2
+        assert plain(ctx.recorder.stage()) == {"resumeAfter": token}
+
+    run(scenario)
+
+
+def test_prose_4_no_resume_after_an_aggregate_error(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        ctx.fail_point("failCommand", {"times": 1}, failCommands=["aggregate"], errorCode=2)
+        with pytest.raises(OperationFailure) as info:
+            await watch(ctx.coll, **FAST)
+        assert info.value.code == 2
+        assert ctx.recorder.names() == ["aggregate"]
+
+    run(scenario)
+
+
+def test_prose_6_resume_selects_with_the_original_read_preference(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        sim = ctx.deployment.require_sim()
+        primary = sim.primary
+        async with await watch(ctx.coll, read_preference=ReadPreference.SECONDARY,
+                               **FAST) as stream:
+            ctx.writer.insert_one({"x": 1})
+            await stream.next()
+            sim.kill_cursors()
+            ctx.writer.insert_one({"x": 2})
+            assert (await stream.next())["fullDocument"]["x"] == 2
+        addresses: dict[str, list[str]] = {name: [] for name in STREAM_COMMANDS}
+        for e in ctx.recorder.events:
+            addresses[e.command_name].append(address(e))
+        assert len(addresses["aggregate"]) == 2
+        assert primary not in addresses["aggregate"] + addresses["getMore"]
+
+    run(scenario)
+
+
+def test_prose_7_initial_empty_batch_is_not_closed(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, **FAST) as stream:
+            reply = ctx.recorder.replies[0][1]["cursor"]
+            assert reply["firstBatch"] == [] and reply["id"] != 0
+            assert stream.alive
+            ctx.writer.insert_one({"x": 1})
+            await stream.next()
+            assert ctx.recorder.commands("getMore")[0]["getMore"] == reply["id"]
+
+    run(scenario)
+
+
+def test_prose_8_kill_cursors_error_during_resume_is_suppressed(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, **FAST) as stream:
+            ctx.fail_point("failCommand", {"times": 1}, failCommands=["killCursors"],
+                           errorCode=2)
+            ctx.resumable_getmore_failure()
+            ctx.writer.insert_one({"x": 1})
+            assert (await stream.next())["fullDocument"]["x"] == 1
+
+    run(scenario)
+
+
+def test_prose_11_token_is_post_batch_token_for_empty_and_exhausted_batches(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, **FAST) as stream:
+            assert await stream.try_next() is None
+            assert stream.resume_token == ctx.recorder.last_pbrt()
+            ctx.writer.insert_many([{"i": i} for i in range(3)])
+            while await stream.try_next() is not None or stream._machine.buffered:
+                pass
+            assert stream.resume_token == ctx.recorder.last_pbrt()
+
+    run(scenario)
+
+
+def test_prose_13_mid_batch_token_is_the_previous_id(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, **FAST) as stream:
+            ctx.writer.insert_many([{"i": i} for i in range(3, 6)])
+            first = await stream.next()
+            assert stream._machine.buffered, "the three inserts should arrive in one batch"
+            second = await stream.next()
+            assert stream.resume_token == second["_id"] != first["_id"]
+
+    run(scenario)
+
+
+def test_prose_14_uniterated_batch_token(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, **FAST) as stream:
+            ctx.writer.insert_many([{"i": i} for i in range(3)])
+            first = await stream.next()
+        async with await watch(ctx.coll, resume_after=first["_id"], **FAST) as resumed:
+            assert resumed._machine.buffered > 0
+            assert resumed.resume_token == first["_id"]
+        async with await watch(ctx.coll, start_after=first["_id"], **FAST) as started:
+            assert started._machine.buffered > 0
+            assert started.resume_token == first["_id"]
+
+    run(scenario)
+
+
+def test_prose_17_start_after_without_results_resumes_with_start_after(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, **FAST) as stream:
+            ctx.writer.insert_one({"x": 1})
+            token = (await stream.next())["_id"]
+        ctx.recorder.clear()
+        async with await watch(ctx.coll, start_after=token, **FAST) as stream:
+            assert await stream.try_next() is None
+            ctx.resumable_getmore_failure()
+            await stream.try_next()
+        stage = ctx.recorder.stage()
+        assert "startAfter" in stage and "resumeAfter" not in stage
+
+    run(scenario)
+
+
+def test_prose_18_start_after_with_results_resumes_with_resume_after(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, **FAST) as stream:
+            ctx.writer.insert_one({"x": 1})
+            token = (await stream.next())["_id"]
+        ctx.recorder.clear()
+        async with await watch(ctx.coll, start_after=token, **FAST) as stream:
+            ctx.writer.insert_one({"x": 2})
+            await stream.next()
+            ctx.resumable_getmore_failure()
+            await stream.try_next()
+        stage = ctx.recorder.stage()
+        assert "resumeAfter" in stage and "startAfter" not in stage
+
+    run(scenario)
+
+
+def _split_setup(ctx: Ctx) -> Any:
+    database = ctx.admin[ctx.coll.database.name]
+    database.drop_collection(ctx.coll.name)
+    database.create_collection(ctx.coll.name, changeStreamPreAndPostImages={"enabled": True})
+    database[ctx.coll.name].insert_one({"_id": 1, "value": "q" * BIG})
+    return database[ctx.coll.name]
+
+
+def test_prose_19_large_events_are_split(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        writer = _split_setup(ctx)
+        async with await watch(ctx.coll, [{"$changeStreamSplitLargeEvent": {}}],
+                               full_document_before_change="required", **FAST) as stream:
+            writer.update_one({}, {"$set": {"value": "z" * BIG}})
+            fragments = await drain(stream, 2)
+        assert [f["splitEvent"] for f in fragments] == [
+            {"fragment": 1, "of": 2},
+            {"fragment": 2, "of": 2},
+        ]
+
+    run(scenario)
+
+
+def test_split_reassembly_survives_a_resume_mid_event(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        writer = _split_setup(ctx)
+        armed = threading.Event()
+
+        def fail_after_first_fragment(event: monitoring.CommandSucceededEvent) -> None:
+            batch = event.reply["cursor"].get("nextBatch") or []
+            if event.command_name == "getMore" and batch and not armed.is_set():
+                armed.set()
+                ctx.resumable_getmore_failure()
+
+        async with await watch(ctx.coll, [{"$changeStreamSplitLargeEvent": {}}], batch_size=1,
+                               full_document_before_change="required",
+                               reassemble_split_events=True, **FAST) as stream:
+            before = stream.resume_token
+            ctx.recorder.on_success = fail_after_first_fragment
+            writer.update_one({}, {"$set": {"value": "z" * BIG}})
+            merged = await stream.next()
+            ctx.recorder.on_success = None
+            assert armed.is_set()
+            assert "splitEvent" not in merged
+            assert len(merged["fullDocumentBeforeChange"]["value"]) == BIG
+            assert merged["updateDescription"]["updatedFields"]["value"] == "z" * BIG
+            assert plain(ctx.recorder.stage()["resumeAfter"]) == before
+            assert await stream.try_next() is None
+
+    run(scenario)
+
+
+# -- CSOT -------------------------------------------------------------------------------------
+def test_timeout_keeps_the_stream_and_the_next_call_resumes(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, timeout_ms=300, max_await_time_ms=50) as stream:
+            ctx.fail_point("failCommand", {"times": 1}, failCommands=["getMore"],
+                           blockConnection=True, blockTimeMS=500)
+            with pytest.raises(PyMongoError) as info:
+                await stream.next()
+            assert info.value.timeout
+            assert stream.alive
+            ctx.writer.insert_one({"x": 1})
+            assert (await stream.next())["fullDocument"]["x"] == 1
+        names = [n for n in ctx.recorder.names() if n != "killCursors"]
+        assert names[:3] == ["aggregate", "getMore", "aggregate"]
+        assert "maxTimeMS" in ctx.recorder.commands("aggregate")[0]
+        assert all(c["maxTimeMS"] <= 50 for c in ctx.recorder.commands("getMore"))
+
+    run(scenario)
+
+
+def test_getmore_has_no_max_time_without_max_await(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, timeout_ms=3000) as stream:
+            assert await stream.try_next() is None
+        assert "maxTimeMS" in ctx.recorder.commands("aggregate")[0]
+        assert "maxTimeMS" not in ctx.recorder.commands("getMore")[0]
+
+    run(scenario)
+
+
+def test_pymongo_timeout_block_replaces_the_client_timeout(run: Run) -> None:
+    import pymongo
+
+    async def scenario(ctx: Ctx) -> None:
+        block = {"failCommands": ["getMore"], "blockConnection": True, "blockTimeMS": 400}
+        async with await watch(ctx.coll, **FAST) as stream:
+            ctx.fail_point("failCommand", {"times": 1}, **block)
+            with pytest.raises(PyMongoError) as info:
+                await stream.try_next()  # the client's timeoutMS=200 applies
+            assert info.value.timeout and stream.alive
+            ctx.fail_point("failCommand", {"times": 1}, **block)
+            with pymongo.timeout(5):
+                assert await stream.try_next() is None  # resumed, then the getMore fits in 5 s
+
+    run(scenario, timeoutMS=200)
+
+
+# -- end of stream, documents and tokens -------------------------------------------------------------
+def test_invalidate_closes_and_its_token_starts_a_new_stream(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        stream = await watch(ctx.coll, **FAST)
+        ctx.writer.drop()
+        events = [event async for event in stream]
+        assert [e["operationType"] for e in events] == ["drop", "invalidate"]
+        assert not stream.alive
+        assert stream.resume_token == events[-1]["_id"]
+        ctx.writer.insert_one({"x": 1})
+        async with await watch(ctx.coll, start_after=stream.resume_token, **FAST) as again:
+            assert (await again.next())["operationType"] == "insert"
+
+    run(scenario)
+
+
+def test_resume_after_the_server_lost_the_cursor(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        sim = ctx.deployment.require_sim()
+        async with await watch(ctx.coll, **FAST) as stream:
+            assert await stream.try_next() is None
+            sim.kill_cursors()
+            ctx.writer.insert_one({"x": 1})
+            assert (await stream.next())["fullDocument"]["x"] == 1
+        assert ctx.recorder.names().count("aggregate") == 2
+
+    run(scenario)
+
+
+def test_failover_resumes_on_the_new_primary(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        sim = ctx.deployment.require_sim()
+        async with await watch(ctx.coll, **FAST) as stream:
+            ctx.writer.insert_one({"x": 1})
+            await stream.next()
+            new_primary = sim.step_down()
+            ctx.writer.insert_one({"x": 2})
+            assert (await stream.next())["fullDocument"]["x"] == 2
+        resume = [e for e in ctx.recorder.events if e.command_name == "aggregate"][-1]
+        assert address(resume) == new_primary
+
+    run(scenario)
+
+
+def test_typed_events_and_raw_documents(run: Run) -> None:
+    from changestream import events
+
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, typed=True, **FAST) as typed:
+            ctx.writer.insert_one({"x": 1})
+            assert isinstance(await typed.next(), events.InsertEvent)
+        async with await watch(ctx.coll, document_class=RawBSONDocument, **FAST) as raw:
+            ctx.writer.insert_one({"x": 2})
+            assert isinstance(await raw.next(), RawBSONDocument)
+            token = raw.resume_token
+            assert isinstance(token, RawBSONDocument)
+            ctx.writer.insert_one({"x": 3})
+        async with await watch(ctx.coll, resume_after=token, **FAST) as resumed:
+            assert (await resumed.next())["fullDocument"]["x"] == 3
+
+    run(scenario)
+
+
+def test_collation_and_comment_are_sent(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, collation={"locale": "en"}, comment="hi",
+                               **FAST) as stream:
+            await stream.try_next()
+        aggregate = ctx.recorder.commands("aggregate")[0]
+        assert aggregate["collation"] == {"locale": "en"} and aggregate["comment"] == "hi"
+        assert ctx.recorder.commands("getMore")[0]["comment"] == "hi"
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("failure", [{"errorCode": 10107}, {"closeConnection": True}])
+def test_initial_aggregate_is_retried_once(run: Run, failure: dict[str, Any]) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        ctx.fail_point("failCommand", {"times": 1}, failCommands=["aggregate"], **failure)
+        async with await watch(ctx.coll, **FAST) as stream:
+            assert stream.alive
+        assert ctx.recorder.names()[:2] == ["aggregate", "aggregate"]
+
+    run(scenario, heartbeatFrequencyMS=500)
+
+
+# -- closing, cancellation -----------------------------------------------------------------------
+async def _wait_for_getmores(recorder: Recorder, count: int) -> None:
+    while recorder.names().count("getMore") < count:
+        await asyncio.sleep(0.01)
+
+
+def test_close_from_another_task_stops_a_waiting_next(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        stream = await watch(ctx.coll, **FAST)
+        waiting = asyncio.create_task(stream.next())
+        await _wait_for_getmores(ctx.recorder, 2)
+        await stream.close()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(waiting, 5)
+        assert not stream.alive and ctx.recorder.names()[-1] == "killCursors"
+
+    run(scenario)
+
+
+def test_cancellation_kills_the_cursor_and_keeps_the_token(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        stream = await watch(ctx.coll, **FAST)
+        ctx.writer.insert_one({"x": 1})
+        await stream.next()
+        token = stream.resume_token
+        cursor_id = stream._machine.cursor_id
+        waiting = asyncio.create_task(stream.next())
+        await _wait_for_getmores(ctx.recorder, 3)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert not stream.alive  # closed at once ...
+        assert stream.resume_token == token  # ... and the token is still there
+        await stream.close()  # waits for the background killCursors
+        kills = ctx.recorder.commands("killCursors")
+        assert [k["cursors"] for k in kills] == [[cursor_id]]
+        assert stream._transport.session is None  # the implicit session was ended
+        assert await stream.try_next() is None
+        with pytest.raises(StopAsyncIteration):
+            await stream.next()
+        # The kept token continues without a gap.
+        ctx.writer.insert_one({"x": 2})
+        async with await watch(ctx.coll, resume_after=token, **FAST) as resumed:
+            assert (await resumed.next())["fullDocument"]["x"] == 2
+
+    run(scenario)
+
+
+def test_a_timeout_around_next_closes_like_cancellation(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        stream = await watch(ctx.coll, **FAST)
+        assert await stream.try_next() is None
+        token = stream.resume_token
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(stream.next(), 0.2)
+        assert not stream.alive and stream.resume_token == token
+        for _ in range(500):  # the kill finishes in the background, without close()
+            if ctx.recorder.names()[-1] == "killCursors":
+                break
+            await asyncio.sleep(0.01)
+        assert ctx.recorder.names()[-1] == "killCursors"
+        assert stream._transport.session is None
+
+    run(scenario)
+
+
+# -- the resume-token callback ---------------------------------------------------------------------
+def test_callback_fires_only_when_the_token_changes(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        seen: list[Any] = []
+        async with await watch(ctx.coll, on_resume_token_change=seen.append, **FAST) as stream:
+            assert [plain(t) for t in seen] == [ctx.recorder.last_pbrt()]
+            assert seen[-1] == stream.resume_token
+            for _ in range(3):  # idle getMores: nothing new in the oplog, same token
+                assert await stream.try_next() is None
+            assert len(seen) == 1 and ctx.recorder.names().count("getMore") == 3
+            ctx.writer.insert_many([{"i": i} for i in range(3)])
+            changes = await drain(stream, 3)
+            assert len(seen) == 4
+            assert seen[1] == changes[0]["_id"] and seen[2] == changes[1]["_id"]
+            assert seen[3] == stream.resume_token
+            assert len({repr(plain(t)) for t in seen}) == len(seen)
+            # A newer postBatchResumeToken reaches the callback while next() keeps waiting.
+            other = ctx.admin[ctx.coll.database.name]["other"]
+            waiting = asyncio.create_task(stream.next())
+            other.insert_one({"elsewhere": True})
+            while len(seen) == 4:
+                await asyncio.sleep(0.01)
+            assert not waiting.done()
+            assert plain(seen[-1]) == ctx.recorder.last_pbrt()
+            ctx.writer.insert_one({"i": 3})
+            assert (await waiting)["fullDocument"]["i"] == 3
+
+    run(scenario)
+
+
+def test_async_callback_is_awaited_and_its_error_closes_the_stream(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        saved: list[Any] = []
+
+        async def save(token: Any) -> None:
+            await asyncio.sleep(0)
+            if len(saved) == 2:
+                raise RuntimeError("token store down")
+            saved.append(token)
+
+        stream = await watch(ctx.coll, on_resume_token_change=save, **FAST)
+        ctx.writer.insert_many([{"i": 0}, {"i": 1}])
+        assert (await stream.next())["fullDocument"]["i"] == 0
+        with pytest.raises(RuntimeError, match="token store down"):
+            await stream.next()
+        assert not stream.alive and len(saved) == 2
+        await stream.close()
+        assert ctx.recorder.names()[-1] == "killCursors"
+
+    run(scenario)
+
+
+def test_callback_must_be_callable(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        with pytest.raises(TypeError, match="callable"):
+            await watch(ctx.coll, on_resume_token_change="save")
+        assert ctx.recorder.names() == []
+
+    run(scenario)

@@ -1,0 +1,180 @@
+"""Event → Arrow conversion, the schema DDL, offsets and option parsing (no streaming query)."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+import pickle
+from typing import Any
+
+import pytest
+from bson import Binary, Decimal128, Int64, ObjectId, Timestamp, json_util
+from bson.raw_bson import RawBSONDocument
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import DataType
+from spark_support import PANDAS_WARNING
+
+from changestream.spark_adapter import SchemaMismatchError, event_ddl
+from changestream.spark_adapter.config import SourceConfig
+from changestream.spark_adapter.convert import EventConverter, relaxed_json
+from changestream.spark_adapter.offsets import make_offset, offset_token, offset_watch_option
+
+pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings(PANDAS_WARNING)]
+
+TOKEN = {"_data": "82650000010000000A2B042C0100296E5A1004AB"}
+
+
+def _converter(spark: Any, schema: str | None = None, publish: bool = False) -> EventConverter:
+    ddl = event_ddl(schema, publish_full_document_only=publish)
+    arrow = to_arrow_schema(DataType.fromDDL(ddl), timezone="UTC")
+    return pickle.loads(pickle.dumps(EventConverter(arrow, publish_full_document_only=publish)))
+
+
+def _update_event() -> dict[str, Any]:
+    return {
+        "txnNumber": Int64(7),
+        "lsid": {"id": Binary(b"0123456789abcdef", 4)},
+        "_id": TOKEN,
+        "operationType": "update",
+        "clusterTime": Timestamp(1700000000, 5),
+        "wallTime": datetime.datetime(2024, 5, 1, 12, 30),
+        "fullDocument": {"_id": ObjectId("650000000000000000000001"), "qty": 3.0},
+        "ns": {"db": "shop", "coll": "orders"},
+        "documentKey": {"_id": ObjectId("650000000000000000000001")},
+        "updateDescription": {"updatedFields": {"qty": 3.0}, "removedFields": ["old"]},
+    }
+
+
+def test_relaxed_json_matches_json_util_for_every_bson_type() -> None:
+    document = {
+        "oid": ObjectId("650000000000000000000001"),
+        "int": 1,
+        "long": Int64(2**40),
+        "double": 1.5,
+        "nan": float("nan"),
+        "date": datetime.datetime(2020, 1, 1),
+        "old": datetime.datetime(1960, 1, 1),
+        "dec": Decimal128("1.10"),
+        "bin": Binary(b"ab", 4),
+        "bytes": b"xy",
+        "ts": Timestamp(1, 2),
+        "nested": [{"a": None, "b": True}],
+        "raw": RawBSONDocument(b"\x0c\x00\x00\x00\x10a\x00\x01\x00\x00\x00\x00"),
+    }
+    expected = json_util.dumps(
+        {**document, "raw": {"a": 1}}, json_options=json_util.RELAXED_JSON_OPTIONS
+    )
+    assert relaxed_json(document) == expected
+    assert relaxed_json(None) is None
+
+
+def test_envelope_row_keeps_cluster_time_increment_and_transaction_fields(spark: Any) -> None:
+    row = _converter(spark).convert([_update_event()]).to_pylist()[0]
+    assert row["resume_token"] == TOKEN["_data"]
+    assert (row["operation_type"], row["database"], row["collection"]) == (
+        "update",
+        "shop",
+        "orders",
+    )
+    assert row["cluster_time"] == {"t": 1700000000, "i": 5}
+    assert row["wall_time"] == datetime.datetime(2024, 5, 1, 12, 30, tzinfo=datetime.timezone.utc)
+    assert json.loads(row["document_key"]) == {"_id": {"$oid": "650000000000000000000001"}}
+    assert json.loads(row["update_description"]) == {
+        "updatedFields": {"qty": 3.0},
+        "removedFields": ["old"],
+    }
+    assert row["txn_number"] == 7 and json.loads(row["lsid"])["id"]["$binary"]["subType"] == "04"
+    assert row["full_document_before_change"] is None and row["to_database"] is None
+
+
+def test_full_document_schema_types_documents_and_fails_fast_on_mismatch(spark: Any) -> None:
+    converter = _converter(spark, "_id STRING, qty INT, price DECIMAL(10,2), at TIMESTAMP")
+    event = _update_event()
+    event["fullDocument"].update(price=Decimal128("9.999"), at=datetime.datetime(2024, 1, 1))
+    row = converter.convert([event]).to_pylist()[0]
+    assert row["full_document"] == {
+        "_id": "650000000000000000000001",  # ObjectId → hex
+        "qty": 3,  # an integral double fits INT
+        "price": decimal.Decimal("10.00"),
+        "at": datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc),
+    }
+    event["fullDocument"]["qty"] = "three"
+    with pytest.raises(SchemaMismatchError, match=r"'fullDocument.qty'.*str 'three'") as caught:
+        converter.convert([event])
+    assert TOKEN["_data"] in str(caught.value)
+
+
+def test_publish_full_document_only_drops_events_without_a_document(spark: Any) -> None:
+    delete = {**_update_event(), "operationType": "delete"}
+    del delete["fullDocument"]
+    typed = _converter(spark, "qty DOUBLE, missing STRING", publish=True)
+    assert typed.convert([_update_event(), delete]).to_pylist() == [{"qty": 3.0, "missing": None}]
+    raw = _converter(spark, publish=True).convert([delete, _update_event()]).to_pylist()
+    assert [json.loads(r["full_document"])["qty"] for r in raw] == [3.0]
+
+
+def test_event_ddl_shapes() -> None:
+    assert event_ddl().startswith("resume_token STRING, operation_type STRING, database STRING")
+    assert "full_document STRUCT<a INT>" in event_ddl("a INT")
+    assert "full_document_before_change STRUCT<a INT>" in event_ddl("a INT")
+    assert event_ddl("a INT", publish_full_document_only=True) == "a INT"
+    assert event_ddl(publish_full_document_only=True) == "full_document STRING"
+    with pytest.raises(ValueError, match="empty"):
+        event_ddl("  ")
+
+
+def test_offsets_are_plain_json_and_choose_the_start_option() -> None:
+    typed = {"_data": TOKEN["_data"], "_typeBits": Binary(b"\x40", 0)}
+    offset = make_offset(typed)
+    assert json.loads(json.dumps(offset)) == offset  # survives Spark's offset log
+    assert offset_token(offset) == {"_data": TOKEN["_data"], "_typeBits": b"\x40"}
+    assert list(offset_watch_option(offset)) == ["resume_after"]
+    assert list(offset_watch_option(make_offset(TOKEN, start_after=True))) == ["start_after"]
+    with pytest.raises(ValueError, match="not a changestream offset"):
+        offset_token({"offset": 1})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "'uri' is required"),
+        ({"uri": "mongodb://x", "colection": "c"}, "unknown changestream option"),
+        ({"uri": "mongodb://x", "collection": "c"}, "needs option 'database'"),
+        ({"uri": "mongodb://x", "startup_mode": "earliest"}, "startup_mode must be one of"),
+        (
+            {"uri": "mongodb://x", "startup_mode": "timestamp"},
+            "needs option 'start_at_operation_time'",
+        ),
+        ({"uri": "mongodb://x", "startup_mode": "token", "start_after": "{}"}, "'start_after'"),
+        ({"uri": "mongodb://x", "start_at_operation_time": "1"}, "needs startup_mode=timestamp"),
+        ({"uri": "mongodb://x", "max_rows_per_batch": "0"}, "'max_rows_per_batch' must be >= 1"),
+        ({"uri": "mongodb://x", "pipeline": "[1]"}, "array of stage documents"),
+        (
+            {"uri": "mongodb://x", "pipeline": '[{"$changeStreamSplitLargeEvent": {}}]'},
+            "not supported",
+        ),
+    ],
+)
+def test_invalid_options_fail_at_start_naming_the_option(
+    options: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        SourceConfig.from_options(options)
+
+
+def test_option_parsing() -> None:
+    config = SourceConfig.from_options(
+        {
+            "URI": "mongodb://x",
+            "database": "db",
+            "startup_mode": "timestamp",
+            "start_at_operation_time": '{"$timestamp": {"t": 1700000000, "i": 3}}',
+            "pipeline": '{"$match": {"operationType": "insert"}}',
+            "publish_full_document_only": "true",
+        }
+    )
+    assert config.start_at_operation_time == Timestamp(1700000000, 3)
+    assert config.pipeline == ({"$match": {"operationType": "insert"}},)
+    assert config.full_document == "updateLookup"  # updates carry a document to publish
+    assert config.collection is None  # database scope

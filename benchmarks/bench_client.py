@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
@@ -76,15 +77,18 @@ def raw_getmore_loop(work: Workload) -> Generator[Any, None, None]:
         "pipeline": [{"$changeStream": {"startAtOperationTime": work.start}}],
         "cursor": cursor_options,
     })
-    cursor = reply["cursor"]
-    batch, cursor_id = cursor["firstBatch"], cursor["id"]
+    batch: deque[Any] = deque(reply["cursor"]["firstBatch"])
+    cursor_id = reply["cursor"]["id"]
+    del reply
+    getmore: dict[str, Any] = {"getMore": cursor_id, "collection": coll.name, **cursor_options}
     try:
         while True:
-            yield from batch
-            getmore: dict[str, Any] = {"getMore": cursor_id, "collection": coll.name}
-            getmore.update(cursor_options)
+            # Drop each event once returned, as drivers do: decoding the next batch
+            # while the last one is still alive costs extra GC work.
+            while batch:
+                yield batch.popleft()
             cursor = db.command(getmore)["cursor"]
-            batch, cursor_id = cursor["nextBatch"], cursor["id"]
+            batch, cursor_id = deque(cursor.pop("nextBatch")), cursor["id"]
     finally:
         if cursor_id:
             db.command({"killCursors": coll.name, "cursors": [cursor_id]})

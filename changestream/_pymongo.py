@@ -32,8 +32,10 @@ so :class:`AsyncTransport` shares the routing below with :class:`SyncTransport`.
   the resumable-error rules.
 * ``pymongo._csot.get_timeout()``: whether a client-side timeout (or a
   ``pymongo.timeout()`` block) is in force.
-* ``PyMongoError._error_labels``: all labels of an error, including ones
-  added client-side.
+* ``PyMongoError._error_labels`` / ``_add_error_label``: all labels of an
+  error, including ones added client-side.
+* ``helpers_shared._check_command_response(reply, wire_version)``: rebuilds a
+  server error from a ``dict`` reply (see :func:`_with_dict_details`).
 
 CSOT and getMore: the change-streams CSOT rule is ``maxTimeMS = min(
 maxAwaitTimeMS, remaining - minRTT)`` and *no* ``maxTimeMS`` without
@@ -52,7 +54,7 @@ import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.son import SON
-from pymongo import _csot
+from pymongo import _csot, helpers_shared
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 from pymongo.errors import (
@@ -112,10 +114,14 @@ def describe_error(exc: Exception, wire_version: int | None) -> ErrorInfo:
     code = details.get("code") if is_server and isinstance(details, Mapping) else None
     if isinstance(exc, OperationFailure) and code is None:
         code = exc.code
+    labels = set(getattr(exc, "_error_labels", ()))
+    if is_server and isinstance(details, Mapping):
+        # NotPrimaryError reads labels only from a dict reply; replies here are raw.
+        labels.update(details.get("errorLabels") or ())
     return ErrorInfo(
         exception=exc,
         code=code if isinstance(code, int) else None,
-        labels=frozenset(getattr(exc, "_error_labels", ())),
+        labels=frozenset(labels),
         wire_version=wire_version,
         is_network=isinstance(exc, ConnectionFailure) and not is_server,
         is_timeout=bool(exc.timeout and _csot.get_timeout()),
@@ -157,6 +163,28 @@ def _route(client: Any, command: Command) -> _Route:
                   None, False)
 
 
+def _with_dict_details(exc: PyMongoError, wire_version: int | None) -> PyMongoError:
+    """The same server error, with ``details`` decoded to a ``dict``.
+
+    Replies are requested raw (tokens stay byte-exact), but PyMongo's SDAM
+    stale-error check reads ``topologyVersion`` only from ``dict`` details: a
+    raw one makes a current "not primary" error look new, marks the server
+    Unknown and stalls the next server selection until a heartbeat. Raised
+    inside the checkout so SDAM sees this version, exactly as for PyMongo's
+    own operations.
+    """
+    details = exc.details if isinstance(exc, (OperationFailure, NotPrimaryError)) else None
+    if not isinstance(details, RawBSONDocument):
+        return exc
+    try:
+        helpers_shared._check_command_response(bson.decode(details.raw), wire_version)
+    except PyMongoError as decoded:
+        for label in getattr(exc, "_error_labels", ()):
+            decoded._add_error_label(label)
+        return decoded
+    return exc
+
+
 def _decoded(reply: Mapping[str, Any], codec: CodecOptions[Any]) -> Mapping[str, Any]:
     """A raw reply in the shell's reply codec (decoded once, in C)."""
     return reply if codec is _RAW else bson.decode(cast(RawBSONDocument, reply).raw, codec)
@@ -193,15 +221,18 @@ class SyncTransport:
                 effective_read_preference,
             ):
                 wire_version = conn.max_wire_version
-                reply = conn.command(
-                    command.database,
-                    route.spec,
-                    read_preference=route.read_preference(effective_read_preference),
-                    codec_options=_RAW,
-                    read_concern=route.read_concern,
-                    session=self._session,
-                    client=self._client,
-                )
+                try:
+                    reply = conn.command(
+                        command.database,
+                        route.spec,
+                        read_preference=route.read_preference(effective_read_preference),
+                        codec_options=_RAW,
+                        read_concern=route.read_concern,
+                        session=self._session,
+                        client=self._client,
+                    )
+                except (OperationFailure, NotPrimaryError) as exc:
+                    raise _with_dict_details(exc, wire_version) from exc
             return _decoded(reply, self._reply_codec), ReplyInfo(server.description.address,
                                                                  wire_version)
         except Exception as exc:
@@ -248,15 +279,18 @@ class AsyncTransport:
                 effective_read_preference,
             ):
                 wire_version = conn.max_wire_version
-                reply = await conn.command(
-                    command.database,
-                    route.spec,
-                    read_preference=route.read_preference(effective_read_preference),
-                    codec_options=_RAW,
-                    read_concern=route.read_concern,
-                    session=self._session,
-                    client=self._client,
-                )
+                try:
+                    reply = await conn.command(
+                        command.database,
+                        route.spec,
+                        read_preference=route.read_preference(effective_read_preference),
+                        codec_options=_RAW,
+                        read_concern=route.read_concern,
+                        session=self._session,
+                        client=self._client,
+                    )
+                except (OperationFailure, NotPrimaryError) as exc:
+                    raise _with_dict_details(exc, wire_version) from exc
             return _decoded(reply, self._reply_codec), ReplyInfo(server.description.address,
                                                                  wire_version)
         except Exception as exc:

@@ -206,9 +206,9 @@ class Progress:
     handled: int = 0
     advanced: bool = False
     """The current stream handled a change or moved its token (resets the retry budget)."""
-    _saved: bytes | None = None
-    _unsaved: int = 0
-    _last_save: float = dataclasses.field(default_factory=time.monotonic)
+    _saved: bytes | None = dataclasses.field(default=None, init=False)
+    _unsaved: int = dataclasses.field(default=0, init=False)
+    _last_save: float = dataclasses.field(default_factory=time.monotonic, init=False)
 
     def start(self, token: Any) -> None:
         """The token loaded from the store."""

@@ -706,5 +706,4 @@ def parse_event(doc: Mapping[str, Any]) -> ChangeEvent | Mapping[str, Any]:
     known = _READERS.get(op)
     if known is None:
         return _read_unknown(source, get, op, doc)
-    operation_type, read = known
-    return read(source, get, operation_type, doc)
+    return known[1](source, get, known[0], doc)

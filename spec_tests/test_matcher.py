@@ -59,7 +59,7 @@ def test_non_root_match_rejects_extra_keys_at_top() -> None:
 
 def test_empty_nested_document_must_be_empty() -> None:
     # {$changeStream: {}} means the driver sent no change-stream options at all.
-    expected = {"pipeline": [{"$changeStream": {}}]}
+    expected: dict[str, Any] = {"pipeline": [{"$changeStream": {}}]}
     ok(expected, {"pipeline": [{"$changeStream": {}}], "lsid": {"id": 1}})
     bad(expected, {"pipeline": [{"$changeStream": {"fullDocument": "default"}}]}, "fullDocument")
 

@@ -104,7 +104,7 @@ def test_unknown_requirement_field_is_loud() -> None:
 
 
 def test_any_requirement_suffices() -> None:
-    reqs = [{"minServerVersion": "9.0"}, {"topologies": ["replicaset"]}]
+    reqs: list[dict[str, Any]] = [{"minServerVersion": "9.0"}, {"topologies": ["replicaset"]}]
     assert unmet_any(reqs, RS_80) is None
     reason = unmet_any([{"minServerVersion": "9.0"}, {"topologies": ["single"]}], RS_80)
     assert reason is not None and "9.0" in reason and "single" in reason

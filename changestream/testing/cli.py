@@ -39,6 +39,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--oplog-max-entries", type=int, default=None, help="truncate the oplog beyond N entries"
     )
+    serve.add_argument(
+        "--networkMessageCompressors",
+        dest="compressors",
+        default=None,
+        help="mongod's option: e.g. 'zlib', 'zlib,noop' or 'disabled' "
+        "(default: snappy,zstd,zlib, those available)",
+    )
     return parser
 
 
@@ -57,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             host=args.host,
             oplog_max_entries=args.oplog_max_entries,
+            compressors=args.compressors,
         ).start()
     except (OSError, ValueError) as exc:
         print(

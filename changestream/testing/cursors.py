@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -124,7 +125,25 @@ class CursorManager:
                 for cid, s in self._slots.items()
                 if member_name is None or s.member_name == member_name
             ]
-        return sum(self.kill(cid, self._slots[cid].member_name) for cid in ids if cid in self._slots)
+        return sum(
+            self.kill(cid, self._slots[cid].member_name) for cid in ids if cid in self._slots
+        )
+
+    def kill_sessions(self, member_name: str, sessions: Collection[bytes] | None) -> int:
+        """Kill ``member_name``'s cursors opened in ``sessions`` (None: in any session).
+
+        Cursors opened outside a session are never matched, as in mongod's
+        ``killCursorsWithMatchingSessions``. Returns how many were killed.
+        """
+        with self._lock:
+            ids = [
+                cid
+                for cid, slot in self._slots.items()
+                if slot.member_name == member_name
+                and slot.cursor.lsid_id is not None
+                and (sessions is None or bytes(slot.cursor.lsid_id) in sessions)
+            ]
+        return sum(self.kill(cid, member_name) for cid in ids)
 
     def ids(self) -> list[int]:
         with self._lock:

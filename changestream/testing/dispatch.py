@@ -112,7 +112,9 @@ class Dispatcher:
             if not isinstance(db, str) or not db:
                 raise CommandError(40571, "OP_MSG requests require a $db argument")
             spec = self.registry.get(name)
-            if spec is None:
+            if spec is None or (
+                spec.requires is not None and not getattr(self.deployment.profile, spec.requires)
+            ):
                 raise CommandError(59, f"no such command: '{name}'")
             if (
                 request.op_code == OP_QUERY

@@ -235,7 +235,6 @@ class FailPointRegistry:
                 "Hit the 'failGetMoreAfterCursorCheckout' failpoint",
             )
 
-
     # -- onPrimaryTransactionalWrite ---------------------------------------------------------
     def on_primary_transactional_write(self) -> dict[str, Any] | None:
         """The failpoint's data when it fires for a retryable write's commit, else None."""

@@ -157,11 +157,13 @@ class ReplicaSet:
         with deployment.lock:
             old = deployment.primary
             new = elect_next(deployment, restart_old=close_connections)
-            if close_connections and old is not None:
-                for cid in deployment.cursors.ids():
-                    deployment.cursors.kill(cid, old.name)
+            held = deployment.cursors.ids() if close_connections else []
         if close_connections and old is not None:
+            # A crash drops the connections first: a client waiting in a getMore
+            # sees a network error (resumable), never a CursorKilled reply.
             self._servers[old.index].close_all()
+            for cid in held:
+                deployment.cursors.kill(cid, old.name)
             deployment.oplog.notify()
         return new.name
 

@@ -43,6 +43,12 @@ class VersionProfile:
     """OP_QUERY is only accepted for the hello/isMaster handshake (5.1+)."""
     invalidated_flag: bool
     """``cursor.invalidated: true`` on the batch that carries an invalidate (7.0+)."""
+    bulk_write: bool
+    """The ``bulkWrite`` command (8.0+)."""
+    retried_stmt_ids: bool
+    """``retriedStmtIds`` / ``retriedStmtId`` in replies to retried writes (6.0+, SERVER-60524)."""
+    two_phase_index_builds: bool
+    """Index builds on non-empty collections log ``startIndexBuild``/``commitIndexBuild`` (4.4+)."""
 
     @property
     def major_minor(self) -> tuple[int, int]:
@@ -73,6 +79,9 @@ def _profile(version: str, wire: int) -> VersionProfile:
         topology_version=mm >= (4, 4),
         rejects_op_query_commands=mm >= (5, 1),
         invalidated_flag=mm >= (7, 0),
+        bulk_write=mm >= (8, 0),
+        retried_stmt_ids=mm >= (6, 0),
+        two_phase_index_builds=mm >= (4, 4),
     )
 
 

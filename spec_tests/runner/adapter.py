@@ -8,6 +8,7 @@ fidelity against a known-good client.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pymongo
@@ -33,7 +34,7 @@ _OPTION_NAMES = {
 """Unified-format argument -> PyMongo-style keyword."""
 
 
-def watch_options(arguments: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def watch_options(arguments: dict[str, Any]) -> tuple[list[Mapping[str, Any]], dict[str, Any]]:
     """Split createChangeStream arguments into (pipeline, keyword options)."""
     unknown = set(arguments) - set(_OPTION_NAMES) - {"pipeline"}
     if unknown:
@@ -57,7 +58,7 @@ def open_change_stream(target: Any, arguments: dict[str, Any], client: str = DEF
     raise RunnerError(f"unknown change-stream client {client!r} (choose from {', '.join(CLIENTS)})")
 
 
-def _pymongo_watch(target: Any, pipeline: list[dict[str, Any]], options: dict[str, Any]) -> Any:
+def _pymongo_watch(target: Any, pipeline: list[Mapping[str, Any]], options: dict[str, Any]) -> Any:
     timeout_ms = options.pop("timeout_ms", None)
     if timeout_ms is None:
         return target.watch(pipeline, **options)

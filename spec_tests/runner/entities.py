@@ -26,6 +26,10 @@ from .events import EventRecorder
 from .matcher import bson_type
 from .targets import SERVER_SELECTION_TIMEOUT_MS, Target
 
+FAST_HEARTBEAT_MS = 500
+"""heartbeatFrequencyMS for clients of tests that set failpoints (the spec allows lowering
+it): a server marked Unknown by an injected error is re-checked within 0.5 s, not 10 s."""
+
 
 @dataclass
 class ClientEntity:
@@ -62,8 +66,10 @@ _OPTION_KEYS = frozenset({"readConcern", "readPreference", "writeConcern"})
 class EntityMap:
     """Entities of one test, by name."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, *, fast_heartbeat: bool = False) -> None:
         self.target = target
+        self.fast_heartbeat = fast_heartbeat
+        """Clients get heartbeatFrequencyMS=FAST_HEARTBEAT_MS (the test sets failpoints)."""
         self._entities: dict[str, tuple[str, Any]] = {}
         self._streams: list[Any] = []
 
@@ -152,6 +158,8 @@ class EntityMap:
         if name in self._entities:
             raise RunnerError(f"entity {name!r} already exists")
         kwargs: dict[str, Any] = {"serverSelectionTimeoutMS": SERVER_SELECTION_TIMEOUT_MS}
+        if self.fast_heartbeat:
+            kwargs["heartbeatFrequencyMS"] = FAST_HEARTBEAT_MS
         for key, value in options.get("uriOptions", {}).items():
             if isinstance(value, Mapping) and "$$placeholder" in value:
                 raise RunnerError(f"uriOptions.{key}: $$placeholder values are not supported")

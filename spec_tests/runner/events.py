@@ -60,7 +60,7 @@ class EventRecorder(monitoring.CommandListener):
             raise RunnerError(
                 f"observeEvents {unsupported} are not supported (command events only)"
             )
-        self._types = tuple(COMMAND_EVENTS[name] for name in observe)
+        self._types: tuple[type[Any], ...] = tuple(COMMAND_EVENTS[name] for name in observe)
         self._ignore = set(ignore) | {"configureFailPoint"}
         self._observe_sensitive = observe_sensitive
         self._lock = threading.Lock()
@@ -71,7 +71,7 @@ class EventRecorder(monitoring.CommandListener):
     def _keep(self, event: Any) -> bool:
         if not self.enabled or not isinstance(event, self._types):
             return False
-        name = event.command_name
+        name: str = event.command_name
         if name in self._ignore:
             return False
         if self._observe_sensitive:

@@ -9,12 +9,12 @@ happened, close change streams and clients, drop what the test touched and
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
 import pymongo.common
 from bson import json_util
-from pymongo import network_layer
 from pymongo.errors import PyMongoError
 
 from . import RunnerError, SpecFailure, SpecSkip
@@ -35,13 +35,26 @@ FAST_SDAM_S = 0.01
 (how soon a cancelled streaming hello notices) are lowered from 0.5 s, as the spec allows
 for tests with failpoints, so a "not primary" or network error costs milliseconds."""
 
-_KNOBS = ((pymongo.common, "MIN_HEARTBEAT_INTERVAL"), (network_layer, "_POLL_TIMEOUT"))
+_KNOBS = (("pymongo.common", "MIN_HEARTBEAT_INTERVAL"), ("pymongo.network_layer", "_POLL_TIMEOUT"))
+"""(module, attribute); older PyMongo releases may lack some, which are then left alone."""
+
+
+def _knob_modules() -> list[tuple[Any, str]]:
+    found = []
+    for module_name, attribute in _KNOBS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, attribute):
+            found.append((module, attribute))
+    return found
 
 
 @contextlib.contextmanager
 def fast_sdam() -> Iterator[None]:
     """Lower PyMongo's SDAM recovery intervals inside the block (knobs it lacks are left out)."""
-    saved = [(mod, name, getattr(mod, name)) for mod, name in _KNOBS if hasattr(mod, name)]
+    saved = [(mod, name, getattr(mod, name)) for mod, name in _knob_modules()]
     for mod, name, _ in saved:
         setattr(mod, name, FAST_SDAM_S)
     try:
@@ -73,7 +86,8 @@ class _Execution:
     ) -> None:
         self.spec = spec
         self.test = test
-        self.ctx = TestContext(target=target, entities=EntityMap(target), client_impl=client_impl)
+        entities = EntityMap(target, fast_heartbeat=_sets_failpoints(test["operations"]))
+        self.ctx = TestContext(target=target, entities=entities, client_impl=client_impl)
         self.failpoints_disabled = False
 
     @property
@@ -190,6 +204,15 @@ class _Execution:
             if problem:
                 problems.append(problem)
         return problems
+
+
+def _sets_failpoints(operations: list[dict[str, Any]]) -> bool:
+    """Whether the test might run configureFailPoint (then clients may heartbeat faster)."""
+    return any(
+        op.get("name") in ("failPoint", "targetedFailPoint")
+        or "configureFailPoint" in op.get("arguments", {}).get("command", {})
+        for op in operations
+    )
 
 
 def _canonical(documents: list[Any]) -> str:

@@ -168,7 +168,8 @@ def _touch_command(ctx: TestContext, db_name: str, command: Mapping[str, Any]) -
     if name in ("create", "collMod") and isinstance(value, str):
         ctx.namespaces.add((db_name, value))
     elif name == "renameCollection" and isinstance(command.get("to"), str):
-        ctx.namespaces.add(tuple(command["to"].split(".", 1)))  # type: ignore[arg-type]
+        db, _, coll = command["to"].partition(".")
+        ctx.namespaces.add((db, coll))
 
 
 _CREATE_OPTIONS = frozenset(

@@ -166,6 +166,24 @@ def test_resumes_after_a_network_error(run: Run) -> None:
     run(scenario)
 
 
+@pytest.mark.parametrize("code", [91, 189, 10107])
+def test_resumes_on_labelled_not_primary_errors(run: Run, code: int) -> None:
+    """PyMongo raises these as NotPrimaryError, whose labels come from the raw reply.
+
+    SDAM marks the primary unknown; with the failpoint its topologyVersion does not
+    change, so a short heartbeat lets the resume find it again quickly.
+    """
+
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, **FAST) as stream:
+            ctx.fail_point("failGetMoreAfterCursorCheckout", {"times": 1}, errorCode=code)
+            ctx.writer.insert_one({"x": 1})
+            assert (await stream.next())["fullDocument"]["x"] == 1
+        assert ctx.recorder.names().count("aggregate") == 2
+
+    run(scenario, heartbeatFrequencyMS=500)
+
+
 def test_prose_4_no_resume_after_an_aggregate_error(run: Run) -> None:
     async def scenario(ctx: Ctx) -> None:
         ctx.fail_point("failCommand", {"times": 1}, failCommands=["aggregate"], errorCode=2)

@@ -314,20 +314,34 @@ def test_expanded_ddl_events(version: str) -> None:
 
 
 @pytest.mark.parametrize("version", ["6.0", "8.2"])
-def test_view_creation_event(version: str) -> None:
+def test_view_events_come_from_system_views_writes(version: str) -> None:
     d = deployment(version)
     cid = watch(d, target=1, showExpandedEvents=True)
+    cluster = watch(d, db="admin", target=1, allChangesForCluster=True, showExpandedEvents=True)
     coll_stream = watch(d, target="v", showExpandedEvents=True)
-    o = {"create": "v", "viewOn": "c", "pipeline": [{"$match": {"a": 1}}]}
-    log(d, "c", "db.$cmd", o, ui=UUID_B)
-    (event,) = events(d, cid)
+    classic = watch(d, target=1)
+    definition = {"_id": "db.v", "viewOn": "c", "pipeline": [{"$match": {"a": 1}}]}
+    changed = {**definition, "pipeline": []}
+    log(d, "i", "db.system.views", definition, ui=UUID_B, o2={"_id": "db.v"})
+    log(d, "u", "db.system.views", changed, ui=UUID_B, o2={"_id": "db.v"})
+    log(d, "d", "db.system.views", {"_id": "db.v"}, ui=UUID_B)
+    create, modify, drop = events(d, cid)
+    assert events(d, cluster) == [create, modify, drop]
     ns_type = ["nsType"] if get_profile(version).ns_type else []
-    assert list(event) == [*head(version), "ns", "operationDescription", *ns_type]
-    assert event["ns"] == {"db": "db", "coll": "v"}
-    assert event["operationDescription"] == {"viewOn": "c", "pipeline": [{"$match": {"a": 1}}]}
+    assert list(create) == [*head(version), "ns", "operationDescription", *ns_type]
+    assert list(modify) == [*head(version), "ns", "operationDescription"]
+    assert list(drop) == [*head(version), "ns"]  # no collectionUUID: views have none
+    assert [e["operationType"] for e in (create, modify, drop)] == ["create", "modify", "drop"]
+    assert {str(e["ns"]) for e in (create, modify, drop)} == {str({"db": "db", "coll": "v"})}
+    assert create["operationDescription"] == {"viewOn": "c", "pipeline": [{"$match": {"a": 1}}]}
+    assert modify["operationDescription"] == {"viewOn": "c", "pipeline": []}
     if ns_type:
-        assert event["nsType"] == "view"
-    assert events(d, coll_stream) == []
+        assert create["nsType"] == "view"
+    tokens = [decode_token(e["_id"]) for e in (create, modify, drop)]
+    assert {t.uuid for t in tokens} == {UUID_B}  # the system.views collection's UUID
+    token_version = get_profile(version).token_version
+    assert tokens[2].event_identifier == ({"operationType": "drop"} if token_version == 2 else None)
+    assert events(d, coll_stream) == [] and events(d, classic) == []
 
 
 # -- scopes --------------------------------------------------------------------------------------------

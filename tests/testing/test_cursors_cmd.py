@@ -11,6 +11,7 @@ import bson
 import pytest
 from bson.int64 import Int64
 from pymongo import CursorType, MongoClient, monitoring
+from pymongo.client_session import ClientSession
 from pymongo.errors import OperationFailure
 
 from changestream.testing import ReplicaSet
@@ -71,13 +72,29 @@ def client(rs: ReplicaSet) -> Iterator[Client]:
     c.close()
 
 
-def register(rs: ReplicaSet, cursor: FakeCursor) -> int:
+@pytest.fixture
+def session(client: Client) -> Iterator[ClientSession]:
+    """The session the fake cursors are opened in (PyMongo always sends an ``lsid``)."""
+    with client.start_session() as s:
+        yield s
+
+
+def register(rs: ReplicaSet, cursor: FakeCursor, session: ClientSession | None = None) -> int:
+    """Register ``cursor`` on the primary, opened in ``session`` when given."""
     assert rs.primary is not None
+    if session is not None:
+        cursor.lsid_id = bytes(session.session_id["id"])
     return rs.deployment.cursors.register(cursor, rs.primary)
 
 
-def get_more(client: Client, cid: int, coll: str = "coll", **kwargs: Any) -> dict[str, Any]:
-    return client.db.command("getMore", Int64(cid), collection=coll, **kwargs)
+def get_more(
+    client: Client,
+    cid: int,
+    coll: str = "coll",
+    session: ClientSession | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    return client.db.command("getMore", Int64(cid), collection=coll, session=session, **kwargs)
 
 
 def error_of(call: Any) -> dict[str, Any]:
@@ -87,25 +104,29 @@ def error_of(call: Any) -> dict[str, Any]:
     return dict(exc.value.details)
 
 
-def test_get_more_batches_until_exhausted(rs: ReplicaSet, client: Client) -> None:
+def test_get_more_batches_until_exhausted(
+    rs: ReplicaSet, client: Client, session: ClientSession
+) -> None:
     cursor = FakeCursor([{"_id": i} for i in range(5)])
-    cid = register(rs, cursor)
-    reply = get_more(client, cid, batchSize=3)
+    cid = register(rs, cursor, session)
+    reply = get_more(client, cid, session=session, batchSize=3)
     assert list(reply) == ["cursor", "ok", "$clusterTime", "operationTime"]
     assert reply["cursor"] == {
         "nextBatch": [{"_id": 0}, {"_id": 1}, {"_id": 2}],
         "id": cid,
         "ns": "db.coll",
     }
-    last = get_more(client, cid)
+    last = get_more(client, cid, session=session)
     assert last["cursor"]["nextBatch"] == [{"_id": 3}, {"_id": 4}] and last["cursor"]["id"] == 0
     assert cursor.calls == [(3, None), (None, None)] and cursor.closed
-    assert error_of(lambda: get_more(client, cid))["code"] == 43
+    assert error_of(lambda: get_more(client, cid, session=session))["code"] == 43
 
 
-def test_get_more_argument_validation(rs: ReplicaSet, client: Client) -> None:
+def test_get_more_argument_validation(
+    rs: ReplicaSet, client: Client, session: ClientSession
+) -> None:
     cursor = FakeCursor([{"_id": 1}] * 10)
-    cid = register(rs, cursor)
+    cid = register(rs, cursor, session)
     err = error_of(lambda: client.db.command("getMore", 5, collection="coll"))  # an int32 id
     assert err["code"] == 14
     assert (
@@ -114,30 +135,32 @@ def test_get_more_argument_validation(rs: ReplicaSet, client: Client) -> None:
     )
     err = error_of(lambda: client.db.command("getMore", Int64(cid), collection=5))
     assert err["code"] == 14 and "getMore.collection" in err["errmsg"]
-    err = error_of(lambda: get_more(client, cid, batchSize=0))
+    err = error_of(lambda: get_more(client, cid, session=session, batchSize=0))
     assert (err["code"], err["errmsg"]) == (
         2,
         "Batch size for getMore must be positive, but received: 0",
     )
-    err = error_of(lambda: get_more(client, cid, maxTimeMS=100))
+    err = error_of(lambda: get_more(client, cid, session=session, maxTimeMS=100))
     assert (err["code"], err["errmsg"]) == (
         2,
         "cannot set maxTimeMS on getMore command for a non-awaitData cursor",
     )
-    err = error_of(lambda: get_more(client, cid, coll="other"))
+    err = error_of(lambda: get_more(client, cid, session=session, coll="other"))
     assert err["code"] == 13
     assert err["errmsg"] == (
         "Requested getMore on namespace 'db.other', but cursor belongs to a different namespace db.coll"
     )
     # validation errors leave the cursor usable
     assert cursor.calls == []
-    assert get_more(client, cid)["cursor"]["nextBatch"] == [{"_id": 1}] * 2
+    assert get_more(client, cid, session=session)["cursor"]["nextBatch"] == [{"_id": 1}] * 2
 
 
-def test_await_cursor_gets_max_time_ms(rs: ReplicaSet, client: Client) -> None:
+def test_await_cursor_gets_max_time_ms(
+    rs: ReplicaSet, client: Client, session: ClientSession
+) -> None:
     cursor = FakeCursor([{"_id": 1}], tailable_await=True)
-    cid = register(rs, cursor)
-    assert get_more(client, cid, maxTimeMS=250)["cursor"]["id"] == cid
+    cid = register(rs, cursor, session)
+    assert get_more(client, cid, session=session, maxTimeMS=250)["cursor"]["id"] == cid
     assert cursor.calls == [(None, 250)]
 
 
@@ -178,16 +201,18 @@ def test_cursor_created_in_a_session_rejects_a_get_more_without_lsid(rs: Replica
     assert reply["code"] == 50737 and "without an lsid" in reply["errmsg"]
 
 
-def test_error_during_get_more_deletes_the_cursor(rs: ReplicaSet, client: Client) -> None:
+def test_error_during_get_more_deletes_the_cursor(
+    rs: ReplicaSet, client: Client, session: ClientSession
+) -> None:
     cursor = FakeCursor([{"_id": 1}], error=CommandError(2, "boom"))
-    cid = register(rs, cursor)
-    assert error_of(lambda: get_more(client, cid))["errmsg"] == "boom"
+    cid = register(rs, cursor, session)
+    assert error_of(lambda: get_more(client, cid, session=session))["errmsg"] == "boom"
     assert cursor.closed
-    assert error_of(lambda: get_more(client, cid))["code"] == 43
+    assert error_of(lambda: get_more(client, cid, session=session))["code"] == 43
 
 
 def test_fail_get_more_after_cursor_checkout_labels_change_streams(
-    rs: ReplicaSet, client: Client
+    rs: ReplicaSet, client: Client, session: ClientSession
 ) -> None:
     client.admin.command(
         "configureFailPoint",
@@ -196,16 +221,16 @@ def test_fail_get_more_after_cursor_checkout_labels_change_streams(
         data={"errorCode": 6},
     )
     cursor = FakeCursor([{"_id": 1}], ns="db.coll", tailable_await=True, is_change_stream=True)
-    cid = register(rs, cursor)
-    err = error_of(lambda: get_more(client, cid))
+    cid = register(rs, cursor, session)
+    err = error_of(lambda: get_more(client, cid, session=session))
     assert (err["code"], err["errmsg"]) == (6, "Hit the 'failGetMoreAfterCursorCheckout' failpoint")
     assert err["errorLabels"] == ["ResumableChangeStreamError"]
     assert cursor.calls == [] and cursor.closed  # fired after checkout, before the batch: deleted
-    assert error_of(lambda: get_more(client, cid))["code"] == 43
+    assert error_of(lambda: get_more(client, cid, session=session))["code"] == 43
 
 
 def test_fail_get_more_after_cursor_checkout_defaults_and_filters(
-    rs: ReplicaSet, client: Client
+    rs: ReplicaSet, client: Client, session: ClientSession
 ) -> None:
     client.admin.command(
         "configureFailPoint",
@@ -213,33 +238,33 @@ def test_fail_get_more_after_cursor_checkout_defaults_and_filters(
         mode="alwaysOn",
         data={"namespace": "db.other"},
     )
-    plain = register(rs, FakeCursor([{"_id": 1}] * 4))
-    assert get_more(client, plain)["ok"] == 1.0  # other namespace: not fired
-    target = register(rs, FakeCursor([{"_id": 1}] * 4, ns="db.other"))
-    err = error_of(lambda: get_more(client, target, coll="other"))
+    plain = register(rs, FakeCursor([{"_id": 1}] * 4), session)
+    assert get_more(client, plain, session=session)["ok"] == 1.0  # other namespace: not fired
+    target = register(rs, FakeCursor([{"_id": 1}] * 4, ns="db.other"), session)
+    err = error_of(lambda: get_more(client, target, session=session, coll="other"))
     assert (err["code"], err["codeName"]) == (1, "InternalError")
     assert "errorLabels" not in err  # not a change stream
 
 
 def test_fail_command_on_get_more_keeps_the_cursor_and_has_no_label(
-    rs: ReplicaSet, client: Client
+    rs: ReplicaSet, client: Client, session: ClientSession
 ) -> None:
     cursor = FakeCursor([{"_id": 1}] * 4, tailable_await=True, is_change_stream=True)
-    cid = register(rs, cursor)
+    cid = register(rs, cursor, session)
     client.admin.command(
         "configureFailPoint",
         "failCommand",
         mode={"times": 1},
         data={"failCommands": ["getMore"], "errorCode": 6},
     )
-    err = error_of(lambda: get_more(client, cid))
+    err = error_of(lambda: get_more(client, cid, session=session))
     assert err["code"] == 6 and "errorLabels" not in err  # SERVER-46091: fires before checkout
-    assert get_more(client, cid)["cursor"]["nextBatch"] == [{"_id": 1}] * 2
+    assert get_more(client, cid, session=session)["cursor"]["nextBatch"] == [{"_id": 1}] * 2
 
 
-def test_kill_cursors(rs: ReplicaSet, client: Client) -> None:
+def test_kill_cursors(rs: ReplicaSet, client: Client, session: ClientSession) -> None:
     first = FakeCursor([{"_id": 1}] * 4)
-    a, b = register(rs, first), register(rs, FakeCursor([{"_id": 1}] * 4))
+    a, b = register(rs, first, session), register(rs, FakeCursor([{"_id": 1}] * 4), session)
     reply = client.db.command("killCursors", "coll", cursors=[Int64(a), Int64(b), Int64(999)])
     assert reply["cursorsKilled"] == [a, b] and all(
         isinstance(c, Int64) for c in reply["cursorsKilled"]
@@ -247,24 +272,44 @@ def test_kill_cursors(rs: ReplicaSet, client: Client) -> None:
     assert reply["cursorsNotFound"] == [999]
     assert reply["cursorsAlive"] == [] and reply["cursorsUnknown"] == []
     assert first.closed
-    assert error_of(lambda: get_more(client, a))["code"] == 43
+    assert error_of(lambda: get_more(client, a, session=session))["code"] == 43
 
 
-def test_replica_set_kill_cursors(rs: ReplicaSet, client: Client) -> None:
-    cids = [register(rs, FakeCursor([{"_id": 1}] * 4)) for _ in range(3)]
+def test_replica_set_kill_cursors(rs: ReplicaSet, client: Client, session: ClientSession) -> None:
+    cids = [register(rs, FakeCursor([{"_id": 1}] * 4), session) for _ in range(3)]
     assert rs.kill_cursors() >= 3
     for cid in cids:
-        assert error_of(lambda cid=cid: get_more(client, cid))["code"] == 43
+        assert error_of(lambda cid=cid: get_more(client, cid, session=session))["code"] == 43
 
 
 def test_cursors_live_on_one_member() -> None:
     with ReplicaSet("8.0", members=2) as rs:
         primary, secondary = rs.members
-        cid = rs.deployment.cursors.register(FakeCursor([{"_id": 1}] * 4), primary)
-        with MongoClient(f"mongodb://{secondary}/?directConnection=true") as direct:
-            assert error_of(lambda: get_more(direct, cid))["code"] == 43
-        with MongoClient(f"mongodb://{primary}/?directConnection=true") as direct:
-            assert get_more(direct, cid)["ok"] == 1.0
+        with (
+            MongoClient(f"mongodb://{primary}/?directConnection=true") as on_primary,
+            MongoClient(f"mongodb://{secondary}/?directConnection=true") as on_secondary,
+            on_primary.start_session() as session,
+        ):
+            cursor = FakeCursor([{"_id": 1}] * 4, lsid_id=bytes(session.session_id["id"]))
+            cid = rs.deployment.cursors.register(cursor, primary)
+            assert error_of(lambda: get_more(on_secondary, cid))["code"] == 43
+            assert get_more(on_primary, cid, session=session)["ok"] == 1.0
+
+
+def test_cursor_created_outside_a_session_rejects_a_get_more_in_one(
+    rs: ReplicaSet, client: Client, session: ClientSession
+) -> None:
+    cid = register(rs, FakeCursor([{"_id": 1}] * 10))
+    err = error_of(lambda: get_more(client, cid, session=session))
+    shown = str(session.session_id["id"].as_uuid())
+    assert (err["code"], err["errmsg"]) == (
+        50736,
+        f"Cannot run getMore on cursor {cid}, which was not created in a session, in session "
+        f"{shown}",
+    )
+    assert rs.primary is not None
+    reply = raw_command(rs.primary, {"getMore": Int64(cid), "collection": "coll", "$db": "db"})
+    assert reply["ok"] == 1.0  # without an lsid it may continue
 
 
 # -- with real find cursors ------------------------------------------------------------------------

@@ -117,10 +117,13 @@ def test_create_view_logs_system_views_then_the_view(dep: Deployment) -> None:
     first, second = entries(dep, start)
     assert first.o == {"create": "system.views", "idIndex": ID_INDEX}
     assert first.ui == uuid_of(dep, "system.views")
-    assert (second.ns, second.o, second.ui) == (
-        "db.$cmd",
-        {"create": "v", "viewOn": "src", "pipeline": [{"$match": {"a": 1}}]},
-        None,
+    # no create command for the view: only the insert of its definition (as mongod)
+    assert (second.op, second.ns, second.o, second.o2, second.ui) == (
+        "i",
+        "db.system.views",
+        {"_id": "db.v", "viewOn": "src", "pipeline": [{"$match": {"a": 1}}]},
+        {"_id": "db.v"},
+        uuid_of(dep, "system.views"),
     )
     view = dep.catalog.get("db", "v")
     assert view is not None and view.is_view and view.indexes == []

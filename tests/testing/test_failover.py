@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -131,3 +133,22 @@ def test_change_stream_resumes_across_a_failover(rs: ReplicaSet, client: Client)
 def test_step_down_of_a_standalone_is_refused() -> None:
     with ReplicaSet("8.0", standalone=True) as single, pytest.raises(RuntimeError):
         single.step_down()
+
+
+def test_a_get_more_waiting_during_a_crash_sees_a_network_error(
+    rs: ReplicaSet, client: Client
+) -> None:
+    """The stream resumes: a crash drops the connection before the cursor is gone."""
+    coll = client.db.coll
+    coll.insert_one({"_id": 0})
+    with coll.watch(max_await_time_ms=2000) as stream:
+        received: list[Any] = []
+        waiter = threading.Thread(target=lambda: received.append(stream.next()))
+        waiter.start()
+        time.sleep(0.3)  # the getMore is now waiting on the primary
+        new_primary = rs.step_down(close_connections=True)
+        with MongoClient(new_primary, directConnection=True) as direct:
+            direct.db.coll.insert_one({"_id": 1})
+        waiter.join(timeout=30)
+        assert not waiter.is_alive()
+    assert received and received[0]["documentKey"] == {"_id": 1}

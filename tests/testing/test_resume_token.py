@@ -8,8 +8,10 @@ import itertools
 import math
 import random
 import re
+import struct
 import time
 import uuid
+from fractions import Fraction
 from typing import Any
 
 import bson
@@ -479,11 +481,80 @@ def test_bson_type_order_is_preserved() -> None:
     assert len(set(keys)) == len(keys)
 
 
-def test_decimal128_is_not_supported() -> None:
+# ------------------------------------------------------------------ NumberDecimal
+
+
+def test_decimals_share_the_key_bytes_of_equal_numbers() -> None:
+    """A decimal equal to a double or an integer encodes like it; only TypeBits differ:
+    ``1, 1`` (kDecimal) then the biased exponent's 6 low bits, most significant first."""
+    assert keystring.encode_key([Decimal128("1")]) == (bytes.fromhex("2B0204"), b"\x07")
+    assert keystring.encode_key([Decimal128("1.0")])[0] == keystring.encode_key([1])[0]
+    assert keystring.encode_key([Decimal128("1.5")])[0] == keystring.encode_key([1.5])[0]
+    # 6176 - 1 = 6175 = 0b...011111: bits 1,1 then 0,1,1,1,1,1 -> 0xFB with a size byte
+    assert keystring.encode_key([Decimal128("1.5")])[1] == b"\x81\xfb"
+    # 0.1 is no double: the double below it, then DCM 2 ("the double rounded up to 15 digits")
+    key = keystring.encode_key([Decimal128("0.1")])[0]
+    below = math.nextafter(0.1, 0.0)
+    assert key[1:9] == ((struct.unpack("<Q", struct.pack("<d", below))[0] << 2) | 2).to_bytes(
+        8, "big"
+    )
+    zero_key, zero_bits = keystring.encode_key([Decimal128("-0E+3")])
+    assert zero_key == bytes.fromhex("2904") and keystring.decode_key(zero_key, zero_bits) == [
+        Decimal128("-0E+3")
+    ]
+
+
+DECIMAL_SAMPLES = [
+    "1", "1.0", "1.50", "-1.5", "0.1", "19.99", "-19.99", "0", "-0", "0E+3", "-0.000", "100",
+    "1E+2", "Infinity", "-Infinity", "123456789012345678", "9007199254740993",
+    "9007199254740993.5", "-9007199254740993.25", "1E+400", "-1.2345E+500", "1E+30",
+    "1.234567890123456789012345678901234", "-3.141592653589793238462643383279502",
+    "1E-300", "1.5E-250", "1E-307", "12345678901234567890123.5", "1.00000000000000000001",
+    "9.999999999999999999999999999999999E+6144",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", DECIMAL_SAMPLES)
+def test_decimals_round_trip_with_their_exponent(text: str) -> None:
+    value = Decimal128(text)
+    token = encode_token(crud(3, "insert", {"_id": value}))
+    decoded = decode_token(token).event_identifier["documentKey"]["_id"]
+    assert decoded.bid == value.bid  # same value and same exponent (1.50 stays 1.50)
+
+
+def test_decimal_keys_sort_with_doubles_and_integers() -> None:
+    rng = random.Random(11)
+    values: list[Any] = []
+    for _ in range(1500):
+        digits = rng.randint(1, 34)
+        exponent = rng.choice(
+            [rng.randint(-40, 40), rng.randint(-300, 300), rng.randint(300, 6111)]
+        )
+        text = f"{'-' if rng.random() < 0.4 else ''}{rng.randint(1, 10**digits - 1)}E{exponent}"
+        values.append(Decimal128(text))
+        values.append(rng.uniform(-1e6, 1e6))
+        values.append(Int64(rng.randint(-(2**62), 2**62)))
+    values += [Decimal128("0.1"), 0.1, Decimal128("1"), 1.0, 1, Decimal128("-0"), 0]
+
+    def exact(value: Any) -> Fraction:
+        return Fraction(value.to_decimal() if isinstance(value, Decimal128) else value)
+
+    keyed = sorted(
+        ((exact(v), keystring.encode_key([v])[0], v) for v in values), key=lambda t: t[0]
+    )
+    for (a, key_a, va), (b, key_b, vb) in itertools.pairwise(keyed):
+        assert (key_a == key_b) if a == b else (key_a < key_b), (va, vb)
+    for value in values:
+        if isinstance(value, Decimal128):
+            key, bits = keystring.encode_key([value])
+            assert keystring.decode_key(key, bits)[0].bid == value.bid
+
+
+def test_decimals_below_the_double_range_fail_clearly() -> None:
     with pytest.raises(CommandError) as info:
-        encode_token(crud(3, "insert", {"_id": Decimal128("1.5")}))
-    assert info.value.code == 238
-    assert info.value.code_name == "NotImplemented"
+        encode_token(crud(3, "insert", {"_id": Decimal128("1E-320")}))
+    assert (info.value.code, info.value.code_name) == (238, "NotImplemented")
+    assert "NumberDecimal 1E-320 in a resume token" in info.value.errmsg
 
 
 def test_unsupported_python_type() -> None:
@@ -665,7 +736,8 @@ DECODE_ERRORS: list[tuple[str, dict[str, Any], int]] = [
         {"_data": "00", "_typeBits": b"\x80\x05\x00\x00\x00" + bytes(5)},
         50910,
     ),
-    ("Decimal128 type bits", {"_data": "82000000010000000129", "_typeBits": b"\x1f"}, 238),
+    # a decimal zero's 5-bit prefix, then too few bits for its 12 exponent bits
+    ("decimal zero cut short", {"_data": "82000000010000000129", "_typeBits": b"\x1f"}, 50615),
 ]
 
 

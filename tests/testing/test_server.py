@@ -438,7 +438,10 @@ def test_command_line_serves_until_sigterm() -> None:
 
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "changestream.testing", "serve", "--port", "0", "--members", "2"],
+        [
+            *(sys.executable, "-m", "changestream.testing", "serve", "--port", "0"),
+            *("--members", "2", "--networkMessageCompressors", "noop,zlib"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -450,6 +453,8 @@ def test_command_line_serves_until_sigterm() -> None:
         assert uri.startswith("mongodb://127.0.0.1:") and uri.endswith("/?replicaSet=rs0")
         with MongoClient(uri, serverSelectionTimeoutMS=5000) as client:
             assert client.admin.command("ping")["ok"] == 1.0
+            offer = client.admin.command("hello", compression=["zstd", "zlib", "noop"])
+            assert offer["compression"] == ["zlib", "noop"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:

@@ -161,25 +161,107 @@ def test_a_new_transaction_aborts_the_previous_one(dep: Deployment) -> None:
     assert [op["o"] for op in entry.o["applyOps"]] == [{"_id": 8}]
 
 
-def test_retryable_writes_are_not_transactions(dep: Deployment) -> None:
-    s = Session(dep)
+def retryable(dep: Deployment, s: Session, body: dict[str, Any], txn: int) -> dict[str, Any]:
+    """Run ``body`` as a retryable write (``lsid`` + ``txnNumber``, no ``autocommit``)."""
     ctx = CommandContext(
         deployment=dep,
         member=dep.members[0],
         connection=ConnectionInfo(1, ("127.0.0.1", 1)),
         db="db",
-        name="insert",
-        body={"insert": "c", "documents": [{"_id": 3}]},
+        name=next(iter(body)),
+        body=body,
         lsid={"id": s.id},
-        txn_number=9,
+        txn_number=txn,
     )
+    return REGISTRY[ctx.name].handler(ctx)
+
+
+def test_retryable_writes_are_not_transactions(dep: Deployment) -> None:
+    s = Session(dep)
     start = dep.oplog.end_seq
-    REGISTRY["insert"].handler(ctx)
-    (entry,) = dep.oplog.read(start)
-    assert (entry.op, entry.o, entry.lsid, entry.txn_number) == ("i", {"_id": 3}, None, None)
-    assert ctx.operation_time == entry.ts
+    retryable(dep, s, {"insert": "c", "documents": [{"_id": 3}, {"_id": 4}]}, 9)
+    entries = dep.oplog.read(start)
+    assert [(e.op, e.o) for e in entries] == [("i", {"_id": 3}), ("i", {"_id": 4})]
+    uid = Binary(hashlib.sha256(b"").digest(), 0)
+    assert [(e.lsid, e.txn_number, e.stmt_id) for e in entries] == [
+        ({"id": s.id, "uid": uid}, 9, 0),
+        ({"id": s.id, "uid": uid}, 9, 1),
+    ]
+
+
+def test_a_retried_statement_returns_its_first_result_and_writes_nothing(
+    dep: Deployment,
+) -> None:
+    s = Session(dep)
+    first = retryable(dep, s, {"insert": "c", "documents": [{"_id": 5}]}, 1)
+    start = dep.oplog.end_seq
+    body = {"insert": "c", "documents": [{"_id": 5}, {"_id": 6}]}
+    again = retryable(dep, s, body, 1)
+    assert (first["n"], again["n"], again["retriedStmtIds"]) == (1, 2, [0])
+    assert "writeErrors" not in again
+    assert [e.o for e in dep.oplog.read(start)] == [{"_id": 6}]  # only the new statement
+    update = {"update": "c", "updates": [{"q": {"_id": 5}, "u": {"$inc": {"k": 1}}}]}
+    assert retryable(dep, s, update, 2)["nModified"] == 1
+    retried = retryable(dep, s, update, 2)
+    assert (retried["n"], retried["nModified"], retried["retriedStmtIds"]) == (1, 1, [0])
+    assert Session(dep).run({"find": "c", "filter": {"_id": 5}})["cursor"]["firstBatch"] == [
+        {"_id": 5, "k": 1}
+    ]
+    upsert = {
+        "update": "c",
+        "updates": [{"q": {"_id": 7}, "u": {"$set": {"u": 1}}, "upsert": True}],
+    }
+    assert retryable(dep, s, upsert, 3)["upserted"] == [{"index": 0, "_id": 7}]
+    assert retryable(dep, s, upsert, 3)["upserted"] == [{"index": 0, "_id": 7}]
+    fam = {"findAndModify": "c", "query": {"_id": 7}, "update": {"$inc": {"u": 1}}, "new": True}
+    assert retryable(dep, s, fam, 4)["value"] == {"_id": 7, "u": 2}
+    assert retryable(dep, s, fam, 4) == {
+        "lastErrorObject": {"n": 1, "updatedExisting": True},
+        "value": {"_id": 7, "u": 2},
+        "retriedStmtId": 0,
+    }
+    delete = {"delete": "c", "deletes": [{"q": {"_id": 7}, "limit": 1}]}
+    assert retryable(dep, s, delete, 5)["n"] == 1
+    again = retryable(dep, s, delete, 5)
+    assert (again["n"], again["retriedStmtIds"], list(again)[-1]) == (1, [0], "retriedStmtIds")
+
+
+def test_retryable_write_numbers_and_multi_statements(dep: Deployment) -> None:
+    s = Session(dep)
+    retryable(dep, s, {"insert": "c", "documents": [{"_id": 20}]}, 4)
+    with pytest.raises(CommandError) as info:
+        retryable(dep, s, {"insert": "c", "documents": [{"_id": 21}]}, 3)
+    assert info.value.code == 225
+    assert "because a newer retryable write with txnNumber 4 has already started" in (
+        info.value.errmsg
+    )
+    multi = {"update": "c", "updates": [{"q": {}, "u": {"$set": {"m": 1}}, "multi": True}]}
+    err = retryable(dep, s, multi, 5)["writeErrors"][0]
+    assert (err["code"], err["errmsg"]) == (
+        72,
+        "Cannot use (or request) retryable writes with multi=true",
+    )
+    many = {"delete": "c", "deletes": [{"q": {}, "limit": 0}]}
+    assert retryable(dep, s, many, 6)["writeErrors"][0]["code"] == 72
+    s.run({"insert": "c", "documents": [{"_id": 22}]}, 7, start=True)
+    with pytest.raises(CommandError) as info:
+        retryable(dep, s, {"insert": "c", "documents": [{"_id": 23}]}, 7)
+    assert (info.value.code, info.value.code_name) == (217, "IncompleteTransactionHistory")
+    retryable(dep, s, {"insert": "c", "documents": [{"_id": 24}]}, 8)  # aborts transaction 7
+    found = Session(dep).run({"find": "c", "filter": {"_id": {"$in": [22, 24]}}})
+    assert found["cursor"]["firstBatch"] == [{"_id": 24}]
 
 
 def test_transaction_commands_are_admin_only() -> None:
     load_all()
     assert REGISTRY["commitTransaction"].admin_only and REGISTRY["abortTransaction"].admin_only
+
+
+def test_retried_statement_ids_are_reported_from_6_0() -> None:
+    load_all()
+    old = Deployment(get_profile("5.0"))
+    s = Session(old)
+    body = {"insert": "c", "documents": [{"_id": 1}]}
+    retryable(old, s, body, 1)
+    again = retryable(old, s, body, 1)
+    assert again["n"] == 1 and "retriedStmtIds" not in again  # 5.0: deduplicated silently

@@ -10,17 +10,21 @@ Python value mapping (as pymongo decodes BSON): int -> int32 (int64 when it
 does not fit), :class:`~bson.int64.Int64`, float, str, bytes (BinData 0),
 :class:`~bson.binary.Binary`, :class:`uuid.UUID` (BinData 4), ObjectId,
 datetime, Timestamp, Mapping, list/tuple, None, bool, MinKey, MaxKey,
-:data:`UNDEFINED`, Regex/re.Pattern, Code, DBRef (an object). Decimal128 is not
-supported. Only ascending ordering (as in resume tokens) is implemented.
+:data:`UNDEFINED`, Regex/re.Pattern, Code, DBRef (an object), Decimal128 (every
+value except non-zero magnitudes below the smallest normal double, ~2.2E-308,
+which need mongod's scaled-decimal "tiny" encoding and fail clearly). Only
+ascending ordering (as in resume tokens) is implemented.
 """
 
 from __future__ import annotations
 
 import calendar
 import datetime
+import decimal
 import math
 import re
 import struct
+import sys
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -88,6 +92,23 @@ _POW256 = tuple(float(256**i) for i in range(8))
 _MAX_DEPTH = 200  # BSONDepth::kDefaultMaxAllowableDepth
 _NOT_IMPLEMENTED = 238
 
+# NumberDecimal (key_string.h DecimalContinuationMarker, decimal128.h).
+_DCM_EQUAL = 0  # the decimal equals the double
+_DCM_LESS = 1  # a continuation follows; the decimal is below the double rounded to 15 digits
+_DCM_EQUAL_15 = 2  # the decimal is the double rounded (away from zero) to 15 digits
+_DCM_LARGER = 3  # a continuation follows; the decimal is above it
+_DEC_BIAS = 6176
+_DEC_MAX_BIASED = 12287
+_DEC_EXPONENT_BITS = 6  # TypeBits::kStoredDecimalExponentBits
+_DEC_ZERO_FIRST = 0x1A  # TypeBits::kDecimalZero0xxx; 12 more exponent bits follow
+_DBL_MIN = sys.float_info.min
+_DBL_MAX = sys.float_info.max
+_MAX_INT_FOR_DOUBLE = 2**53
+_EXACT = decimal.Context(
+    prec=400, Emax=10**6, Emin=-(10**6), traps=[decimal.Inexact, decimal.InvalidOperation]
+)
+"""Decimal arithmetic that must not round (it raises instead)."""
+
 _F64 = struct.Struct("<d")
 _U64 = struct.Struct("<Q")
 _TS = struct.Struct(">BII")
@@ -115,10 +136,12 @@ UNDEFINED = _Undefined()
 """The value a KeyString ``undefined`` decodes to (and encodes from)."""
 
 
-def _decimal_unsupported() -> CommandError:
+def _decimal_unsupported(value: object) -> CommandError:
     return CommandError(
         _NOT_IMPLEMENTED,
-        "NumberDecimal values in resume tokens are not supported by the simulator",
+        f"NumberDecimal {value} in a resume token: magnitudes below 2.2250738585072014E-308 "
+        '(mongod\'s scaled "tiny decimal" KeyString encoding) are not supported by the '
+        "simulator",
         code_name="NotImplemented",
     )
 
@@ -135,6 +158,13 @@ class TypeBits:
     def __init__(self, value: int = 0, count: int = 0) -> None:
         self.value = value
         self.count = count
+
+    def append_msb_first(self, value: int, width: int) -> None:
+        """Append the ``width`` low bits of ``value``, most significant first."""
+        for pos in range(width - 1, -1, -1):
+            if (value >> pos) & 1:
+                self.value |= 1 << self.count
+            self.count += 1
 
     def serialize(self) -> bytes:
         """mongod's wire form: empty when all zero, 1 byte, ``0x80|N`` + N, or ``0x80`` + LE32 + N."""
@@ -197,6 +227,13 @@ class TypeBitsReader:
                 kind = (kind << 1) | self.bit()
         return kind
 
+    def bits(self, width: int) -> int:
+        """``width`` bits, most significant first (decimal exponents and zeros)."""
+        value = 0
+        for _ in range(width):
+            value = (value << 1) | self.bit()
+        return value
+
 
 def _check_available(data: bytes, pos: int, size: int) -> None:
     if pos + size > len(data):
@@ -227,9 +264,11 @@ def _append_u64(out: bytearray, value: int, negative: bool) -> None:
     out += (value ^ _MASK64 if negative else value).to_bytes(8, "big")
 
 
-def _append_large_double(out: bytearray, x: float) -> None:
+def _append_large_double(out: bytearray, x: float, dcm: int = _DCM_EQUAL) -> None:
+    """``_appendLargeDouble``: magnitudes of 2**63 and more (one DCM bit: continuation or not)."""
     bits = _U64.unpack(_F64.pack(x))[0]
-    encoded = _MASK64 if math.isinf(x) else (bits << 1) & (_MASK64 >> 1)
+    marker = dcm != _DCM_EQUAL
+    encoded = _MASK64 if math.isinf(x) else ((bits << 1) & (_MASK64 >> 1)) | marker
     out.append(POSITIVE_LARGE if x > 0 else NEGATIVE_LARGE)
     _append_u64(out, encoded, x < 0)
 
@@ -268,33 +307,35 @@ def _check_int64(value: int) -> None:
         raise OverflowError("BSON can only handle up to 8-byte ints")
 
 
-def _append_double_value(out: bytearray, x: float) -> None:
-    """``_appendDoubleWithoutTypeBits`` for a plain double (DCM 0)."""
+def _append_double_value(out: bytearray, x: float, dcm: int = _DCM_EQUAL) -> None:
+    """``_appendDoubleWithoutTypeBits``: a double, and for decimals the DCM saying how the
+    decimal relates to it (0 for plain doubles)."""
     negative = x < 0.0
     mag = -x if negative else x
     if not mag >= 1.0:
         if mag > 0.0:
             if mag >= _TINIEST_2BIT_DCM:
-                encoded = (_U64.unpack(_F64.pack(mag))[0] << 2) & _MASK64
+                encoded = ((_U64.unpack(_F64.pack(mag))[0] << 2) & _MASK64) | dcm
             else:
                 scaled = _U64.unpack(_F64.pack(mag * _TINY_UP))[0]
-                encoded = (((scaled << 1) & _MASK64) + (1 << 62)) & _MASK64
+                marker = dcm != _DCM_EQUAL
+                encoded = ((((scaled << 1) & _MASK64) | marker) + (1 << 62)) & _MASK64
             out.append(NEGATIVE_SMALL if negative else POSITIVE_SMALL)
             _append_u64(out, encoded, negative)
         else:
             out.append(ZERO if x == 0.0 else NUMERIC)  # NaN sorts first
         return
     if mag >= _MIN_LARGE_DOUBLE:
-        _append_large_double(out, x)
+        _append_large_double(out, x, dcm)
         return
     integer = int(mag)
-    if float(integer) == mag:
+    if float(integer) == mag and dcm == _DCM_EQUAL:
         _append_preshifted(out, integer << 1, negative)
         return
     frac_bytes = (64 - (integer << 1).bit_length()) >> 3
     encoded = int(mag * _POW256[frac_bytes]) + ((integer + 1) << (frac_bytes << 3))
     out.append(NEGATIVE_8_BYTE_INT + frac_bytes if negative else POSITIVE_8_BYTE_INT - frac_bytes)
-    _append_u64(out, encoded, negative)
+    _append_u64(out, encoded | dcm, negative)
 
 
 def _enc_double(out: bytearray, tb: TypeBits, value: Any) -> None:
@@ -449,8 +490,114 @@ def _enc_code(out: bytearray, tb: TypeBits, value: Any) -> None:
         _append_fields(out, tb, value.scope)
 
 
+# -- NumberDecimal (``_appendNumberDecimal``) ------------------------------------------------
+
+
+def _rounded(value: decimal.Decimal, digits: int, rounding: str) -> decimal.Decimal:
+    """``value`` rounded to ``digits`` significant digits (``Decimal128(double, ...)``)."""
+    context = decimal.Context(prec=digits, rounding=rounding, Emax=10**6, Emin=-(10**6))
+    return context.plus(value)
+
+
+def _toward_zero(value: decimal.Decimal) -> tuple[float, bool]:
+    """``toDouble(kRoundTowardZero)``: the double and whether it is inexact."""
+    approx = float(value)  # correctly rounded to nearest
+    if math.isinf(approx):
+        approx = math.copysign(_DBL_MAX, approx)
+    if decimal.Decimal(approx).copy_abs() > value.copy_abs():
+        approx = math.nextafter(approx, 0.0)
+    return approx, decimal.Decimal(approx) != value
+
+
+def _at_34_digits(value: decimal.Decimal) -> int:
+    """The exponent of ``value`` normalized to 34 digits (``Decimal128::normalize``)."""
+    return max(value.adjusted() - 33, -_DEC_BIAS)
+
+
+def _append_continuation(
+    out: bytearray, value: decimal.Decimal, stored: decimal.Decimal, negative: bool
+) -> None:
+    """The 8-byte decimal continuation: ``value - stored`` in units of stored's last digit."""
+    exponent = _at_34_digits(stored)
+    continuation = _EXACT.scaleb(_EXACT.subtract(value, stored).copy_abs(), -exponent)
+    _append_u64(out, int(continuation), negative)
+
+
+def _append_huge_decimal(out: bytearray, magnitude: decimal.Decimal, negative: bool) -> None:
+    """``_appendHugeDecimalWithoutTypeBits``: the BID bits of the normalized magnitude."""
+    exponent = _at_34_digits(magnitude)
+    coefficient = int(_EXACT.scaleb(magnitude, -exponent))
+    out.append(NEGATIVE_LARGE if negative else POSITIVE_LARGE)
+    high = (1 << 63) | ((exponent + _DEC_BIAS) << 49) | (coefficient >> 64)
+    _append_u64(out, high, negative)
+    _append_u64(out, coefficient & _MASK64, negative)
+
+
 def _enc_decimal(out: bytearray, tb: TypeBits, value: Any) -> None:
-    raise _decimal_unsupported()
+    number: decimal.Decimal = value.to_decimal()
+    if number.is_nan():
+        out.append(NUMERIC)
+        tb.append_msb_first(_DECIMAL, 2)
+        return
+    negative = number.is_signed()
+    if number.is_infinite():
+        out.append(NEGATIVE_LARGE if negative else POSITIVE_LARGE)
+        _append_u64(out, _MASK64, negative)
+        tb.append_msb_first(_DECIMAL, 2)
+        return
+    _, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)
+    biased = exponent + _DEC_BIAS
+    if number.is_zero():
+        which = biased + (_DEC_MAX_BIASED + 1 if negative else 0)
+        tb.append_msb_first((which >> 12) + _DEC_ZERO_FIRST, 5)
+        tb.append_msb_first(which, 12)
+        out.append(ZERO)
+        return
+    tb.append_msb_first(_DECIMAL, 2)
+    tb.append_msb_first(biased, _DEC_EXPONENT_BITS)
+    _append_decimal_value(out, number, negative, int("".join(map(str, digits))))
+
+
+def _append_decimal_value(
+    out: bytearray, number: decimal.Decimal, negative: bool, coefficient: int
+) -> None:
+    """The key bytes of a finite non-zero decimal: its double, a DCM, maybe a continuation."""
+    binary, inexact = _toward_zero(number)
+    if not inexact:
+        _append_double_value(out, binary, _DCM_EQUAL)
+        return
+    magnitude = abs(binary)
+    if magnitude < _DBL_MIN:
+        raise _decimal_unsupported(number)
+    if magnitude >= _DBL_MAX:
+        _append_huge_decimal(out, number.copy_abs(), negative)
+        return
+    away = decimal.ROUND_FLOOR if negative else decimal.ROUND_CEILING
+    if magnitude >= _MIN_LARGE_DOUBLE or magnitude < _TINIEST_2BIT_DCM:
+        _append_double_value(out, binary, _DCM_LARGER)  # a single DCM bit there
+        stored = _rounded(decimal.Decimal(binary), 34, away)
+    elif magnitude >= _MAX_INT_FOR_DOUBLE:
+        integer = int(number.copy_abs())  # truncated toward zero
+        has_fraction = decimal.Decimal(integer) != number.copy_abs()
+        _append_preshifted(out, (integer << 1) | has_fraction, negative)
+        if not has_fraction:
+            return
+        if integer < 2**55:  # the fraction byte holds only the DCM
+            out.append(_DCM_LARGER ^ 0xFF if negative else _DCM_LARGER)
+        stored = decimal.Decimal(-integer if negative else integer)
+    elif coefficient < 10**15:
+        _append_double_value(out, binary, _DCM_EQUAL_15)
+        return
+    else:
+        from_binary = _rounded(decimal.Decimal(binary), 15, away)
+        if from_binary == number:
+            _append_double_value(out, binary, _DCM_EQUAL_15)
+            return
+        below = (number < from_binary) != negative
+        _append_double_value(out, binary, _DCM_LESS if below else _DCM_LARGER)
+        stored = _rounded(decimal.Decimal(binary), 34, away)
+    _append_continuation(out, number, stored, negative)
 
 
 _GENERIC_FROM_VALUE = -1
@@ -652,7 +799,7 @@ class _Decoder:
         if ctype == NUMERIC:  # NaN
             kind = self._bits.numeric()
             if kind == _DECIMAL:
-                raise _decimal_unsupported()
+                return Decimal128("NaN")
             if kind != _DOUBLE:
                 raise _format_error(50819, "Invalid type bits for numeric NaN")
             return math.nan
@@ -674,15 +821,48 @@ class _Decoder:
             return 0.0
         if kind == _V1_NEGATIVE_DOUBLE_ZERO:
             return -0.0
-        if kind > _V1_NEGATIVE_DOUBLE_ZERO + 1:
-            raise _decimal_unsupported()
-        raise _format_error(50846, "Invalid numeric zero decimal.")
+        if kind < _DEC_ZERO_FIRST:
+            raise _format_error(50846, "Invalid numeric zero decimal.")
+        which = ((kind - _DEC_ZERO_FIRST) << 12) | self._bits.bits(12)
+        negative = which > _DEC_MAX_BIASED
+        biased = which - (_DEC_MAX_BIASED + 1) if negative else which
+        if biased > _DEC_MAX_BIASED:
+            raise _format_error(50846, "Invalid numeric zero decimal.")
+        return Decimal128(decimal.Decimal((int(negative), (0,), biased - _DEC_BIAS)))
+
+    def _decimal(self, magnitude: decimal.Decimal, negative: bool) -> Decimal128:
+        """``adjustDecimalExponent``: the value at the one exponent of its cohort whose low
+        bits match the stored exponent bits."""
+        stored = self._bits.bits(_DEC_EXPONENT_BITS)
+        if not magnitude:
+            raise _format_error(50829, "Expected non-zero number for decimal.")
+        lowest = _at_34_digits(magnitude)
+        highest = min(
+            int(_EXACT.normalize(magnitude).as_tuple().exponent), _DEC_MAX_BIASED - _DEC_BIAS
+        )
+        for exponent in range(lowest, highest + 1):
+            if (exponent + _DEC_BIAS) & ((1 << _DEC_EXPONENT_BITS) - 1) == stored:
+                coefficient = int(_EXACT.scaleb(magnitude, -exponent))
+                digits = tuple(int(c) for c in str(coefficient))
+                return Decimal128(decimal.Decimal((int(negative), digits, exponent)))
+        raise _format_error(50845, "Unexpected inexact quantize.")
+
+    def _continued(self, stored: decimal.Decimal, negative: bool) -> decimal.Decimal:
+        """``readDecimalContinuation``: ``stored`` (a magnitude) plus the 8-byte continuation."""
+        continuation = self._u64(negative)
+        exponent = _at_34_digits(stored)
+        try:
+            return _EXACT.add(stored, _EXACT.scaleb(decimal.Decimal(continuation), exponent))
+        except decimal.Inexact:
+            raise _format_error(
+                50815, "Unexpected inexact flag set after Decimal addition."
+            ) from None
 
     def _large(self, negative: bool) -> Any:
         kind = self._bits.numeric()
         encoded = self._u64(negative)
         if kind == _DECIMAL:
-            raise _decimal_unsupported()
+            return self._large_decimal(encoded, negative)
         if encoded == _MASK64:
             value = math.inf
         elif encoded >> 63:
@@ -699,25 +879,60 @@ class _Decoder:
             raise _format_error(50821, "Unexpected value for large number.")
         raise _format_error(50826, "Unexpected type of large number.")
 
-    def _small(self, negative: bool) -> float:
+    def _large_decimal(self, encoded: int, negative: bool) -> Decimal128:
+        if encoded == _MASK64:
+            return Decimal128("-Infinity" if negative else "Infinity")
+        if encoded >> 63:  # a huge decimal: its normalized BID bits
+            high = encoded & (_MASK64 >> 1)
+            low = self._u64(negative)
+            coefficient = ((high & ((1 << 49) - 1)) << 64) | low
+            if high >> 61 == 3 or coefficient >= 10**34:
+                raise _format_error(50829, "Expected non-zero number for decimal.")
+            exponent = (high >> 49) - _DEC_BIAS
+            return self._decimal(_EXACT.scaleb(decimal.Decimal(coefficient), exponent), negative)
+        binary = _double_from_bits((encoded >> 1) | (1 << 62))
+        magnitude = _rounded(decimal.Decimal(binary), 34, decimal.ROUND_CEILING)
+        if encoded & 1:
+            magnitude = self._continued(magnitude, negative)
+        return self._decimal(magnitude, negative)
+
+    def _small(self, negative: bool) -> Any:
         kind = self._bits.numeric()
         encoded = self._u64(negative)
         prefix = encoded >> 62
-        if kind == _DECIMAL or prefix == 0:  # prefix 0: smaller than any double
-            raise _decimal_unsupported()
         if prefix == 3:
-            if kind != _DOUBLE:
-                raise _format_error(50825, "Unexpected type for small number, expected decimal.")
-            if encoded & 3:
-                raise _format_error(50824, "Decimal contuation mismatch.")
+            dcm = encoded & 3
             value = _double_from_bits(encoded >> 2)
-        else:
-            if kind != _DOUBLE:
-                raise _format_error(50823, "Expected decimal continuation.")
-            if encoded & 1:
+            if kind == _DOUBLE:
+                if dcm:
+                    raise _format_error(50824, "Decimal contuation mismatch.")
+                return -value if negative else value
+            if kind != _DECIMAL:
+                raise _format_error(50825, "Unexpected type for small number, expected decimal.")
+            return self._decimal(self._from_double(value, dcm, negative), negative)
+        if prefix == 0:  # a decimal smaller than any double, stored as its BID bits
+            raise _decimal_unsupported("below 4.9E-324")
+        continued = encoded & 1
+        scaled = _double_from_bits((encoded - (1 << 62)) >> 1)
+        if kind == _DOUBLE:
+            if continued:
                 raise _format_error(50822, "Unexpected decimal continuation.")
-            value = _double_from_bits((encoded - (1 << 62)) >> 1) * _TINY_DOWN
-        return -value if negative else value
+            value = scaled * _TINY_DOWN
+            return -value if negative else value
+        if kind != _DECIMAL or not continued:
+            raise _format_error(50823, "Expected decimal continuation.")
+        if scaled < _DBL_MIN * _TINY_UP:  # scaled in the decimal domain (a "tiny decimal")
+            raise _decimal_unsupported("below 2.2250738585072014E-308")
+        stored = _rounded(decimal.Decimal(scaled * _TINY_DOWN), 34, decimal.ROUND_CEILING)
+        return self._decimal(self._continued(stored, negative), negative)
+
+    def _from_double(self, binary: float, dcm: int, negative: bool) -> decimal.Decimal:
+        """The decimal magnitude a double and its DCM stand for (reading a continuation)."""
+        exact = decimal.Decimal(binary)
+        if dcm == _DCM_EQUAL_15:
+            return _rounded(exact, 15, decimal.ROUND_CEILING)
+        stored = _rounded(exact, 34, decimal.ROUND_CEILING)
+        return stored if dcm == _DCM_EQUAL else self._continued(stored, negative)
 
     def _int_like(self, ctype: int) -> Any:
         negative = ctype <= NEGATIVE_1_BYTE_INT
@@ -728,6 +943,8 @@ class _Decoder:
             encoded ^= (1 << (size << 3)) - 1
         integer = encoded >> 1
         if not encoded & 1:
+            if kind == _DECIMAL:
+                return self._decimal(decimal.Decimal(integer), negative)
             if negative:
                 integer = -integer
             if kind == _INT:
@@ -736,17 +953,23 @@ class _Decoder:
                 return Int64(integer)
             if kind == _DOUBLE:
                 return float(integer)
-            raise _decimal_unsupported()
+            raise _format_error(50831, "Unexpected type for positive int.")
         frac_bytes = 8 - size
         fraction = int.from_bytes(self._take(frac_bytes), "big")
         if negative:
             fraction ^= (1 << (frac_bytes << 3)) - 1
-        if kind == _DECIMAL:
-            raise _decimal_unsupported()
-        if kind != _DOUBLE:
+        if kind not in (_DOUBLE, _DECIMAL):
             raise _format_error(50810, "Expected type Decimal.")
-        value = float(((integer << (frac_bytes << 3)) | fraction) & ~3) / _POW256[frac_bytes]
-        return -value if negative else value
+        encoded_fraction = (integer << (frac_bytes << 3)) | fraction
+        value = float(encoded_fraction & ~3) / _POW256[frac_bytes]
+        if kind == _DOUBLE:
+            return -value if negative else value
+        dcm = encoded_fraction & 3 if frac_bytes else _DCM_LARGER
+        if dcm in (_DCM_LESS, _DCM_LARGER) and integer > _MAX_INT_FOR_DOUBLE:
+            magnitude = self._continued(decimal.Decimal(integer), negative)
+        else:
+            magnitude = self._from_double(value, dcm, negative)
+        return self._decimal(magnitude, negative)
 
 
 _NO_VALUE = object()

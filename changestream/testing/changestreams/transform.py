@@ -1,7 +1,9 @@
 """Turn oplog entries into change events, field for field as mongod's transform stage does.
 
 Follows ``change_stream_event_transform.cpp`` (field order, operationDescription,
-resume-token identifiers), ``document_source_change_stream_unwind_transaction.cpp``
+resume-token identifiers; view DDL read from ``system.views`` writes, as its
+``ChangeStreamViewDefinitionEventTransformation`` does),
+``document_source_change_stream_unwind_transaction.cpp``
 (one event per ``applyOps`` operation, ``txnOpIndex`` counting every operation)
 and ``document_source_change_stream_check_invalidate.cpp`` (which commands
 invalidate which streams). What differs between releases comes from the
@@ -28,7 +30,10 @@ from .stage import SCOPE_CLUSTER, SCOPE_COLLECTION, SCOPE_DATABASE, ChangeStream
 from .update_description import update_description
 
 _INTERNAL_DBS: Final = frozenset({"admin", "config", "local"})
-_VIEWS_NAMESPACE: Final = uuid.UUID("6ba7b811-9dad-11d1-80b4-00c04fd430c8")
+_SYSTEM_VIEWS: Final = "system.views"
+_VIEW_EVENTS: Final = {"i": "create", "u": "modify", "d": "drop"}
+"""What a write to ``system.views`` means for the view it describes."""
+_BUCKETS_PREFIX: Final = "system.buckets."
 _RENAME_DROPPED: Final = ("renameCollection", "stayTemp")
 _EXPANDED_COMMANDS: Final = frozenset(
     {"create", "createIndexes", "commitIndexBuild", "dropIndexes", "collMod"}
@@ -72,6 +77,8 @@ class EventTransformer:
         self._db_prefix = spec.db + "."
         self._show_system = spec.show_system_events
         self._expanded = spec.show_expanded_events
+        self._view_events = spec.show_expanded_events and spec.scope != SCOPE_COLLECTION
+        """View DDL events: only whole-db and cluster streams with showExpandedEvents."""
         self._wall = profile.wall_time
         self._legacy_updates = not profile.v2_update_oplog
         self._disambiguated = profile.disambiguated_paths
@@ -122,9 +129,8 @@ class EventTransformer:
         """The events ``entry`` produces for this stream (often none)."""
         op = entry.op
         if op in ("i", "u", "d"):
-            if not self._crud_visible(entry.ns):
-                return []
-            return [self._crud(entry, entry.ts, entry.wall, None, 0)]
+            event = self._write(entry, entry.ts, entry.wall, None, 0)
+            return [] if event is None else [event]
         if op != "c":
             return []
         if "applyOps" in entry.o:
@@ -140,13 +146,27 @@ class EventTransformer:
         for index, inner in enumerate(entry.txn_ops or ()):
             event: RawEvent | None = None
             if inner.op in ("i", "u", "d"):
-                if self._crud_visible(inner.ns):
-                    event = self._crud(inner, entry.ts, entry.wall, txn, index)
+                event = self._write(inner, entry.ts, entry.wall, txn, index)
             elif inner.op == "c":
                 event = self._command(inner, entry.ts, entry.wall, txn, index)
             if event is not None:
                 out.append(event)
         return out
+
+    def _write(
+        self,
+        entry: OplogEntry,
+        ts: Timestamp,
+        wall: datetime,
+        txn: tuple[Int64, Any] | None,
+        txn_op_index: int,
+    ) -> RawEvent | None:
+        """The event of a CRUD entry: a view definition change, a CRUD event, or none."""
+        if self._view_events and entry.coll == _SYSTEM_VIEWS and self._db_visible(entry.db):
+            return self._view_definition(entry, ts, wall, txn_op_index)
+        if not self._crud_visible(entry.ns):
+            return None
+        return self._crud(entry, ts, wall, txn, txn_op_index)
 
     # -- building ----------------------------------------------------------------------------------
     def _token(
@@ -281,8 +301,6 @@ class EventTransformer:
         if not isinstance(coll, str) or not self._visible(db, coll):
             return None
         if name == "create":
-            if "viewOn" in o:
-                return self._view_create(entry, ts, wall, txn, txn_op_index, coll)
             extra = {"nsType": "collection"} if self._ns_type else None
             return self._ddl(
                 entry, ts, wall, txn, txn_op_index, "create", _ns_doc(db, coll),
@@ -356,31 +374,27 @@ class EventTransformer:
             op_desc=op_desc, to=to,
         )  # fmt: skip
 
-    def _view_create(
-        self,
-        entry: OplogEntry,
-        ts: Timestamp,
-        wall: datetime,
-        txn: tuple[Int64, Any] | None,
-        txn_op_index: int,
-        view: str,
-    ) -> RawEvent | None:
-        """A view definition event (mongod reads these from ``system.views``).
+    def _view_definition(
+        self, entry: OplogEntry, ts: Timestamp, wall: datetime, txn_op_index: int
+    ) -> RawEvent:
+        """A view ``create``/``modify``/``drop`` from its ``system.views`` document's write.
 
-        Only whole-database and cluster streams see them; they carry no
-        ``collectionUUID`` and their token holds the ``system.views`` UUID.
+        ``_id, operationType, clusterTime, wallTime, ns, [operationDescription],
+        [nsType]``: no ``collectionUUID`` (views have none) and no session
+        fields; the token carries the ``system.views`` UUID.
         """
-        if self._scope == SCOPE_COLLECTION:
-            return None
-        db = entry.db
-        op_desc = _without(entry.o, "create")
-        views_uuid = uuid.uuid5(_VIEWS_NAMESPACE, f"{db}.system.views")
-        token = self._token(ts, txn_op_index, views_uuid, "create", None, op_desc)
-        doc = self._head(token, "create", wall, None, txn)
-        doc["ns"] = _ns_doc(db, view)
-        doc["operationDescription"] = op_desc
-        if self._ns_type:
-            doc["nsType"] = "view"
+        o = entry.o
+        view_db, _, view = str(o.get("_id", "")).partition(".")
+        op_type = _VIEW_EVENTS[entry.op]
+        op_desc = None if entry.op == "d" else _without(o, "_id")
+        token = self._token(ts, txn_op_index, entry.ui, op_type, None, op_desc)
+        doc = self._head(token, op_type, wall, None, None)
+        doc["ns"] = _ns_doc(view_db, view)
+        if op_desc is not None:
+            doc["operationDescription"] = op_desc
+        if op_type == "create" and self._ns_type:
+            view_on = str(o.get("viewOn", ""))
+            doc["nsType"] = "timeseries" if view_on.startswith(_BUCKETS_PREFIX) else "view"
         return RawEvent(doc, token)
 
     def invalidate(self, event: RawEvent) -> RawEvent:

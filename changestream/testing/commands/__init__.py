@@ -90,6 +90,9 @@ class CommandSpec:
     ``AllowedOnSecondary::kAlways``: hello, getMore, killCursors, ...)."""
     handshake: bool = False
     """Allowed over OP_QUERY on 5.1+ (hello/isMaster) and before auth."""
+    requires: str | None = None
+    """A :class:`~changestream.testing.versions.VersionProfile` flag the command needs;
+    without it the command does not exist (CommandNotFound, as on older servers)."""
 
 
 REGISTRY: dict[str, CommandSpec] = {}
@@ -108,7 +111,16 @@ def command(*names: str, **flags: Any) -> Callable[[Handler], Handler]:
     return register
 
 
-_MODULES = ("admin", "crud", "ddl", "cursors", "failpoints", "transactions", "aggregate")
+_MODULES = (
+    "admin",
+    "crud",
+    "bulk_write",
+    "ddl",
+    "cursors",
+    "failpoints",
+    "transactions",
+    "aggregate",
+)
 
 
 def load_all() -> dict[str, CommandSpec]:

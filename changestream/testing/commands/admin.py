@@ -24,6 +24,7 @@ from ..errors import CommandError
 from ..storage import type_name
 from ..wire import MAX_MESSAGE_SIZE
 from . import CommandContext, command
+from .transactions import abort_all_sessions, abort_session, session_uuid
 
 if TYPE_CHECKING:
     from ..deployment import Deployment, Member
@@ -404,6 +405,10 @@ def get_log(ctx: CommandContext) -> dict[str, Any]:
 
 @command("endSessions", locks=False, any_member=True)
 def end_sessions(ctx: CommandContext) -> dict[str, Any]:
+    """Accepted, and nothing ends now: mongod only marks the sessions as ending and
+    kills their cursors at the next session-cache refresh (``logicalSessionRefreshMillis``,
+    5 minutes by default); their transactions expire after ``transactionLifetimeLimitSeconds``.
+    """
     if not isinstance(ctx.target, list):
         raise CommandError(
             14, "BSON field 'endSessions.endSessions' is the wrong type, expected type 'array'"
@@ -416,18 +421,58 @@ def refresh_sessions(ctx: CommandContext) -> dict[str, Any]:
     return {}
 
 
+def _kill_sessions(ctx: CommandContext, lsids: list[dict[str, Any]] | None) -> None:
+    """``killSessionsLocal``: abort the sessions' open transactions, kill their cursors here.
+
+    ``lsids`` None means every session (``killAllSessions: []``, or ``killSessions: []``
+    without auth).
+    """
+    if lsids is None:
+        abort_all_sessions(ctx)
+        killed = ctx.deployment.cursors.kill_sessions(ctx.member.name, None)
+    else:
+        for lsid in lsids:
+            abort_session(ctx, lsid)
+        ids = {session_uuid(lsid).bytes for lsid in lsids}
+        killed = ctx.deployment.cursors.kill_sessions(ctx.member.name, ids)
+    if killed:
+        ctx.deployment.oplog.notify()
+
+
+@command("killSessions", any_member=True)
+def kill_sessions(ctx: CommandContext) -> dict[str, Any]:
+    """Kill the listed sessions (``[]``: all of them, as auth is disabled)."""
+    lsids = ctx.target
+    if not isinstance(lsids, list):
+        raise CommandError(
+            14,
+            f"BSON field 'KillSessionsCmdFromClient.killSessions' is the wrong type "
+            f"'{type_name(lsids)}', expected type 'array'",
+        )
+    for lsid in lsids:
+        if not isinstance(lsid, dict) or "id" not in lsid:
+            raise CommandError(
+                40414,
+                "BSON field 'KillSessionsCmdFromClient.killSessions.id' is missing but a "
+                "required field",
+            )
+        session_uuid(lsid)  # the id must be a UUID
+    _kill_sessions(ctx, lsids or None)
+    return {}
+
+
 @command("killAllSessions", any_member=True)
 def kill_all_sessions(ctx: CommandContext) -> dict[str, Any]:
-    """Accepted, as drivers' test runners call it between tests.
-
-    Known gap: unlike mongod it neither aborts open transactions nor kills
-    the sessions' cursors.
-    """
-    if not isinstance(ctx.target, list):
+    """``[]`` kills every session; a list of ``{user, db}`` kills those users' sessions,
+    which (auth being disabled, every session belongs to no user) are none."""
+    users = ctx.target
+    if not isinstance(users, list):
         raise CommandError(
             14,
             "BSON field 'killAllSessions.killAllSessions' is the wrong type, expected type 'array'",
         )
+    if not users:
+        _kill_sessions(ctx, None)
     return {}
 
 

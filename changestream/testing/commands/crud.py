@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from bson.int64 import Int64
@@ -40,10 +40,10 @@ from .ddl import (
     ensure_collection,
     open_cursor,
 )
-from .transactions import WriteUnit, transaction_for
+from .transactions import NOT_EXECUTED, WriteUnit, transaction_for
 
 _WRITABLE_SYSTEM_COLLECTIONS = frozenset({"system.js"})
-_MAX_WRITE_BATCH = 100_000
+MAX_WRITE_BATCH = 100_000
 
 
 # ======================================================================================
@@ -51,7 +51,7 @@ _MAX_WRITE_BATCH = 100_000
 # ======================================================================================
 
 
-def _repl_fields(ctx: CommandContext) -> dict[str, Any]:
+def repl_fields(ctx: CommandContext) -> dict[str, Any]:
     """``electionId`` and ``opTime``: what mongod adds to write replies on a replica set."""
     deployment = ctx.deployment
     if deployment.standalone:
@@ -63,11 +63,11 @@ def _repl_fields(ctx: CommandContext) -> dict[str, Any]:
     }
 
 
-def _check_writable(ctx: CommandContext, coll: str) -> CollectionState | None:
+def check_writable(ctx: CommandContext, db: str, coll: str) -> CollectionState | None:
     """The target collection (None if missing); refuse views and system collections."""
     if coll.startswith("system.") and coll not in _WRITABLE_SYSTEM_COLLECTIONS:
-        raise CommandError(73, f"Invalid system namespace: {ctx.db}.{coll}")
-    state = ctx.deployment.catalog.get(ctx.db, coll)
+        raise CommandError(73, f"Invalid system namespace: {db}.{coll}")
+    state = ctx.deployment.catalog.get(db, coll)
     if state is not None and state.is_view:
         raise CommandError(166, f"Namespace {state.ns} is a view, not a collection")
     return state
@@ -140,7 +140,7 @@ def _validate(
         raise _validation_error(doc)
 
 
-def _write_error(index: int, err: CommandError | DuplicateKey) -> dict[str, Any]:
+def write_error(index: int, err: CommandError | DuplicateKey) -> dict[str, Any]:
     if isinstance(err, DuplicateKey):
         return err.write_error(index)
     out: dict[str, Any] = {"index": index, "code": err.code}
@@ -149,7 +149,7 @@ def _write_error(index: int, err: CommandError | DuplicateKey) -> dict[str, Any]
     return out
 
 
-def _as_command_error(err: CommandError | DuplicateKey) -> CommandError:
+def as_command_error(err: CommandError | DuplicateKey) -> CommandError:
     return err.command_error() if isinstance(err, DuplicateKey) else err
 
 
@@ -163,10 +163,10 @@ def _statements(ctx: CommandContext, field: str, required: tuple[str, ...] = ())
             else f"BSON field '{ctx.name}.{field}' is the wrong type '{type_name(items)}', "
             "expected type 'array'",
         )
-    if not 0 < len(items) <= _MAX_WRITE_BATCH:
+    if not 0 < len(items) <= MAX_WRITE_BATCH:
         raise CommandError(
             16,
-            f"Write batch sizes must be between 1 and {_MAX_WRITE_BATCH}. Got {len(items)} "
+            f"Write batch sizes must be between 1 and {MAX_WRITE_BATCH}. Got {len(items)} "
             "operations.",
             code_name="InvalidLength",
         )
@@ -186,13 +186,20 @@ def _statements(ctx: CommandContext, field: str, required: tuple[str, ...] = ())
 
 
 def _write_reply(
-    ctx: CommandContext, n: int, errors: list[dict[str, Any]], **tail: Any
+    ctx: CommandContext, unit: WriteUnit, n: int, errors: list[dict[str, Any]], **tail: Any
 ) -> dict[str, Any]:
-    reply: dict[str, Any] = {"n": n, **_repl_fields(ctx)}
+    """``WriteCommandReplyBase`` (n, electionId, opTime, writeErrors, retriedStmtIds), then ``tail``."""
+    reply: dict[str, Any] = {"n": n, **repl_fields(ctx)}
     if errors:
         reply["writeErrors"] = errors
+    if unit.retried and ctx.deployment.profile.retried_stmt_ids:
+        reply["retriedStmtIds"] = list(unit.retried)
     reply.update(tail)
     return reply
+
+
+_MULTI_RETRY_ERROR = "Cannot use (or request) retryable writes with {}"
+"""The write commands' refusal of multi-document statements in a retryable write."""
 
 
 # ======================================================================================
@@ -267,13 +274,14 @@ def _delete_document(unit: WriteUnit, state: CollectionState, doc: dict[str, Any
 def _upsert(
     ctx: CommandContext,
     unit: WriteUnit,
+    db: str,
     coll: str,
     update: Update,
     query: dict[str, Any],
 ) -> dict[str, Any]:
     """Insert the document an upsert builds; return it."""
     doc = _prepare_insert(update.upsert_document(query, _env(ctx)))
-    state = ensure_collection(unit, ctx.db, coll)
+    state = ensure_collection(unit, db, coll)
     _validate(ctx, state, doc, None)
     _insert_document(unit, state, doc)
     return doc
@@ -284,43 +292,57 @@ def _upsert(
 # ======================================================================================
 
 
+def insert_one(ctx: CommandContext, unit: WriteUnit, state: CollectionState, raw: Any) -> None:
+    """Insert one client document into ``state`` (raises CommandError / DuplicateKey)."""
+    doc = _prepare_insert(raw)
+    if state.options.get("validator"):
+        _validate(ctx, state, doc, None)
+    _insert_document(unit, state, doc)
+
+
 @command("insert", write=True)
 def insert(ctx: CommandContext) -> dict[str, Any]:
     coll = collection_arg(ctx)
     documents = _statements(ctx, "documents")
     ordered = ctx.body.get("ordered", True) is not False
     unit = WriteUnit.open(ctx)
-    _check_writable(ctx, coll)
+    stmt_ids = unit.statement_ids(len(documents))
+    check_writable(ctx, ctx.db, coll)
     state = ensure_collection(unit, ctx.db, coll)
     n = 0
     errors: list[dict[str, Any]] = []
     for i, raw in enumerate(documents):
-        try:
-            doc = _prepare_insert(raw)
-            if state.options.get("validator"):
-                _validate(ctx, state, doc, None)
-            _insert_document(unit, state, doc)
+        if unit.statement(stmt_ids[i]) is not NOT_EXECUTED:
             n += 1
+            continue
+        try:
+            insert_one(ctx, unit, state, raw)
         except (CommandError, DuplicateKey) as err:
             if unit.in_transaction:
                 unit.fail()
-                raise _as_command_error(err) from None
-            errors.append(_write_error(i, err))
+                raise as_command_error(err) from None
+            errors.append(write_error(i, err))
             if ordered:
                 break
-    return _write_reply(ctx, n, errors)
+            continue
+        unit.done(None)
+        n += 1
+    unit.commit_point()  # an insert command commits its documents together
+    return _write_reply(ctx, unit, n, errors)
 
 
-def _update_one_statement(
-    ctx: CommandContext, unit: WriteUnit, coll: str, stmt: Any, index: int
-) -> tuple[int, int, dict[str, Any] | None]:
-    """Run one ``updates`` entry: (matched, modified, upserted entry or None)."""
-    if not isinstance(stmt, dict) or "u" not in stmt:
-        raise CommandError(40414, "BSON field 'update.updates.u' is missing but a required field")
-    query = _query_arg(stmt.get("q"), "update.updates.q")
+UpdateResult = tuple[int, int, Any]
+"""(matched, modified, upserted ``_id`` or None): what an update statement did."""
+
+
+def update_statement(
+    ctx: CommandContext, unit: WriteUnit, db: str, coll: str, stmt: dict[str, Any]
+) -> UpdateResult:
+    """Run one update statement (``q``, ``u``, ``multi``, ``upsert``, ``arrayFilters``)."""
+    query = _query_arg(stmt.get("q"), f"{ctx.name}.updates.q")
     multi = bool(stmt.get("multi", False))
     update = Update(stmt["u"], array_filters=stmt.get("arrayFilters"), multi=multi)
-    state = _check_writable(ctx, coll)
+    state = check_writable(ctx, db, coll)
     targets = _matching(state, query, limit=0 if multi else 1)
     matched = modified = 0
     env = _env(ctx)
@@ -335,8 +357,23 @@ def _update_one_statement(
         modified += 1
     if matched or not stmt.get("upsert"):
         return matched, modified, None
-    doc = _upsert(ctx, unit, coll, update, query)
-    return 1, 0, {"index": index, "_id": doc["_id"]}
+    doc = _upsert(ctx, unit, db, coll, update, query)
+    return 1, 0, doc["_id"]
+
+
+def run_statement(unit: WriteUnit, stmt_id: int, run: Callable[[], Any]) -> Any:
+    """Run one statement of a write command once: a retry gets the recorded result back.
+
+    ``run`` raises for a failed statement; its result is recorded for retries
+    and the statement's commit point passed.
+    """
+    previous = unit.statement(stmt_id)
+    if previous is not NOT_EXECUTED:
+        return previous
+    result = run()
+    unit.done(result)
+    unit.commit_point()
+    return result
 
 
 @command("update", write=True)
@@ -345,44 +382,44 @@ def update(ctx: CommandContext) -> dict[str, Any]:
     statements = _statements(ctx, "updates", ("q", "u"))
     ordered = ctx.body.get("ordered", True) is not False
     unit = WriteUnit.open(ctx)
+    stmt_ids = unit.statement_ids(len(statements))
     n = n_modified = 0
     upserted: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
     for i, stmt in enumerate(statements):
+
+        def run(stmt: dict[str, Any] = stmt) -> UpdateResult:
+            if unit.retry is not None and stmt.get("multi"):
+                raise CommandError(72, _MULTI_RETRY_ERROR.format("multi=true"))
+            return update_statement(ctx, unit, ctx.db, coll, stmt)
+
         try:
-            matched, modified, upsert = _update_one_statement(ctx, unit, coll, stmt, i)
+            matched, modified, upserted_id = run_statement(unit, stmt_ids[i], run)
         except (CommandError, DuplicateKey) as err:
             if unit.in_transaction:
                 unit.fail()
-                raise _as_command_error(err) from None
-            errors.append(_write_error(i, err))
+                raise as_command_error(err) from None
+            errors.append(write_error(i, err))
             if ordered:
                 break
             continue
         n += matched
         n_modified += modified
-        if upsert is not None:
-            upserted.append(upsert)
+        if upserted_id is not None:
+            upserted.append({"index": i, "_id": upserted_id})
     tail: dict[str, Any] = {}
     if upserted:
         tail["upserted"] = upserted
     tail["nModified"] = n_modified
-    return _write_reply(ctx, n, errors, **tail)
+    return _write_reply(ctx, unit, n, errors, **tail)
 
 
-def _delete_one_statement(ctx: CommandContext, unit: WriteUnit, coll: str, stmt: Any) -> int:
-    if not isinstance(stmt, dict):
-        raise CommandError(14, "delete statements must be objects")
-    query = _query_arg(stmt.get("q"), "delete.deletes.q")
-    limit = stmt.get("limit")
-    if limit is None:
-        raise CommandError(
-            40414, "BSON field 'delete.deletes.limit' is missing but a required field"
-        )
-    if limit not in (0, 1) or isinstance(limit, bool):
-        raise CommandError(9, f"The limit field in delete objects must be 0 or 1. Got {limit}")
-    state = _check_writable(ctx, coll)
-    targets = _matching(state, query, limit=int(limit))
+def delete_statement(
+    ctx: CommandContext, unit: WriteUnit, db: str, coll: str, query: dict[str, Any], limit: int
+) -> int:
+    """Delete the first (``limit`` 1) or every (0) document matching ``query``; return how many."""
+    state = check_writable(ctx, db, coll)
+    targets = _matching(state, query, limit=limit)
     for doc in targets:
         assert state is not None
         _delete_document(unit, state, doc)
@@ -399,19 +436,27 @@ def delete(ctx: CommandContext) -> dict[str, Any]:
             raise CommandError(9, f"The limit field in delete objects must be 0 or 1. Got {limit}")
     ordered = ctx.body.get("ordered", True) is not False
     unit = WriteUnit.open(ctx)
+    stmt_ids = unit.statement_ids(len(statements))
     n = 0
     errors: list[dict[str, Any]] = []
     for i, stmt in enumerate(statements):
+
+        def run(stmt: dict[str, Any] = stmt) -> int:
+            query = _query_arg(stmt.get("q"), "delete.deletes.q")
+            if unit.retry is not None and stmt["limit"] == 0:
+                raise CommandError(72, _MULTI_RETRY_ERROR.format("limit=0"))
+            return delete_statement(ctx, unit, ctx.db, coll, query, int(stmt["limit"]))
+
         try:
-            n += _delete_one_statement(ctx, unit, coll, stmt)
+            n += run_statement(unit, stmt_ids[i], run)
         except CommandError as err:
             if unit.in_transaction:
                 unit.fail()
                 raise
-            errors.append(_write_error(i, err))
+            errors.append(write_error(i, err))
             if ordered:
                 break
-    return _write_reply(ctx, n, errors)
+    return _write_reply(ctx, unit, n, errors)
 
 
 # ======================================================================================
@@ -442,15 +487,22 @@ def find_and_modify(ctx: CommandContext) -> dict[str, Any]:
             "document",
         )
     unit = WriteUnit.open(ctx)
+    (stmt_id,) = unit.statement_ids(1)
     try:
-        result = _find_and_modify(
-            ctx, unit, coll, query, spec, remove=remove, new=new, upsert=upsert
+        leo, value = run_statement(
+            unit,
+            stmt_id,
+            lambda: _find_and_modify(
+                ctx, unit, coll, query, spec, remove=remove, new=new, upsert=upsert
+            ),
         )
     except (CommandError, DuplicateKey) as err:
         unit.fail()
-        raise _as_command_error(err) from None
-    leo, value = result
-    return {"lastErrorObject": leo, "value": project(value, fields) if value and fields else value}
+        raise as_command_error(err) from None
+    reply = {"lastErrorObject": leo, "value": project(value, fields) if value and fields else value}
+    if unit.retried and ctx.deployment.profile.retried_stmt_ids:
+        reply["retriedStmtId"] = stmt_id
+    return reply
 
 
 def _find_and_modify(
@@ -464,7 +516,7 @@ def _find_and_modify(
     new: bool,
     upsert: bool,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    state = _check_writable(ctx, coll)
+    state = check_writable(ctx, ctx.db, coll)
     sort = _query_arg(ctx.body.get("sort"), "findAndModify.sort")
     targets = _sorted(_matching(state, query, limit=0 if sort else 1), sort)
     old = targets[0] if targets else None
@@ -484,7 +536,7 @@ def _find_and_modify(
         return {"n": 1, "updatedExisting": True}, copy_value(outcome.doc if new else old)
     if not upsert:
         return {"n": 0, "updatedExisting": False}, None
-    doc = _upsert(ctx, unit, coll, update, query)
+    doc = _upsert(ctx, unit, ctx.db, coll, update, query)
     leo = {"n": 1, "updatedExisting": False, "upserted": doc["_id"]}
     return leo, copy_value(doc) if new else None
 

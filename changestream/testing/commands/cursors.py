@@ -99,8 +99,14 @@ def get_more(ctx: CommandContext) -> dict[str, Any]:
 
 
 def _check_session(cid: int, cursor_session: bytes | None, request_session: bytes | None) -> None:
-    """A cursor opened in a session is continued in that session (``validateLSID``)."""
+    """A cursor is continued in the session it was opened in, or in none (``validateLSID``)."""
     if cursor_session is None:
+        if request_session is not None:
+            raise CommandError(
+                50736,
+                f"Cannot run getMore on cursor {cid}, which was not created in a session, in "
+                f"session {_uuid_text(request_session)}",
+            )
         return
     shown = _uuid_text(cursor_session)
     if request_session is None:

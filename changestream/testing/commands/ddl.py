@@ -5,15 +5,18 @@ collection UUID in ``ui``), in mongod's order: a collection created
 implicitly by a write is logged before the write; ``dropDatabase`` logs one
 ``drop`` per collection, then ``dropDatabase``; a rename that replaces its
 target records the dropped target's UUID in ``dropTarget`` instead of logging
-a separate drop; ``createIndexes`` and ``dropIndexes`` log one entry per
-index. A view's ``create`` entry carries ``viewOn``/``pipeline`` and no ``ui``
-(views have no UUID); dropping or modifying a view is logged, as mongod does,
-as a delete or replacement of its document in ``db.system.views``.
+a separate drop; ``createIndexes`` logs one entry per index (one
+``startIndexBuild`` / ``commitIndexBuild`` pair for all of them when the
+collection holds documents, 4.4+), ``dropIndexes`` one entry per index.
+Views have no UUID and no ``create`` entry: as in mongod, creating, modifying
+and dropping a view is logged only as an insert, replacement or delete of its
+document in ``db.system.views`` (whose own creation is logged once).
 """
 
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -132,7 +135,8 @@ _SIZE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
 # ======================================================================================
 
 
-def _lsid_bytes(ctx: CommandContext) -> bytes | None:
+def lsid_bytes(ctx: CommandContext) -> bytes | None:
+    """``lsid.id`` of the command as raw bytes (cursors remember their session)."""
     ident = (ctx.lsid or {}).get("id")
     if ident is None:
         return None
@@ -200,7 +204,7 @@ def open_cursor(
     single_batch: bool = False,
 ) -> dict[str, Any]:
     """Reply with a first batch; register the cursor when documents remain."""
-    cursor = ListCursor(ns, docs, _lsid_bytes(ctx))
+    cursor = ListCursor(ns, docs, lsid_bytes(ctx))
     batch = cursor.next_batch(batch_size)
     if single_batch:
         batch.exhausted = True
@@ -257,14 +261,12 @@ def create_collection(
         create_collection(unit, db, "system.views")
     state = catalog.new_collection(db, name, options)
     unit.on_undo(lambda: catalog.detach(state.db, state.name))
-    o: dict[str, Any] = {"create": name, **canonical_options(options)}
     if is_view:
-        o.setdefault("pipeline", [])
-        unit.log("c", f"{db}.$cmd", o)
         _sync_view_definition(unit, catalog, state)
-    else:
-        o["idIndex"] = copy_value(state.indexes[0])
-        unit.log("c", f"{db}.$cmd", o, ui=state.uuid)
+        return state
+    o: dict[str, Any] = {"create": name, **canonical_options(options)}
+    o["idIndex"] = copy_value(state.indexes[0])
+    unit.log("c", f"{db}.$cmd", o, ui=state.uuid)
     return state
 
 
@@ -273,10 +275,11 @@ def _sync_view_definition(
 ) -> None:
     """Mirror a view's definition into ``db.system.views``, as mongod stores views.
 
-    With a ``unit``, the change is logged as mongod logs it (a delete, or a
-    replacement, of the ``system.views`` document): view drops and view
-    ``collMod`` reach the oplog only that way. View creation is logged as a
-    ``create`` command instead (see :func:`create_collection`).
+    With a ``unit``, the change is logged as mongod logs it (an insert, a
+    replacement or a delete of the ``system.views`` document,
+    ``{_id: "db.view", viewOn, pipeline[, collation]}``): that is the only
+    trace views leave in the oplog, and what change streams turn into view
+    ``create``/``modify``/``drop`` events.
     """
     views = catalog.get(view.db, "system.views")
     if views is None:
@@ -296,11 +299,13 @@ def _sync_view_definition(
         "viewOn": view.options["viewOn"],
         "pipeline": copy_value(view.options.get("pipeline", [])),
     }
+    if "collation" in view.options:
+        doc["collation"] = copy_value(view.options["collation"])
     views.insert(doc)
     if unit is not None:
         unit.on_undo(functools.partial(views.remove, key))
-        if old is not None:
-            unit.log("u", views.ns, copy_value(doc), ui=views.uuid, o2={"_id": view.ns})
+        op = "u" if old is not None else "i"
+        unit.log(op, views.ns, copy_value(doc), ui=views.uuid, o2={"_id": view.ns})
 
 
 def ensure_collection(unit: WriteUnit, db: str, name: str) -> CollectionState:
@@ -634,7 +639,12 @@ def create_indexes(ctx: CommandContext) -> dict[str, Any]:
         if _index_exists(state, spec, to_build):
             continue
         to_build.append(spec)
-    for spec in to_build:
+    two_phase = (
+        ctx.deployment.profile.two_phase_index_builds and not unit.in_transaction and len(state) > 0
+    )
+    if two_phase and to_build:
+        _two_phase_index_build(unit, state, to_build)
+    for spec in [] if two_phase else to_build:
         try:
             state.add_index(spec)
         except DuplicateKey as dup:
@@ -655,6 +665,39 @@ def create_indexes(ctx: CommandContext) -> dict[str, Any]:
             "note": "all indexes already exist",
         }
     return reply
+
+
+def _two_phase_index_build(
+    unit: WriteUnit, state: CollectionState, specs: list[dict[str, Any]]
+) -> None:
+    """Build indexes on a non-empty collection as mongod 4.4+ does (``IndexBuildsCoordinator``).
+
+    One build for all ``specs``: ``startIndexBuild``, then ``commitIndexBuild``
+    (the one ``createIndexes`` change event, listing every index), or
+    ``abortIndexBuild`` with the cause when the data breaks a unique index.
+    """
+    cmd_ns = f"{state.db}.$cmd"
+    build_uuid = uuid.uuid4()
+    indexes = [{k: copy_value(v) for k, v in spec.items() if k != "ns"} for spec in specs]
+
+    def entry(kind: str) -> dict[str, Any]:
+        return {kind: state.name, "indexBuildUUID": build_uuid, "indexes": copy_value(indexes)}
+
+    unit.log("c", cmd_ns, entry("startIndexBuild"), ui=state.uuid)
+    built: list[str] = []
+    try:
+        for spec in specs:
+            state.add_index(spec)
+            built.append(spec["name"])
+    except DuplicateKey as dup:
+        for name in built:
+            state.remove_index(name)
+        error = dup.command_error()
+        cause = {"ok": False, "code": error.code, "codeName": error.code_name,
+                 "errmsg": error.errmsg, **error.extra}  # fmt: skip
+        unit.log("c", cmd_ns, {**entry("abortIndexBuild"), "cause": cause}, ui=state.uuid)
+        raise error from None
+    unit.log("c", cmd_ns, entry("commitIndexBuild"), ui=state.uuid)
 
 
 def _index_exists(

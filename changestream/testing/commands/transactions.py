@@ -112,7 +112,7 @@ def session_uuid(lsid: dict[str, Any]) -> uuid.UUID:
 
 
 def abort_session(ctx: CommandContext, lsid: dict[str, Any]) -> None:
-    """Abort the session's open transaction, if any (killSessions, endSessions)."""
+    """Abort the session's open transaction, if any (killSessions)."""
     current = _sessions(ctx).get(_session_key(lsid))
     if isinstance(current, Transaction):
         current.abort()

@@ -1,0 +1,68 @@
+"""Server errors must reach PyMongo's SDAM exactly as PyMongo's own operations deliver them.
+
+Replies are read raw (tokens stay byte-exact); an error whose ``details`` stayed
+raw defeated PyMongo's stale-error check, marked a healthy primary Unknown and
+stalled the resume until the next heartbeat (10 s by default).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import bson
+import pytest
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+from pymongo.errors import NotPrimaryError, OperationFailure
+
+import changestream
+from changestream._pymongo import _with_dict_details
+
+
+@pytest.mark.parametrize("code", [91, 189, 10107, 11600, 13435])
+def test_resume_after_a_labelled_not_primary_error_does_not_wait_for_a_heartbeat(
+    simulator: Any, code: int
+) -> None:
+    client: MongoClient[dict[str, Any]] = MongoClient(simulator.uri)  # default heartbeat: 10 s
+    try:
+        coll = client.db.coll
+        coll.insert_one({"_id": 0})
+        with changestream.watch(coll) as stream:
+            client.admin.command(
+                "configureFailPoint",
+                "failGetMoreAfterCursorCheckout",
+                mode={"times": 1},
+                data={"errorCode": code},
+            )
+            coll.insert_one({"_id": 1})
+            started = time.monotonic()
+            change = stream.next()
+            elapsed = time.monotonic() - started
+        assert change["documentKey"] == {"_id": 1}
+        assert elapsed < 3.0, f"resume took {elapsed:.1f}s: the primary was marked Unknown"
+    finally:
+        client.close()
+
+
+def test_error_details_become_a_dict_with_code_and_labels() -> None:
+    reply = {
+        "ok": 0.0,
+        "errmsg": "not primary",
+        "code": 10107,
+        "codeName": "NotWritablePrimary",
+        "errorLabels": ["ResumableChangeStreamError"],
+        "topologyVersion": {"processId": bson.ObjectId(), "counter": bson.Int64(0)},
+    }
+    raw = RawBSONDocument(bson.encode(reply))
+    original = NotPrimaryError("not primary", raw)  # type: ignore[arg-type]
+    rebuilt = _with_dict_details(original, 25)
+    assert isinstance(rebuilt, NotPrimaryError)
+    assert type(rebuilt.details) is dict
+    assert rebuilt.details["topologyVersion"] == reply["topologyVersion"]
+    assert rebuilt.has_error_label("ResumableChangeStreamError")
+
+
+def test_an_error_that_already_has_dict_details_is_left_alone() -> None:
+    error = OperationFailure("boom", 2, {"ok": 0.0, "code": 2, "errmsg": "boom"})
+    assert _with_dict_details(error, 25) is error

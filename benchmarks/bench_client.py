@@ -30,6 +30,7 @@ import os
 import platform
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -295,6 +296,8 @@ def summarise(results: dict[str, list[Run]], events: int) -> list[dict[str, Any]
             "name": MODES[mode][0],
             "wall_events_per_s": round(events / wall),
             "cpu_us_per_event": round(cpu / events * 1e6, 3),
+            "cpu_us_per_event_median": round(
+                statistics.median(r.cpu for r in results[mode]) / events * 1e6, 3),
             "cpu_events_per_s": round(events / cpu),
             "runs": [dataclasses.asdict(r) for r in results[mode]],
         }
@@ -310,8 +313,9 @@ def summarise(results: dict[str, list[Run]], events: int) -> list[dict[str, Any]
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    header = (f"{'mode':<34} {'ev/s wall':>10} {'CPU µs/ev':>10} {'ev/s CPU':>10} "
-              f"{'wall/a':>7} {'CPU/a':>7} {'wall/b':>7} {'CPU/b':>7} {'server µs/ev':>13}")
+    header = (f"{'mode':<34} {'ev/s wall':>10} {'CPU µs/ev':>10} {'(median)':>9} "
+              f"{'ev/s CPU':>10} {'wall/a':>7} {'CPU/a':>7} {'wall/b':>7} {'CPU/b':>7} "
+              f"{'server µs/ev':>13}")
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -319,10 +323,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                           for key in ("wall_vs_a", "cpu_vs_a", "wall_vs_b", "cpu_vs_b"))
         server = row.get("server_cpu_us_per_event")
         print(f"({row['mode']}) {row['name']:<30} {row['wall_events_per_s']:>10,} "
-              f"{row['cpu_us_per_event']:>10.2f} {row['cpu_events_per_s']:>10,} {ratios} "
+              f"{row['cpu_us_per_event']:>10.2f} {row['cpu_us_per_event_median']:>9.2f} "
+              f"{row['cpu_events_per_s']:>10,} {ratios} "
               f"{'-' if server is None else f'{server:.1f}':>13}")
-    print("ratios > 1: faster than (a) / (b). CPU: the client process's CPU time (the server "
-          "runs elsewhere); server: the simulator process's CPU time over the same run")
+    print("best of the runs (median in brackets); ratios of the best > 1: faster than (a) / (b).")
+    print("CPU: the client process's CPU time (the server runs elsewhere); server: the server "
+          "process's CPU time over the same run (simulator only)")
 
 
 def print_memory(samples: list[dict[str, float]]) -> dict[str, float]:

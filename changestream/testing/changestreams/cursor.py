@@ -6,6 +6,11 @@ user stages, split) and the batching of ``run_aggregate.cpp``/``getmore_cmd.cpp`
 with ``plan_executor_pipeline.cpp``'s postBatchResumeToken rules. A getMore waits
 for new oplog entries without holding ``deployment.lock`` and takes the lock only
 to read the catalog (``updateLookup``).
+
+Serving events is the simulator's hot path: each event is encoded once
+(:class:`EncodedEvent`, whose size is its length and whose bytes the reply
+copies), and what an oplog entry produced for a stream's shape is shared with
+later streams of the same shape through the deployment's :class:`EventCache`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from ..cursors import CursorBatch
 from ..errors import CommandError
 from ..oplog import OplogEntry
 from ..wire import ENCODE_OPTIONS
+from .event_cache import EventCache, cache_for, encode_event
 from .pipeline import MISSING, value_to_string
 from .resume_token import (
     ResumeTokenData,
@@ -118,6 +124,10 @@ class ChangeStreamCursor:
         self._after = spec.full_document
         self._images = self._before != "off" or self._after != "default"
         self._version = spec.token_version
+        self._cache: EventCache = cache_for(self._oplog)
+        self._shape = _shape(spec, self._transform)
+        self._shareable = False
+        """The entry being processed produced only events other streams may reuse."""
         token = spec.resume_token
         self._client_token: ResumeTokenData | None = None
         self._start_after_invalidate: ResumeTokenData | None = None
@@ -137,9 +147,14 @@ class ChangeStreamCursor:
                 self._start = Timestamp(last.time, last.inc + 1)
             self._pbrt = encode_token(high_water_mark(self._start, self._version))
         self._pbrt_ts = self._start
+        self._before_start = True
+        """Entries may still precede ``_start`` (a start time in the future)."""
         self._seq: int | None = None
         """Seq of the next oplog entry to fetch (None until the first scan)."""
-        self._buffer: deque[OplogEntry] = deque()
+        self._chunk: list[OplogEntry] = []
+        self._chunk_seq = 0
+        """Seq of ``_chunk[0]``."""
+        self._chunk_pos = 0
         self._latest_ts: Timestamp | None = None
         self._out: deque[_Out] = deque()
         self._invalidated_by: dict[str, Any] | None = None
@@ -225,32 +240,39 @@ class ChangeStreamCursor:
 
     def _next(self) -> _Out | None:
         """The next output document, or None when the oplog has nothing more now."""
-        while not self._out:
+        out = self._out
+        while not out:
             if self._invalidated_by is not None:
                 raise _Closed
-            entry = self._next_entry()
-            if entry is None:
-                return None
-            if entry.ts < self._start:
-                continue  # appended after the scan opened, still before a future start time
+            pos = self._chunk_pos
+            if pos == len(self._chunk):
+                if not self._read_chunk():
+                    return None
+                pos = 0
+            entry = self._chunk[pos]
+            self._chunk_pos = pos + 1
+            if self._before_start:
+                if entry.ts < self._start:
+                    continue  # appended after the scan opened, still before a future start time
+                self._before_start = False
             self._latest_ts = entry.ts
-            self._process(entry)
-        return self._out.popleft()
+            self._process(entry, self._chunk_seq + pos)
+        return out.popleft()
 
     # -- the oplog scan -----------------------------------------------------------------------
-    def _next_entry(self) -> OplogEntry | None:
-        if not self._buffer:
-            if self._seq is None:
-                self._seq = self._open_scan()
-            try:
-                chunk = self._oplog.read(self._seq, _READ_CHUNK)
-            except LookupError:
-                raise self._history_lost() from None
-            if not chunk:
-                return None
-            self._seq += len(chunk)
-            self._buffer.extend(chunk)
-        return self._buffer.popleft()
+    def _read_chunk(self) -> bool:
+        """Fetch the next entries into ``_chunk``; False when the oplog has nothing more now."""
+        if self._seq is None:
+            self._seq = self._open_scan()
+        try:
+            chunk = self._oplog.read(self._seq, _READ_CHUNK)
+        except LookupError:
+            raise self._history_lost() from None
+        if not chunk:
+            return False
+        self._chunk, self._chunk_seq, self._chunk_pos = chunk, self._seq, 0
+        self._seq += len(chunk)
+        return True
 
     def _open_scan(self) -> int:
         """Where the scan starts; ChangeStreamHistoryLost if the oplog no longer reaches back."""
@@ -273,7 +295,27 @@ class ChangeStreamCursor:
         )
 
     # -- the stage chain ----------------------------------------------------------------------
-    def _process(self, entry: OplogEntry) -> None:
+    def _process(self, entry: OplogEntry, seq: int) -> None:
+        """Fill ``_out`` with what ``entry`` (at ``seq``) produces, from the cache when it can."""
+        shape = self._shape
+        if (
+            shape is None
+            or self._client_token is not None
+            or self._start_after_invalidate is not None
+            or self._transform.resuming
+        ):
+            self._emit_events(entry)  # the outputs depend on this stream's progress
+            return
+        cached = self._cache.get(seq, shape)
+        if cached is not None:
+            self._out.extend(cached)
+            return
+        self._shareable = True
+        self._emit_events(entry)
+        if self._shareable:
+            self._cache.put(seq, shape, tuple(self._out))
+
+    def _emit_events(self, entry: OplogEntry) -> None:
         for raw in self._transform.events(entry):
             invalidate = None
             if raw.invalidates:
@@ -282,25 +324,29 @@ class ChangeStreamCursor:
                 if after is not None and invalidate.token != after:
                     invalidate = None  # startAfter: this stream was already invalidated once
             self._start_after_invalidate = None
+            if raw.invalidates:
+                self._shareable = False
             self._emit(raw)
             if invalidate is not None:
                 self._emit(invalidate)
 
     def _emit(self, raw: RawEvent) -> None:
-        skip = self._check_resume(raw)
+        skip = 0 if self._client_token is None else self._check_resume(raw)
         if skip is None:
             return
-        if raw.is_invalidate:
-            self._invalidated_by = raw.doc["_id"]
-        if self._images and raw.entry is not None:
-            self._add_images(raw)
         doc = raw.doc
+        if raw.is_invalidate:
+            self._invalidated_by = doc["_id"]
+        if self._images and raw.entry is not None:
+            doc = self._add_images(raw)
         out = self._pipeline.apply(doc) if self._pipeline else doc
         if out is None:
             return
-        size = bson_size(out)
-        ts = raw.token.cluster_time
+        event = encode_event(out)
+        size = len(event.raw)
+        ts = raw.cluster_time
         if size > SPLIT_THRESHOLD and self._split_events:
+            self._shareable = False  # fragments depend on where the stream resumed
             for fragment, fragment_size in self._split(out, raw.token, skip):
                 self._out.append((fragment, fragment_size, ts))
             return
@@ -310,7 +356,7 @@ class ChangeStreamCursor:
                 "Attempted to resume from a split event fragment, but the event in the resumed "
                 "stream was not large enough to be split",
             )
-        _check_id(out, doc["_id"])
+        _check_id(out, raw.doc["_id"])
         if size > MAX_EVENT_BYTES:
             first = next(iter(out.items()), None)
             shown = "EOO" if first is None else f"{first[0]}: {_bson_string(first[1])}"
@@ -319,7 +365,7 @@ class ChangeStreamCursor:
                 f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 and "
                 f"{MAX_EVENT_BYTES}(16MB) First element: {shown}",
             )
-        self._out.append((out, size, ts))
+        self._out.append((event, size, ts))
 
     def _check_resume(self, raw: RawEvent) -> int | None:
         """Swallow events up to the client's token (None); else how many fragments to skip."""
@@ -345,9 +391,12 @@ class ChangeStreamCursor:
         return 0
 
     # -- images -----------------------------------------------------------------------------------
-    def _add_images(self, raw: RawEvent) -> None:
-        """fullDocumentBeforeChange (pre-image stage), then fullDocument (post-image stage)."""
-        doc = raw.doc
+    def _add_images(self, raw: RawEvent) -> dict[str, Any]:
+        """fullDocumentBeforeChange (pre-image stage), then fullDocument (post-image stage).
+
+        Returns a new event: ``raw.doc`` may be shared with other streams.
+        """
+        doc = dict(raw.doc)
         op_type = doc["operationType"]
         entry = raw.entry
         assert entry is not None
@@ -358,12 +407,14 @@ class ChangeStreamCursor:
             doc["fullDocumentBeforeChange"] = pre
         if self._after != "default" and op_type == "update":
             if self._after == "updateLookup":
+                self._shareable = False  # the document's current version, not the entry's
                 post = self._lookup(doc, raw.token)
             else:
                 post = entry.post_image
                 if post is None and self._after == "required":
                     raise _image_missing(doc, "a post-image for all update", "post")
             doc["fullDocument"] = post
+        return doc
 
     def _lookup(self, doc: dict[str, Any], token: ResumeTokenData) -> dict[str, Any] | None:
         """updateLookup: the document's current version, found by collection UUID and _id."""
@@ -432,6 +483,20 @@ class ChangeStreamCursor:
             fragment["splitEvent"]["of"] = len(fragments)
             out.append((fragment, bson_size(fragment)))
         return out
+
+
+def _shape(spec: ChangeStreamSpec, transform: EventTransformer) -> str | None:
+    """What decides a stream's outputs besides the oplog entry (None: never share them)."""
+    if spec.pipeline.key is None:
+        return None
+    parts = (
+        transform.shape,
+        spec.full_document,
+        spec.full_document_before_change,
+        spec.split_large_events,
+        spec.pipeline.key,
+    )
+    return repr(parts)
 
 
 def _is_initiating(entry: OplogEntry) -> bool:

@@ -25,7 +25,7 @@ from bson.timestamp import Timestamp
 from ..errors import CommandError
 from ..oplog import OplogEntry
 from ..versions import VersionProfile
-from .resume_token import EVENT_TOKEN, ResumeTokenData, encode_token, event_identifier
+from .resume_token import EventToken, ResumeTokenData, encode_token
 from .stage import SCOPE_CLUSTER, SCOPE_COLLECTION, SCOPE_DATABASE, ChangeStreamSpec
 from .update_description import update_description
 
@@ -42,15 +42,30 @@ _EXPANDED_COMMANDS: Final = frozenset(
 
 @dataclasses.dataclass(slots=True)
 class RawEvent:
-    """One change event as the transform produced it, before images and user stages."""
+    """One change event as the transform produced it, before images and user stages.
+
+    The cursor may share it between streams of the same shape: never mutate ``doc``.
+    """
 
     doc: dict[str, Any]
-    token: ResumeTokenData
+    source: EventToken | ResumeTokenData
+    """The token's parts (made into :class:`ResumeTokenData` only when someone asks)."""
     entry: OplogEntry | None = None
     """The CRUD oplog entry (pre/post images live there); None for commands."""
     invalidates: bool = False
     """The stream must be invalidated after this event (drop/rename/dropDatabase)."""
     is_invalidate: bool = False
+
+    @property
+    def cluster_time(self) -> Timestamp:
+        return self.source.cluster_time
+
+    @property
+    def token(self) -> ResumeTokenData:
+        source = self.source
+        if isinstance(source, EventToken):
+            source = self.source = source.data()
+        return source
 
 
 def _ns_doc(db: str, coll: str) -> dict[str, Any]:
@@ -99,6 +114,7 @@ class EventTransformer:
             SCOPE_DATABASE: frozenset({"dropDatabase"}),
             SCOPE_CLUSTER: frozenset(),
         }[self._scope]
+        self._ns_docs: dict[str, dict[str, Any]] = {}
 
     # -- relevance -----------------------------------------------------------------------------
     def _visible(self, db: str, coll: str) -> bool:
@@ -177,26 +193,39 @@ class EventTransformer:
         op_type: str,
         document_key: dict[str, Any] | None,
         op_desc: dict[str, Any] | None,
-    ) -> ResumeTokenData:
+    ) -> EventToken:
         version = self._version
         if self._resume_key is not None:
             if (ts.time, ts.inc) > self._resume_key:
                 self._resume_key = None  # every later event uses the default version
             elif txn_op_index <= self._resume_txn:
                 version = self._resume_version
-        return ResumeTokenData(
-            ts,
-            version,
-            EVENT_TOKEN,
-            txn_op_index,
-            False,
-            ui,
-            event_identifier(version, op_type, document_key, op_desc),
-        )
+        return EventToken(ts, version, txn_op_index, ui, op_type, document_key, op_desc)
+
+    @property
+    def resuming(self) -> bool:
+        """Events still take the version of the client's token (they depend on the resume point)."""
+        return self._resume_key is not None
+
+    @property
+    def shape(self) -> tuple[Any, ...]:
+        """Everything besides the oplog entry that decides the events built from it."""
+        return (
+            self._scope, self._db, self._coll, self._show_system, self._expanded,
+            self._raw_updates, self._reserve_full_document, self._version, self._wall,
+            self._legacy_updates, self._disambiguated, self._ns_type,
+        )  # fmt: skip
+
+    def _ns_doc(self, ns: str) -> dict[str, Any]:
+        """The ``ns`` sub-document of ``db.coll``, one shared dict per namespace."""
+        doc = self._ns_docs.get(ns)
+        if doc is None:
+            doc = self._ns_docs[ns] = _ns_doc(*_split_ns(ns))
+        return doc
 
     def _head(
         self,
-        token: ResumeTokenData,
+        token: EventToken,
         op_type: str,
         wall: datetime,
         ui: uuid.UUID | None,
@@ -210,7 +239,7 @@ class EventTransformer:
         if txn is not None:
             doc["txnNumber"] = txn[0]
             doc["lsid"] = txn[1]
-        doc["_id"] = encode_token(token)
+        doc["_id"] = token.encode()
         doc["operationType"] = op_type
         doc["clusterTime"] = token.cluster_time
         if self._expanded and ui is not None:
@@ -254,7 +283,7 @@ class EventTransformer:
             doc["fullDocument"] = full_document
         elif op_type == "update" and self._reserve_full_document:
             doc["fullDocument"] = None  # the post-image stage fills this slot in place
-        doc["ns"] = _ns_doc(*_split_ns(entry.ns))
+        doc["ns"] = self._ns_doc(entry.ns)
         doc["documentKey"] = document_key
         if update_desc is not None:
             doc["rawUpdateDescription" if self._raw_updates else "updateDescription"] = update_desc

@@ -14,10 +14,9 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-import pymongo
 from pymongo.synchronous.mongo_client import MongoClient
 
-from ._pymongo import SyncTransport, csot_context_active
+from ._pymongo import SyncTransport
 from .machine import (
     NOT_BUFFERED,
     ChangeStreamMachine,
@@ -25,18 +24,13 @@ from .machine import (
     ErrorInfo,
     NoDocument,
     Raise,
-    StreamSpec,
 )
 from .options import (
     ChangeStreamOptions,
-    check_max_await,
-    effective_codec_options,
-    effective_timeout_ms,
-    event_decoder,
     present_token,
-    reply_codec,
     resolve_target,
 )
+from .shell import call_deadline, stream_setup
 
 __all__ = ["ChangeStream"]
 
@@ -82,28 +76,10 @@ class ChangeStream(Generic[_T]):
         resolved = resolve_target(target)
         if not isinstance(resolved.client, MongoClient):
             raise TypeError("ChangeStream needs a synchronous pymongo MongoClient target")
-        self._timeout_ms = effective_timeout_ms(options, resolved.client)
-        self._timeout_is_explicit = options.timeout_ms is not None
-        check_max_await(options, self._timeout_ms)
-        self._codec = effective_codec_options(options, resolved)
-        wire = reply_codec(self._codec)
-        self._transport = SyncTransport(resolved.client, options.session, wire)
-        self._machine = ChangeStreamMachine(
-            StreamSpec(
-                database=resolved.database,
-                collection=resolved.collection,
-                cluster=resolved.cluster,
-                options=options,
-                read_preference=options.read_preference
-                if options.read_preference is not None
-                else resolved.read_preference,
-                read_concern=options.read_concern
-                if options.read_concern is not None
-                else resolved.read_concern,
-                retry_reads=resolved.client.options.retry_reads,
-                decode=event_decoder(self._codec, options.typed, wire),
-            )
-        )
+        self._setup = stream_setup(resolved, options)
+        self._codec = self._setup.codec
+        self._transport = SyncTransport(resolved.client, options.session, self._setup.wire)
+        self._machine = ChangeStreamMachine(self._setup.spec)
         self._lock = threading.RLock()
         self._close_requested = False
         with self._lock, self._deadline():
@@ -195,16 +171,8 @@ class ChangeStream(Generic[_T]):
 
     # -- the driving loop ------------------------------------------------------
     def _deadline(self) -> contextlib.AbstractContextManager[None]:
-        """The per-call CSOT budget (``timeout_ms=0`` disables a client-level timeout).
-
-        As in PyMongo, a caller's ``with pymongo.timeout(...)`` block replaces
-        the client's ``timeoutMS``; an explicit ``timeout_ms`` still applies
-        (the earlier deadline wins).
-        """
-        inherited_but_overridden = not self._timeout_is_explicit and csot_context_active()
-        if self._timeout_ms is None or inherited_but_overridden:
-            return contextlib.nullcontext()
-        return pymongo.timeout(self._timeout_ms / 1000)
+        """The per-call CSOT budget (see :func:`changestream.shell.call_deadline`)."""
+        return call_deadline(self._setup)
 
     def _run(self, *, interruptible: bool) -> Any:
         """Pump the machine until the current operation ends."""

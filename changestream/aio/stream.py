@@ -19,12 +19,11 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import bson
-import pymongo
 from bson.raw_bson import RawBSONDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
-from .._pymongo import AsyncTransport, csot_context_active
+from .._pymongo import AsyncTransport
 from ..machine import (
     NOT_BUFFERED,
     Action,
@@ -33,18 +32,13 @@ from ..machine import (
     ErrorInfo,
     NoDocument,
     Raise,
-    StreamSpec,
 )
 from ..options import (
     ChangeStreamOptions,
-    check_max_await,
-    effective_codec_options,
-    effective_timeout_ms,
-    event_decoder,
     present_token,
-    reply_codec,
     resolve_target,
 )
+from ..shell import call_deadline, stream_setup
 
 __all__ = ["AsyncChangeStream", "TokenCallback", "watch"]
 
@@ -131,28 +125,10 @@ class AsyncChangeStream(Generic[_T]):
             raise TypeError("session must be an AsyncClientSession for an async change stream")
         if on_resume_token_change is not None and not callable(on_resume_token_change):
             raise TypeError("on_resume_token_change must be callable")
-        self._timeout_ms = effective_timeout_ms(options, resolved.client)
-        self._timeout_is_explicit = options.timeout_ms is not None
-        check_max_await(options, self._timeout_ms)
-        self._codec = effective_codec_options(options, resolved)
-        wire = reply_codec(self._codec)
-        self._transport = AsyncTransport(resolved.client, options.session, wire)
-        self._machine = ChangeStreamMachine(
-            StreamSpec(
-                database=resolved.database,
-                collection=resolved.collection,
-                cluster=resolved.cluster,
-                options=options,
-                read_preference=options.read_preference
-                if options.read_preference is not None
-                else resolved.read_preference,
-                read_concern=options.read_concern
-                if options.read_concern is not None
-                else resolved.read_concern,
-                retry_reads=resolved.client.options.retry_reads,
-                decode=event_decoder(self._codec, options.typed, wire),
-            )
-        )
+        self._setup = stream_setup(resolved, options)
+        self._codec = self._setup.codec
+        self._transport = AsyncTransport(resolved.client, options.session, self._setup.wire)
+        self._machine = ChangeStreamMachine(self._setup.spec)
         self._lock = asyncio.Lock()
         self._close_requested = False
         self._cleanup: asyncio.Task[None] | None = None
@@ -236,11 +212,8 @@ class AsyncChangeStream(Generic[_T]):
 
     # -- the driving loop ------------------------------------------------------
     def _deadline(self) -> contextlib.AbstractContextManager[None]:
-        """The per-call CSOT budget, with the sync stream's rules (``pymongo.timeout`` blocks win)."""
-        inherited_but_overridden = not self._timeout_is_explicit and csot_context_active()
-        if self._timeout_ms is None or inherited_but_overridden:
-            return contextlib.nullcontext()
-        return pymongo.timeout(self._timeout_ms / 1000)
+        """The per-call CSOT budget (see :func:`changestream.shell.call_deadline`)."""
+        return call_deadline(self._setup)
 
     async def _run(self, *, interruptible: bool) -> Any:
         """Pump the machine until the current operation ends."""

@@ -246,6 +246,7 @@ def simulator(version: str) -> Iterator[tuple[str, int | None]]:
     """``python -m changestream.testing serve`` in a child process; yields its URI and pid."""
     process = subprocess.Popen(
         [sys.executable, "-m", "changestream.testing", "serve", "--port", "0",
+         "--event-cache-mb", "512",
          "--version", version],
         stdout=subprocess.PIPE, text=True,
     )

@@ -49,7 +49,8 @@ def serve() -> tuple[str, subprocess.Popen[str] | None]:
     if os.environ.get("MONGODB_URI"):
         return os.environ["MONGODB_URI"], None
     process = subprocess.Popen(
-        [sys.executable, "-m", "changestream.testing", "serve", "--port", "0"],
+        [sys.executable, "-m", "changestream.testing", "serve", "--port", "0",
+         "--event-cache-mb", "512"],
         stdout=subprocess.PIPE,
         text=True,
     )

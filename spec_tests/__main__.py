@@ -1,8 +1,10 @@
 """``python -m spec_tests``: run the spec matrix without pytest and write a JSON report.
 
-One report row per (file, test, version, topology) with its status and
-reason; per-version counts and a final ``N passed, N failed, N skipped``
-line go to stdout. Exit status 1 if anything failed.
+One report row per (file, test, version, topology) with the client, its
+status and reason; per-version counts and a final ``N passed, N failed, N
+skipped`` line go to stdout. ``--client`` picks the change-stream client
+(``changestream-async`` runs changestream.aio over AsyncMongoClient). Exit
+status 1 if anything failed.
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _row(case: Case, outcome: Outcome, seconds: float) -> dict[str, object]:
+def _row(case: Case, client: str, outcome: Outcome, seconds: float) -> dict[str, object]:
     return {
         "file": case.label,
         "test": case.description,
         "version": case.version,
         "topology": case.topology,
+        "client": client,
         "status": outcome.status,
         "reason": outcome.reason,
         "seconds": round(seconds, 3),
@@ -70,10 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases:
             started = time.monotonic()
             outcome = run_case(case, pool, args.client)
-            rows.append(_row(case, outcome, time.monotonic() - started))
+            rows.append(_row(case, args.client, outcome, time.monotonic() - started))
             if outcome.status == "fail" or args.verbose:
                 first_line = outcome.reason.splitlines()[0] if outcome.reason else ""
-                print(f"{outcome.status.upper():4} {case.id}  {first_line}", flush=True)
+                print(
+                    f"{outcome.status.upper():4} {case.id_for(args.client)}  {first_line}",
+                    flush=True,
+                )
     finally:
         pool.close()
     if args.json:

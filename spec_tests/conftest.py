@@ -10,7 +10,7 @@ import pytest
 
 from spec_tests.runner.adapter import CLIENTS
 from spec_tests.runner.targets import Target
-from spec_tests.test_unified import UnifiedModule, client_impl, get_pool
+from spec_tests.test_unified import UnifiedModule, client_impls, get_pool
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -18,7 +18,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--spec-client",
         choices=CLIENTS,
-        help="change-stream client under test (env SPEC_TESTS_CLIENT; default changestream)",
+        help="change-stream client under test (env SPEC_TESTS_CLIENT; "
+        "default: changestream and changestream-async, each case once per client)",
     )
     group.addoption(
         "--spec-versions",
@@ -39,7 +40,7 @@ def spec_target(request: pytest.FixtureRequest) -> Iterator[Target]:
     yield get_pool(request.config).get("8.0", "replicaset")
 
 
-@pytest.fixture(scope="session")
-def spec_client_impl(request: pytest.FixtureRequest) -> str:
-    """Which change-stream client the spec tests exercise."""
-    return client_impl(request.config)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``spec_client_impl``: each change-stream client under test, as a parameter."""
+    if "spec_client_impl" in metafunc.fixturenames:
+        metafunc.parametrize("spec_client_impl", client_impls(metafunc.config))

@@ -22,9 +22,10 @@ from typing import Any
 
 import pymongo
 import pytest
-from pymongo import MongoClient
+from pymongo import AsyncMongoClient, MongoClient
 
-from spec_tests.runner.adapter import open_change_stream
+from spec_tests.runner.adapter import needs_bridge, open_change_stream
+from spec_tests.runner.async_bridge import AsyncBridge
 from spec_tests.runner.errors import describe, is_timeout
 from spec_tests.runner.events import EventRecorder
 from spec_tests.runner.executor import fast_sdam
@@ -60,25 +61,36 @@ def blocked_getmores(csot_target: Target) -> Iterator[None]:
         internal["db"].drop_collection("coll")
 
 
+async def _ping(client: AsyncMongoClient[Any]) -> None:
+    with pymongo.timeout(10):
+        await client.admin.command("ping")
+
+
 def test_blocking_next_times_out_across_getmores(
     csot_target: Target, blocked_getmores: None, spec_client_impl: str
 ) -> None:
     recorder = EventRecorder(["commandStartedEvent", "commandSucceededEvent"], [])
+    options: dict[str, Any] = {
+        "timeoutMS": 20,
+        "w": "majority",
+        "readConcernLevel": "majority",
+        "readPreference": "primary",
+        "event_listeners": [recorder],
+    }
     with fast_sdam():
-        client: MongoClient[dict[str, Any]] = MongoClient(
-            csot_target.uri,
-            timeoutMS=20,
-            w="majority",
-            readConcernLevel="majority",
-            readPreference="primary",
-            event_listeners=[recorder],
-        )
+        client: MongoClient[dict[str, Any]] = MongoClient(csot_target.uri, **options)
+    bridge = AsyncBridge() if needs_bridge(spec_client_impl) else None
     stream = None
     try:
-        with pymongo.timeout(10):  # connect and select the server outside the 20 ms budget
+        # Connect and select the server outside the 20 ms budget (the async mirror too).
+        with pymongo.timeout(10):
             client.admin.command("ping")
+        if bridge is not None:
+            with fast_sdam():
+                bridge.register(client, csot_target.uri, options)
+            bridge.run(_ping(bridge.mirror(client)))
         recorder.events.clear()
-        stream = open_change_stream(client["db"]["coll"], {}, spec_client_impl)
+        stream = open_change_stream(client["db"]["coll"], {}, spec_client_impl, bridge)
         aggregates = [
             o
             for o in recorder.snapshot()
@@ -101,6 +113,8 @@ def test_blocking_next_times_out_across_getmores(
         if stream is not None:
             stream.close()
         client.close()
+        if bridge is not None:
+            assert bridge.close() == []
 
     sent = [
         o.event.command_name

@@ -1,11 +1,14 @@
-"""pytest entry for the unified spec tests: one item per (file, test, version, topology).
+"""pytest entry for the unified spec tests: one item per (file, test, version, topology, client).
 
 ``conftest.py`` hands this module to :class:`UnifiedModule`, which collects
 one :class:`SpecFileCollector` per spec file and one :class:`SpecItem` per
-matrix case, so ids read like
-``test_unified.py::change-streams.json::Test array truncation[8.0-replicaset]``.
-Options (or environment variables): ``--spec-client`` (SPEC_TESTS_CLIENT),
-``--spec-versions`` (SPEC_TESTS_VERSIONS), ``--spec-files`` (SPEC_TESTS_FILES).
+matrix case and client mode, so ids read like
+``test_unified.py::change-streams.json::Test array truncation[8.0-replicaset]``
+(``changestream``) and ``...[8.0-replicaset-async]`` (``changestream-async``).
+By default every case runs in both of those modes; ``--spec-client``
+(SPEC_TESTS_CLIENT) picks one client instead. Other options (or environment
+variables): ``--spec-versions`` (SPEC_TESTS_VERSIONS), ``--spec-files``
+(SPEC_TESTS_FILES).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 import pytest
 
 from spec_tests.runner import RunnerError, SpecFailure, SpecSkip
-from spec_tests.runner.adapter import DEFAULT_CLIENT
+from spec_tests.runner.adapter import CLIENTS, DEFAULT_CLIENTS
 from spec_tests.runner.matrix import Case, build_cases, execute_case
 from spec_tests.runner.targets import TargetPool
 
@@ -39,8 +42,10 @@ def get_pool(config: pytest.Config) -> TargetPool:
     return config.stash[_POOL]
 
 
-def client_impl(config: pytest.Config) -> str:
-    return option(config, "--spec-client", "SPEC_TESTS_CLIENT", DEFAULT_CLIENT) or DEFAULT_CLIENT
+def client_impls(config: pytest.Config) -> tuple[str, ...]:
+    """The change-stream clients under test: the one asked for, else both of ours."""
+    chosen = option(config, "--spec-client", "SPEC_TESTS_CLIENT")
+    return (chosen,) if chosen else DEFAULT_CLIENTS
 
 
 class UnifiedModule(pytest.Module):
@@ -58,46 +63,56 @@ class UnifiedModule(pytest.Module):
             )
         except RunnerError as exc:
             raise self.CollectError(f"cannot build the spec test matrix: {exc}") from exc
+        clients = client_impls(config)
+        if set(clients) - set(CLIENTS):
+            raise self.CollectError(
+                f"SPEC_TESTS_CLIENT must be one of {', '.join(CLIENTS)}, not {clients[0]!r}"
+            )
         by_file: dict[str, list[Case]] = {}
         for case in cases:
             by_file.setdefault(case.label, []).append(case)
         for label, file_cases in by_file.items():
-            yield SpecFileCollector.from_parent(self, name=label, cases=file_cases)
+            yield SpecFileCollector.from_parent(self, name=label, cases=file_cases, clients=clients)
 
 
 class SpecFileCollector(pytest.Collector):
-    """The cases of one spec file."""
+    """The cases of one spec file, once per client mode (all of one mode first)."""
 
-    def __init__(self, *, cases: list[Case], **kwargs: Any) -> None:
+    def __init__(self, *, cases: list[Case], clients: tuple[str, ...], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.cases = cases
+        self.clients = clients
 
     def collect(self) -> Iterable[pytest.Item]:
-        for case in self.cases:
-            item = SpecItem.from_parent(self, name=case.name, case=case)
-            if case.skip is not None:
-                item.add_marker(pytest.mark.skip(reason=case.skip))
-            yield item
+        for client in self.clients:
+            for case in self.cases:
+                item = SpecItem.from_parent(
+                    self, name=case.name_for(client), case=case, client=client
+                )
+                if case.skip is not None:
+                    item.add_marker(pytest.mark.skip(reason=case.skip))
+                yield item
 
 
 class SpecItem(pytest.Item):
-    """One (file, test, version, topology) case."""
+    """One (file, test, version, topology) case run with one change-stream client."""
 
-    def __init__(self, *, case: Case, **kwargs: Any) -> None:
+    def __init__(self, *, case: Case, client: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.case = case
+        self.client = client
 
     def runtest(self) -> None:
         try:
-            execute_case(self.case, get_pool(self.config), client_impl(self.config))
+            execute_case(self.case, get_pool(self.config), self.client)
         except SpecSkip as exc:
             pytest.skip(str(exc))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, (SpecFailure, RunnerError)):
             kind = "runner" if isinstance(excinfo.value, RunnerError) else "failed"
-            return f"{self.case.id} {kind}:\n{excinfo.value}"
+            return f"{self.case.id_for(self.client)} {kind}:\n{excinfo.value}"
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Any, int, str]:
-        return self.path, 0, self.case.id
+        return self.path, 0, self.case.id_for(self.client)

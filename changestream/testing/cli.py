@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
         "--oplog-max-entries", type=int, default=None, help="truncate the oplog beyond N entries"
     )
     serve.add_argument(
+        "--event-cache-mb",
+        type=int,
+        default=None,
+        help="memory for re-serving already built change events (default 64)",
+    )
+    serve.add_argument(
         "--networkMessageCompressors",
         dest="compressors",
         default=None,
@@ -65,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             host=args.host,
             oplog_max_entries=args.oplog_max_entries,
             compressors=args.compressors,
+            event_cache_bytes=None
+            if args.event_cache_mb is None
+            else args.event_cache_mb * 1024 * 1024,
         ).start()
     except (OSError, ValueError) as exc:
         print(

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable
 from types import TracebackType
 
+from .changestreams.event_cache import cache_for
 from .commands.admin import elect_next, notify_topology_change
 from .deployment import Deployment
 from .server import MemberServer
@@ -32,6 +33,8 @@ class ReplicaSet:
     postBatchResumeToken advances. ``compressors`` is mongod's
     ``networkMessageCompressors`` (a list, ``"zlib,noop"`` or ``"disabled"``;
     default: mongod's snappy, zstd, zlib, those this Python can run).
+    ``event_cache_bytes`` bounds the memory kept to re-serve change events
+    already built for an oplog range (default 64 MiB; output is identical).
     """
 
     def __init__(
@@ -47,6 +50,7 @@ class ReplicaSet:
         oplog_max_bytes: int | None = None,
         noop_interval: float = 10.0,
         compressors: Iterable[str] | str | None = None,
+        event_cache_bytes: int | None = None,
     ) -> None:
         if members < 1:
             raise ValueError(f"a replica set needs at least one member, got {members}")
@@ -59,6 +63,10 @@ class ReplicaSet:
             oplog_max_bytes=oplog_max_bytes,
             compressors=compressors,
         )
+        if event_cache_bytes is not None:
+            if event_cache_bytes < 0:
+                raise ValueError(f"event_cache_bytes must be >= 0, got {event_cache_bytes}")
+            cache_for(self.deployment.oplog).max_bytes = event_cache_bytes
         for member in self.deployment.members:
             member.host = host
         self._port = port

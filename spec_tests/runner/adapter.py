@@ -1,9 +1,11 @@
 """The one place where the runner opens a change stream.
 
 ``createChangeStream`` goes through :func:`open_change_stream`, which calls
-either our library (``changestream.watch``, the default) or PyMongo's own
-``watch`` helper. Running the suite with ``pymongo`` checks the simulator's
-fidelity against a known-good client.
+our library (``changestream.watch``, the default), its asyncio twin
+(``changestream.aio.watch`` on an ``AsyncMongoClient`` mirror of the target's
+client, through the test's :class:`.async_bridge.AsyncBridge`) or PyMongo's
+own ``watch`` helper. Running the suite with ``pymongo`` checks the
+simulator's fidelity against a known-good client.
 """
 
 from __future__ import annotations
@@ -14,9 +16,35 @@ from typing import Any
 import pymongo
 
 from . import RunnerError
+from .async_bridge import AsyncBridge
 
-CLIENTS = ("changestream", "pymongo")
+ASYNC_CLIENT = "changestream-async"
+CLIENTS = ("changestream", ASYNC_CLIENT, "pymongo")
 DEFAULT_CLIENT = "changestream"
+DEFAULT_CLIENTS = ("changestream", ASYNC_CLIENT)
+"""What a plain ``pytest spec_tests`` run covers: every case once per client."""
+
+_ID_SUFFIXES = {"changestream": "", ASYNC_CLIENT: "-async", "pymongo": "-pymongo"}
+
+
+def id_suffix(client: str) -> str:
+    """What a case id gets appended for ``client`` (``[8.0-replicaset-async]``)."""
+    _check_client(client)
+    return _ID_SUFFIXES[client]
+
+
+def needs_bridge(client: str) -> bool:
+    """Whether tests with ``client`` need an :class:`AsyncBridge` (the async client mode)."""
+    _check_client(client)
+    return client == ASYNC_CLIENT
+
+
+def _check_client(client: str) -> None:
+    if client not in CLIENTS:
+        raise RunnerError(
+            f"unknown change-stream client {client!r} (choose from {', '.join(CLIENTS)})"
+        )
+
 
 _OPTION_NAMES = {
     "fullDocument": "full_document",
@@ -44,8 +72,19 @@ def watch_options(arguments: dict[str, Any]) -> tuple[list[Mapping[str, Any]], d
     return pipeline, options
 
 
-def open_change_stream(target: Any, arguments: dict[str, Any], client: str = DEFAULT_CLIENT) -> Any:
-    """Open a change stream on a MongoClient, Database or Collection; the aggregate runs now."""
+def open_change_stream(
+    target: Any,
+    arguments: dict[str, Any],
+    client: str = DEFAULT_CLIENT,
+    bridge: AsyncBridge | None = None,
+) -> Any:
+    """Open a change stream on a MongoClient, Database or Collection; the aggregate runs now.
+
+    With ``changestream-async`` the stream is opened on the ``bridge``'s
+    async mirror of ``target`` and returned as a synchronous
+    :class:`.async_bridge.BridgedStream`.
+    """
+    _check_client(client)
     pipeline, options = watch_options(arguments)
     if client == "changestream":
         try:
@@ -53,9 +92,15 @@ def open_change_stream(target: Any, arguments: dict[str, Any], client: str = DEF
         except ImportError as exc:
             raise RunnerError(f"changestream.watch is not available: {exc}") from exc
         return watch(target, pipeline, **options)
-    if client == "pymongo":
-        return _pymongo_watch(target, pipeline, options)
-    raise RunnerError(f"unknown change-stream client {client!r} (choose from {', '.join(CLIENTS)})")
+    if client == ASYNC_CLIENT:
+        if bridge is None:
+            raise RunnerError(f"{ASYNC_CLIENT} needs the test's AsyncBridge")
+        try:
+            from changestream.aio import watch as async_watch
+        except ImportError as exc:
+            raise RunnerError(f"changestream.aio.watch is not available: {exc}") from exc
+        return bridge.open_stream(async_watch(bridge.mirror(target), pipeline, **options))
+    return _pymongo_watch(target, pipeline, options)
 
 
 def _pymongo_watch(target: Any, pipeline: list[Mapping[str, Any]], options: dict[str, Any]) -> Any:

@@ -1,6 +1,9 @@
 """The per-test entity map: clients, databases, collections, change streams, values.
 
 Names are unique and lookups check the entity's kind, as the spec requires.
+With an :class:`.async_bridge.AsyncBridge` (the ``changestream-async``
+mode) every client entity also gets an ``AsyncMongoClient`` mirror, built
+from the same URI and keywords, that change streams are opened on.
 :meth:`EntityMap.close` closes change streams first, then clients, swallowing
 errors (cleanup must not hide the test's own result).
 """
@@ -22,6 +25,7 @@ from pymongo.server_api import ServerApi
 from pymongo.write_concern import WriteConcern
 
 from . import RunnerError
+from .async_bridge import AsyncBridge
 from .events import EventRecorder
 from .matcher import bson_type
 from .targets import SERVER_SELECTION_TIMEOUT_MS, Target
@@ -33,10 +37,14 @@ it): a server marked Unknown by an injected error is re-checked within 0.5 s, no
 
 @dataclass
 class ClientEntity:
-    """A MongoClient plus its event recorder (None when it observes nothing)."""
+    """A MongoClient plus its event recorder (None when it observes nothing).
+
+    ``bridge`` holds the client's async mirror, if the test has one.
+    """
 
     client: MongoClient[dict[str, Any]]
     recorder: EventRecorder | None
+    bridge: AsyncBridge | None = None
     closed: bool = False
 
     def close(self) -> None:
@@ -45,6 +53,8 @@ class ClientEntity:
             if self.recorder is not None:
                 self.recorder.enabled = False
             self.client.close()
+            if self.bridge is not None:
+                self.bridge.close_client(self.client)
 
 
 _CLIENT_KEYS = frozenset(
@@ -66,10 +76,14 @@ _OPTION_KEYS = frozenset({"readConcern", "readPreference", "writeConcern"})
 class EntityMap:
     """Entities of one test, by name."""
 
-    def __init__(self, target: Target, *, fast_heartbeat: bool = False) -> None:
+    def __init__(
+        self, target: Target, *, fast_heartbeat: bool = False, bridge: AsyncBridge | None = None
+    ) -> None:
         self.target = target
         self.fast_heartbeat = fast_heartbeat
         """Clients get heartbeatFrequencyMS=FAST_HEARTBEAT_MS (the test sets failpoints)."""
+        self.bridge = bridge
+        """Mirrors every client on an AsyncMongoClient (the ``changestream-async`` mode)."""
         self._entities: dict[str, tuple[str, Any]] = {}
         self._streams: list[Any] = []
 
@@ -180,7 +194,11 @@ class EntityMap:
             )
             kwargs["event_listeners"] = [recorder]
         uri = self._client_uri(options.get("useMultipleMongoses"))
-        self.add(name, "client", ClientEntity(MongoClient(uri, **kwargs), recorder))
+        client: MongoClient[dict[str, Any]] = MongoClient(uri, **kwargs)
+        entity = ClientEntity(client, recorder, self.bridge)
+        self.add(name, "client", entity)  # first, so it is closed even if mirroring fails
+        if self.bridge is not None:
+            self.bridge.register(client, uri, kwargs)
 
     def _client_uri(self, use_multiple: bool | None) -> str:
         topology = self.target.info.topology

@@ -2,8 +2,9 @@
 
 Order: requirements, initialData, createEntities, operations, stop event
 recording, disable failpoints, expectEvents, outcome; then, whatever
-happened, close change streams and clients, drop what the test touched and
-(after a failure) kill all sessions.
+happened, close change streams and clients (then the async bridge's loop in
+the ``changestream-async`` mode), drop what the test touched and (after a
+failure) kill all sessions.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from bson import json_util
 from pymongo.errors import PyMongoError
 
 from . import RunnerError, SpecFailure, SpecSkip
+from .adapter import needs_bridge
+from .async_bridge import AsyncBridge
 from .entities import EntityMap
 from .errors import describe
 from .events import check_expected_events
@@ -86,7 +89,10 @@ class _Execution:
     ) -> None:
         self.spec = spec
         self.test = test
-        entities = EntityMap(target, fast_heartbeat=_sets_failpoints(test["operations"]))
+        self.bridge = AsyncBridge() if needs_bridge(client_impl) else None
+        entities = EntityMap(
+            target, fast_heartbeat=_sets_failpoints(test["operations"]), bridge=self.bridge
+        )
         self.ctx = TestContext(target=target, entities=entities, client_impl=client_impl)
         self.failpoints_disabled = False
 
@@ -194,6 +200,8 @@ class _Execution:
         problems = self.disable_failpoints()
         self.ctx.namespaces |= self.ctx.entities.collection_namespaces()
         problems += self.ctx.entities.close()
+        if self.bridge is not None:
+            problems += self.bridge.close()
         for db_name, coll_name in sorted(self.ctx.namespaces):
             try:
                 self.internal[db_name].drop_collection(coll_name)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import RunnerError, SpecFailure, SpecSkip
+from .adapter import DEFAULT_CLIENT, id_suffix
 from .executor import run_test
 from .loader import SpecFile, discover, load_spec_file, parse_version, spec_dir
 from .requirements import ServerInfo, unmet_any
@@ -40,11 +41,18 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.description}[{self.version}-{self.topology}]"
+        return self.name_for(DEFAULT_CLIENT)
 
     @property
     def id(self) -> str:
-        return f"{self.label}::{self.name}"
+        return self.id_for(DEFAULT_CLIENT)
+
+    def name_for(self, client: str) -> str:
+        """``description[8.0-replicaset]``, with the client mode's suffix (``-async``)."""
+        return f"{self.description}[{self.version}-{self.topology}{id_suffix(client)}]"
+
+    def id_for(self, client: str) -> str:
+        return f"{self.label}::{self.name_for(client)}"
 
 
 @dataclass(frozen=True)

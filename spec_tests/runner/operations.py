@@ -87,7 +87,7 @@ def create_change_stream(ctx: TestContext, target: Any, args: Args) -> Any:
     if "session" in arguments:
         raise RunnerError("createChangeStream: session entities are not supported")
     client = target.client if isinstance(target, ClientEntity) else target
-    stream = open_change_stream(client, arguments, ctx.client_impl)
+    stream = open_change_stream(client, arguments, ctx.client_impl, ctx.entities.bridge)
     ctx.entities.track_stream(stream)
     return stream
 

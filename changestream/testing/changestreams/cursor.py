@@ -8,16 +8,18 @@ for new oplog entries without holding ``deployment.lock`` and takes the lock onl
 to read the catalog (``updateLookup``).
 
 Serving events is the simulator's hot path: each event is encoded once
-(:class:`EncodedEvent`, whose size is its length and whose bytes the reply
-copies), and what an oplog entry produced for a stream's shape is shared with
-later streams of the same shape through the deployment's :class:`EventCache`.
+(:class:`EncodedEvent`: its size is its length and the reply copies its bytes)
+and the events an oplog entry makes for a stream's shape are shared with the
+other streams of that shape through the deployment's :class:`EventCache`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import bson
@@ -27,7 +29,7 @@ from ..cursors import CursorBatch
 from ..errors import CommandError
 from ..oplog import OplogEntry
 from ..wire import ENCODE_OPTIONS
-from .event_cache import EventCache, cache_for, encode_event
+from .event_cache import EncodedEvent, EventCache, cache_for, encode_event
 from .pipeline import MISSING, value_to_string
 from .resume_token import (
     ResumeTokenData,
@@ -119,15 +121,13 @@ class ChangeStreamCursor:
         self._profile = deployment.profile
         self._split_events = spec.split_large_events
         self._transform = EventTransformer(spec, deployment.profile)
-        self._pipeline = spec.pipeline
+        self._pipeline = spec.pipeline if spec.pipeline else None
         self._before = spec.full_document_before_change
         self._after = spec.full_document
         self._images = self._before != "off" or self._after != "default"
         self._version = spec.token_version
         self._cache: EventCache = cache_for(self._oplog)
-        self._shape = _shape(spec, self._transform)
-        self._shareable = False
-        """The entry being processed produced only events other streams may reuse."""
+        self._shape = repr(self._transform.shape)
         token = spec.resume_token
         self._client_token: ResumeTokenData | None = None
         self._start_after_invalidate: ResumeTokenData | None = None
@@ -197,6 +197,7 @@ class ChangeStreamCursor:
         docs: list[dict[str, Any]] = []
         size = 0
         eof = False
+        last: _Out | None = None
         try:
             while limit is None or len(docs) < limit:
                 item = self._next()
@@ -205,14 +206,13 @@ class ChangeStreamCursor:
                         eof = True
                         break
                     continue
-                doc, doc_size, ts = item
+                doc, doc_size, _ = item
                 if docs and size + doc_size > MAX_BATCH_BYTES:
                     self._out.appendleft(item)
                     break
                 docs.append(doc)
                 size += doc_size
-                self._pbrt = doc["_id"]
-                self._pbrt_ts = ts
+                last = item
         except _Closed:
             assert self._invalidated_by is not None
             self._pbrt = self._invalidated_by
@@ -222,6 +222,9 @@ class ChangeStreamCursor:
                 post_batch_resume_token=self._pbrt,
                 invalidated=self._profile.invalidated_flag,
             )
+        if last is not None:
+            self._pbrt = last[0]["_id"]
+            self._pbrt_ts = last[2]
         latest = self._latest_ts
         if eof and latest is not None and latest > self._pbrt_ts:
             self._pbrt = encode_token(high_water_mark(latest, self._version))
@@ -296,36 +299,25 @@ class ChangeStreamCursor:
 
     # -- the stage chain ----------------------------------------------------------------------
     def _process(self, entry: OplogEntry, seq: int) -> None:
-        """Fill ``_out`` with what ``entry`` (at ``seq``) produces, from the cache when it can."""
-        shape = self._shape
-        if (
-            shape is None
-            or self._client_token is not None
-            or self._start_after_invalidate is not None
-            or self._transform.resuming
-        ):
-            self._emit_events(entry)  # the outputs depend on this stream's progress
-            return
-        cached = self._cache.get(seq, shape)
-        if cached is not None:
-            self._out.extend(cached)
-            return
-        self._shareable = True
-        self._emit_events(entry)
-        if self._shareable:
-            self._cache.put(seq, shape, tuple(self._out))
-
-    def _emit_events(self, entry: OplogEntry) -> None:
-        for raw in self._transform.events(entry):
+        """Fill ``_out`` with what ``entry`` (at ``seq``) gives; its events from the cache."""
+        transform = self._transform
+        if transform.resuming:  # the events take the version of the client's token
+            events: Sequence[RawEvent] = transform.events(entry)
+        else:
+            cached = self._cache.get(seq, self._shape)
+            if cached is None:
+                events = transform.events(entry)
+                self._cache.put(seq, self._shape, events, entry.size)
+            else:
+                events = cached
+        for raw in events:
             invalidate = None
             if raw.invalidates:
-                invalidate = self._transform.invalidate(raw)
+                invalidate = transform.invalidate(raw)
                 after = self._start_after_invalidate
                 if after is not None and invalidate.token != after:
                     invalidate = None  # startAfter: this stream was already invalidated once
             self._start_after_invalidate = None
-            if raw.invalidates:
-                self._shareable = False
             self._emit(raw)
             if invalidate is not None:
                 self._emit(invalidate)
@@ -339,14 +331,18 @@ class ChangeStreamCursor:
             self._invalidated_by = doc["_id"]
         if self._images and raw.entry is not None:
             doc = self._add_images(raw)
-        out = self._pipeline.apply(doc) if self._pipeline else doc
+        out = doc if self._pipeline is None else self._pipeline.apply(doc)
         if out is None:
             return
-        event = encode_event(out)
+        if type(out) is EncodedEvent:  # encoded by an earlier stream (or a stage passed it on)
+            event = out
+        else:
+            event = encode_event(out)
+            if out is raw.doc:
+                raw.doc = event  # the next stream of this shape copies the bytes
         size = len(event.raw)
         ts = raw.cluster_time
         if size > SPLIT_THRESHOLD and self._split_events:
-            self._shareable = False  # fragments depend on where the stream resumed
             for fragment, fragment_size in self._split(out, raw.token, skip):
                 self._out.append((fragment, fragment_size, ts))
             return
@@ -356,7 +352,8 @@ class ChangeStreamCursor:
                 "Attempted to resume from a split event fragment, but the event in the resumed "
                 "stream was not large enough to be split",
             )
-        _check_id(out, raw.doc["_id"])
+        if out is not doc:
+            _check_id(out, doc["_id"])
         if size > MAX_EVENT_BYTES:
             first = next(iter(out.items()), None)
             shown = "EOO" if first is None else f"{first[0]}: {_bson_string(first[1])}"
@@ -407,8 +404,7 @@ class ChangeStreamCursor:
             doc["fullDocumentBeforeChange"] = pre
         if self._after != "default" and op_type == "update":
             if self._after == "updateLookup":
-                self._shareable = False  # the document's current version, not the entry's
-                post = self._lookup(doc, raw.token)
+                post = self._lookup(doc, raw.collection_uuid)
             else:
                 post = entry.post_image
                 if post is None and self._after == "required":
@@ -416,19 +412,23 @@ class ChangeStreamCursor:
             doc["fullDocument"] = post
         return doc
 
-    def _lookup(self, doc: dict[str, Any], token: ResumeTokenData) -> dict[str, Any] | None:
+    def _lookup(
+        self, doc: dict[str, Any], collection_uuid: uuid.UUID | None
+    ) -> dict[str, Any] | None:
         """updateLookup: the document's current version, found by collection UUID and _id."""
         ns = doc["ns"]
         with self._deployment.lock:
             catalog = self._deployment.catalog
             state = catalog.get(ns["db"], ns["coll"])
-            if state is None or state.uuid != token.uuid:
+            if state is None or state.uuid != collection_uuid:
                 renamed = (
                     catalog.get(db, name)
                     for db in catalog.database_names()
                     for name in catalog.collection_names(db)
                 )
-                state = next((s for s in renamed if s is not None and s.uuid == token.uuid), None)
+                state = next(
+                    (s for s in renamed if s is not None and s.uuid == collection_uuid), None
+                )
             if state is None or state.is_view:
                 return None
             return state.find_by_id(doc["documentKey"].get("_id"))
@@ -483,20 +483,6 @@ class ChangeStreamCursor:
             fragment["splitEvent"]["of"] = len(fragments)
             out.append((fragment, bson_size(fragment)))
         return out
-
-
-def _shape(spec: ChangeStreamSpec, transform: EventTransformer) -> str | None:
-    """What decides a stream's outputs besides the oplog entry (None: never share them)."""
-    if spec.pipeline.key is None:
-        return None
-    parts = (
-        transform.shape,
-        spec.full_document,
-        spec.full_document_before_change,
-        spec.split_large_events,
-        spec.pipeline.key,
-    )
-    return repr(parts)
 
 
 def _is_initiating(entry: OplogEntry) -> bool:

@@ -1,20 +1,23 @@
 """Change events encoded once, and a bounded cache of them shared by a deployment's streams.
 
-An oplog entry never changes once written, so the events a stream makes from
-it depend only on the entry and on the stream's *shape* (scope, options, token
-version, user stages, emulated version). A second stream over the same range
-(repeated benchmark reads, the Spark source's token scan then read, several
-consumers of one collection) takes the encoded events from the cache instead
-of building them again. Nothing that depends on mutable state is cached
-(``updateLookup`` reads the current document), nor what depends on the
-stream's own progress (resume checks, invalidation, split fragments).
+An oplog entry never changes once written, so the events the transform makes
+from it depend only on the entry and on the stream's *shape* (scope, options,
+token version, emulated version). Streams of one shape over the same range
+(repeated benchmark reads, the Spark source's token scan then its read,
+several consumers of one collection) share them through the cache; once one
+stream has encoded an event, the others copy its bytes. What depends on a
+stream's own state or on mutable data runs per stream on top: resume checks,
+invalidation, pre/post images (``updateLookup`` reads the current document),
+user stages and split fragments.
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import bson
@@ -25,9 +28,15 @@ if TYPE_CHECKING:
     from ..oplog import Oplog
 
 CACHE_BYTES: Final = 64 * 1024 * 1024
-"""Default bound of one deployment's cache (estimated memory of the cached events)."""
-EVENT_OVERHEAD: Final = 900
-"""Estimated memory of one cached event beyond its BSON: the dict, its token and outputs."""
+"""Default bound of one deployment's cache: the estimated memory of the events it holds
+(about 43,000 small inserts for one stream shape). Tests embedding the simulator keep a
+modest footprint; benchmarks ask for more (``ReplicaSet(event_cache_bytes=...)``,
+``serve --event-cache-mb``)."""
+EVENT_OVERHEAD: Final = 1250
+"""Estimated memory of one cached event besides the oplog entry's size: its dict, token,
+BSON framing and slot in the cache (measured for small inserts, whose BSON is encoded)."""
+ENTRY_OVERHEAD: Final = 150
+"""Estimated memory of the cache slot of one oplog entry."""
 
 _RAW_BSON_DOCUMENT_MARKER: Final = 101
 """``bson.raw_bson.RawBSONDocument._type_marker``: pymongo's encoders copy ``raw`` as is."""
@@ -38,12 +47,19 @@ class EncodedEvent(dict[str, Any]):
 
     It is the event's dict for everything in this process (pipelines, tests);
     pymongo's encoder sees the :class:`~bson.raw_bson.RawBSONDocument` marker and
-    writes ``raw``. Never mutate one: ``raw`` would no longer match.
+    writes ``raw`` (also where a user stage nests it in another document).
+    Never mutate one: ``raw`` would no longer match.
     """
 
     __slots__ = ("raw",)
     _type_marker = _RAW_BSON_DOCUMENT_MARKER
     raw: bytes
+
+    def __copy__(self) -> dict[str, Any]:
+        return dict(self)  # a copy may be changed: it must be encoded again
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+        return copy.deepcopy(dict(self), memo)
 
 
 _encode_nested = bson._dict_to_bson
@@ -51,18 +67,14 @@ _encode_nested = bson._dict_to_bson
 
 
 def encode_event(doc: dict[str, Any]) -> EncodedEvent:
-    """``doc`` with the bytes it has inside a reply's batch (which its size is measured by)."""
+    """``doc`` with the bytes it has inside a reply's batch (its size is their length)."""
     event = EncodedEvent(doc)
     event.raw = _encode_nested(doc, False, ENCODE_OPTIONS, False)
     return event
 
 
-Outputs = tuple[tuple[dict[str, Any], int, Any], ...]
-"""What one oplog entry produced for one stream shape: (document, size, clusterTime) each."""
-
-
 class EventCache:
-    """The outputs of recent oplog entries per stream shape, bounded by estimated bytes.
+    """The events of recent oplog entries per stream shape, bounded by estimated bytes.
 
     Keeps the newest entries (by oplog seq): when full it evicts the oldest
     entry, and does not admit one older than everything it holds. Consumers
@@ -76,40 +88,39 @@ class EventCache:
         self.size = 0
         """Estimated bytes held."""
         self._lock = threading.Lock()
-        self._entries: dict[int, dict[str, Outputs]] = {}
-        self._costs: dict[int, int] = {}
-        self._seqs: list[int] = []
-        """A heap of the cached seqs: the oldest is evicted first."""
+        self._events: dict[tuple[int, str], Sequence[Any]] = {}
+        self._keys: list[tuple[int, str, int]] = []
+        """A heap of (seq, shape, cost) per cached entry: the oldest is evicted first."""
 
-    def get(self, seq: int, shape: str) -> Outputs | None:
-        per_shape = self._entries.get(seq)
-        return None if per_shape is None else per_shape.get(shape)
+    def get(self, seq: int, shape: str) -> Sequence[Any] | None:
+        return self._events.get((seq, shape))
 
-    def put(self, seq: int, shape: str, outputs: Outputs) -> None:
-        """Remember what entry ``seq`` produced for ``shape``."""
-        cost = sum(size + EVENT_OVERHEAD for _, size, _ in outputs) + EVENT_OVERHEAD
+    def put(self, seq: int, shape: str, events: Sequence[Any], entry_size: int) -> None:
+        """Remember the ``events`` entry ``seq`` (of ``entry_size`` bytes) made for ``shape``."""
+        key = (seq, shape)
+        cost = ENTRY_OVERHEAD + (EVENT_OVERHEAD + entry_size) * len(events)
         with self._lock:
-            per_shape = self._entries.get(seq)
-            if per_shape is None:
-                full = self.size + cost > self.max_bytes
-                if full and (not self._seqs or seq < self._seqs[0]):
-                    return  # older than everything kept (or larger than the whole cache)
-                per_shape = self._entries[seq] = {}
-                self._costs[seq] = 0
-                heapq.heappush(self._seqs, seq)
-            elif shape in per_shape:
+            if key in self._events:
                 return
-            per_shape[shape] = outputs
-            self._costs[seq] += cost
+            if self.size + cost > self.max_bytes and (not self._keys or seq < self._keys[0][0]):
+                return  # older than everything kept (or larger than the whole cache)
+            self._events[key] = events
+            heapq.heappush(self._keys, (seq, shape, cost))
             self.size += cost
             while self.size > self.max_bytes:
-                oldest = heapq.heappop(self._seqs)
-                del self._entries[oldest]
-                self.size -= self._costs.pop(oldest)
+                old_seq, old_shape, old_cost = heapq.heappop(self._keys)
+                del self._events[old_seq, old_shape]
+                self.size -= old_cost
+
+    def clear(self) -> None:
+        with self._lock:
+            self._events.clear()
+            self._keys.clear()
+            self.size = 0
 
     def __len__(self) -> int:
-        """How many (entry, shape) outputs are held."""
-        return sum(len(per_shape) for per_shape in self._entries.values())
+        """How many (entry, shape) results are held."""
+        return len(self._events)
 
 
 _caches: weakref.WeakKeyDictionary[Oplog, EventCache] = weakref.WeakKeyDictionary()

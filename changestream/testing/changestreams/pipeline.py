@@ -19,12 +19,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import bson
 from bson.binary import Binary
 from bson.code import Code
 from bson.dbref import DBRef
 from bson.decimal128 import Decimal128
-from bson.errors import InvalidDocument
 from bson.int64 import Int64
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
@@ -36,7 +34,6 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 
 from ..errors import CommandError
-from ..wire import ENCODE_OPTIONS
 
 Doc = dict[str, Any]
 StageFn = Callable[[Doc], "Doc | None"]
@@ -668,15 +665,12 @@ def compile_stage(name: str, spec: Any) -> StageFn:
 class Pipeline:
     """The user's stages compiled into a chain of per-document functions."""
 
-    __slots__ = ("_stages", "key")
+    __slots__ = ("_stages",)
 
     def __init__(self, stages: Iterable[Mapping[str, Any]]) -> None:
-        specs = [dict(stage) for stage in stages]
         self._stages: tuple[StageFn, ...] = tuple(
-            compile_stage(name, spec) for stage in specs for name, spec in stage.items()
+            compile_stage(name, spec) for stage in stages for name, spec in stage.items()
         )
-        self.key = _stages_key(specs)
-        """The stages' BSON: equal keys, equal outputs for every event (None: not encodable)."""
 
     def __bool__(self) -> bool:
         return bool(self._stages)
@@ -689,10 +683,3 @@ class Pipeline:
                 return None
             doc = result
         return doc
-
-
-def _stages_key(specs: list[dict[str, Any]]) -> bytes | None:
-    try:
-        return bson.encode({"": specs}, codec_options=ENCODE_OPTIONS)
-    except (InvalidDocument, TypeError, ValueError, OverflowError):
-        return None  # e.g. a Python object a test put in a stage: such streams are not shared

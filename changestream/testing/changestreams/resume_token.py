@@ -5,10 +5,9 @@ values clusterTime, version, [tokenType], txnOpIndex, [fromInvalidate],
 [uuid | null], [eventIdentifier], [fragmentNum] (server-notes §1). Drivers
 compare ``_data`` strings and resume from them, so bytes, ordering and the
 errors for malformed tokens must match the server. Encoding runs once per
-change event: :class:`EventToken` keeps an event's token as its parts and
-encodes the common shape (documentKey ``{_id: <ObjectId | string | int32>}``)
-from a template the general encoder made, so only clusterTime and the ``_id``
-are encoded per event.
+change event: :func:`encode_event_token` encodes the common shape (documentKey
+``{_id: <ObjectId | string | int32>}``) from a template the general encoder
+made, so only clusterTime and the ``_id`` are encoded per event.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import struct
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from bson.binary import Binary
 from bson.int64 import Int64
@@ -41,7 +40,7 @@ _TIMESTAMP_PREFIX = struct.Struct(">BII")
 _UUID_PREFIX = bytes((keystring.BINDATA, 16, 4))
 _APPEND_NUMBER_INT_LIMIT = 1 << 30
 _MISSING: Any = object()
-_TIMESTAMP_HEX = f"{keystring.TIMESTAMP:02X}"
+_TIME = struct.Struct(">II")
 _OID_HEX = f"{keystring.OID:02X}"
 _STRING_HEX = f"{keystring.STRING_LIKE:02X}"
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -307,10 +306,6 @@ def event_identifier(
 
 
 # -- the per-event fast path -------------------------------------------------------------------
-def _oid_hex(value: ObjectId) -> str | None:
-    return _OID_HEX + value.binary.hex().upper()
-
-
 def _str_hex(value: str) -> str | None:
     if "\x00" in value:
         return None  # NULs are escaped in KeyStrings: the general encoder does that
@@ -323,6 +318,10 @@ def _int_hex(value: int) -> str | None:
     out = bytearray()
     keystring.append_value(out, keystring.TypeBits(), value)
     return out.hex().upper()
+
+
+def _oid_hex(value: ObjectId) -> str | None:
+    return _OID_HEX + value.binary.hex().upper()
 
 
 _ID_HEX: dict[type, Any] = {ObjectId: _oid_hex, str: _str_hex, int: _int_hex}
@@ -338,10 +337,11 @@ def _event_template(
     collection_uuid: uuid.UUID | None,
     operation_type: str,
     id_type: type,
-) -> tuple[str, str] | None:
-    """The hex of ``_data`` around the ``_id`` value, after the clusterTime (None: no fast path).
+) -> tuple[str, str, str] | None:
+    """The hex of ``_data`` around the clusterTime and the ``_id`` value (None: no fast path).
 
-    Made by the general encoder from a sample ``_id`` of ``id_type``: the documentKey
+    ``_data`` is ``[0] + clusterTime + [1] + _id + [2]``. Made by the general
+    encoder from a sample ``_id`` of ``id_type``: the documentKey
     ``{_id: ...}`` is the last value of the key, closed by the end of the documentKey
     (and of the eventIdentifier around it for non-classic events) and kEnd.
     """
@@ -363,59 +363,67 @@ def _event_template(
     tail = _ID_HEX[id_type](sample) + after
     hex_data: str = token["_data"]
     assert hex_data.endswith(tail), (hex_data, tail)
-    return hex_data[2 + 16 : len(hex_data) - len(tail)], after
+    return hex_data[:2], hex_data[2 + 16 : len(hex_data) - len(tail)], after
 
 
-class EventToken(NamedTuple):
-    """An event's resume token as its parts; the data and the bytes are derived when needed.
+def event_token(
+    cluster_time: Timestamp,
+    version: int,
+    txn_op_index: int,
+    collection_uuid: uuid.UUID | None,
+    operation_type: str,
+    document_key: dict[str, Any] | None,
+    operation_description: dict[str, Any] | None,
+    *,
+    from_invalidate: bool = False,
+) -> ResumeTokenData:
+    """The token data of an event (``ResumeTokenData``'s constructor for change events)."""
+    return ResumeTokenData(
+        cluster_time,
+        version,
+        EVENT_TOKEN,
+        txn_op_index,
+        from_invalidate,
+        collection_uuid,
+        event_identifier(version, operation_type, document_key, operation_description),
+    )
 
-    Most events only need the bytes (the event's ``_id``): building the
-    :class:`ResumeTokenData` and the generic KeyString for each would dominate
-    the cost of serving events.
+
+def encode_event_token(
+    cluster_time: Timestamp,
+    version: int,
+    txn_op_index: int,
+    collection_uuid: uuid.UUID | None,
+    operation_type: str,
+    document_key: dict[str, Any] | None,
+    operation_description: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``encode_token(event_token(...))``, from a template when the documentKey is a plain ``_id``.
+
+    Runs once per change event: building the :class:`ResumeTokenData` and the
+    generic KeyString for each would dominate the cost of serving events.
     """
-
-    cluster_time: Timestamp
-    version: int
-    txn_op_index: int
-    collection_uuid: uuid.UUID | None
-    operation_type: str
-    document_key: dict[str, Any] | None
-    operation_description: dict[str, Any] | None
-
-    def data(self) -> ResumeTokenData:
-        return ResumeTokenData(
-            self.cluster_time,
-            self.version,
-            EVENT_TOKEN,
-            self.txn_op_index,
-            False,
-            self.collection_uuid,
-            event_identifier(
-                self.version, self.operation_type, self.document_key, self.operation_description
-            ),
+    if document_key is not None and len(document_key) == 1 and operation_description is None:
+        value = document_key.get("_id", _MISSING)
+        kind: type = type(value)
+        if kind is ObjectId:  # the usual _id: no call through the table
+            hex_value: str | None = _OID_HEX + value.binary.hex().upper()
+        else:
+            id_hex = _ID_HEX.get(kind)
+            hex_value = None if id_hex is None else id_hex(value)
+        if hex_value is not None:
+            template = _event_template(version, txn_op_index, collection_uuid, operation_type, kind)
+            if template is not None:
+                time_hex = _TIME.pack(cluster_time.time, cluster_time.inc).hex().upper()
+                return {"_data": template[0] + time_hex + template[1] + hex_value + template[2]}
+    return encode_token(
+        event_token(
+            cluster_time,
+            version,
+            txn_op_index,
+            collection_uuid,
+            operation_type,
+            document_key,
+            operation_description,
         )
-
-    def encode(self) -> dict[str, Any]:
-        """``encode_token(self.data())``; from a template when the documentKey is a plain ``_id``."""
-        key = self.document_key
-        if key is not None and len(key) == 1 and self.operation_description is None:
-            value = key.get("_id", _MISSING)
-            id_hex = _ID_HEX.get(type(value))
-            if id_hex is not None:
-                hex_value = id_hex(value)
-                template = None
-                if hex_value is not None:
-                    template = _event_template(
-                        self.version,
-                        self.txn_op_index,
-                        self.collection_uuid,
-                        self.operation_type,
-                        type(value),
-                    )
-                if template is not None:
-                    ts = self.cluster_time
-                    return {
-                        "_data": f"{_TIMESTAMP_HEX}{ts.time:08X}{ts.inc:08X}"
-                        f"{template[0]}{hex_value}{template[1]}"
-                    }
-        return encode_token(self.data())
+    )

@@ -25,7 +25,7 @@ from bson.timestamp import Timestamp
 from ..errors import CommandError
 from ..oplog import OplogEntry
 from ..versions import VersionProfile
-from .resume_token import EventToken, ResumeTokenData, encode_token
+from .resume_token import ResumeTokenData, encode_event_token, encode_token, event_token
 from .stage import SCOPE_CLUSTER, SCOPE_COLLECTION, SCOPE_DATABASE, ChangeStreamSpec
 from .update_description import update_description
 
@@ -42,14 +42,22 @@ _EXPANDED_COMMANDS: Final = frozenset(
 
 @dataclasses.dataclass(slots=True)
 class RawEvent:
-    """One change event as the transform produced it, before images and user stages.
+    """One change event as the transform produced it, before images and user stages,
+    with the parts of its resume token (its :attr:`token` is only built when asked).
 
-    The cursor may share it between streams of the same shape: never mutate ``doc``.
+    The cursor shares it between streams of the same shape: never mutate ``doc``
+    (the cursor may replace it by the same event with its bytes).
     """
 
     doc: dict[str, Any]
-    source: EventToken | ResumeTokenData
-    """The token's parts (made into :class:`ResumeTokenData` only when someone asks)."""
+    cluster_time: Timestamp
+    version: int
+    txn_op_index: int
+    collection_uuid: uuid.UUID | None
+    operation_type: str
+    """Of the event the token is for (an invalidate's token is the invalidating event's)."""
+    document_key: dict[str, Any] | None = None
+    operation_description: dict[str, Any] | None = None
     entry: OplogEntry | None = None
     """The CRUD oplog entry (pre/post images live there); None for commands."""
     invalidates: bool = False
@@ -57,15 +65,17 @@ class RawEvent:
     is_invalidate: bool = False
 
     @property
-    def cluster_time(self) -> Timestamp:
-        return self.source.cluster_time
-
-    @property
     def token(self) -> ResumeTokenData:
-        source = self.source
-        if isinstance(source, EventToken):
-            source = self.source = source.data()
-        return source
+        return event_token(
+            self.cluster_time,
+            self.version,
+            self.txn_op_index,
+            self.collection_uuid,
+            self.operation_type,
+            self.document_key,
+            self.operation_description,
+            from_invalidate=self.is_invalidate,
+        )
 
 
 def _ns_doc(db: str, coll: str) -> dict[str, Any]:
@@ -103,10 +113,14 @@ class EventTransformer:
         self._version = spec.token_version
         resume = spec.resume_token
         self._resume_key: tuple[int, int] | None = None
+        self.resuming = False
+        """Events up to the resume point take the version of the client's token, so they
+        depend on where the stream started, not only on the oplog entry."""
         self._resume_version = self._version
         self._resume_txn = 0
         if resume is not None and resume.version != self._version:
             self._resume_key = (resume.cluster_time.time, resume.cluster_time.inc)
+            self.resuming = True
             self._resume_version = resume.version
             self._resume_txn = resume.txn_op_index
         self._invalidating = {
@@ -185,31 +199,10 @@ class EventTransformer:
         return self._crud(entry, ts, wall, txn, txn_op_index)
 
     # -- building ----------------------------------------------------------------------------------
-    def _token(
-        self,
-        ts: Timestamp,
-        txn_op_index: int,
-        ui: uuid.UUID | None,
-        op_type: str,
-        document_key: dict[str, Any] | None,
-        op_desc: dict[str, Any] | None,
-    ) -> EventToken:
-        version = self._version
-        if self._resume_key is not None:
-            if (ts.time, ts.inc) > self._resume_key:
-                self._resume_key = None  # every later event uses the default version
-            elif txn_op_index <= self._resume_txn:
-                version = self._resume_version
-        return EventToken(ts, version, txn_op_index, ui, op_type, document_key, op_desc)
-
-    @property
-    def resuming(self) -> bool:
-        """Events still take the version of the client's token (they depend on the resume point)."""
-        return self._resume_key is not None
-
     @property
     def shape(self) -> tuple[Any, ...]:
-        """Everything besides the oplog entry that decides the events built from it."""
+        """Everything besides the oplog entry that decides the events built from it
+        (once not :attr:`resuming`)."""
         return (
             self._scope, self._db, self._coll, self._show_system, self._expanded,
             self._raw_updates, self._reserve_full_document, self._version, self._wall,
@@ -223,30 +216,46 @@ class EventTransformer:
             doc = self._ns_docs[ns] = _ns_doc(*_split_ns(ns))
         return doc
 
-    def _head(
+    def _event(
         self,
-        token: EventToken,
+        ts: Timestamp,
+        txn_op_index: int,
+        ui: uuid.UUID | None,
         op_type: str,
         wall: datetime,
-        ui: uuid.UUID | None,
         txn: tuple[Int64, Any] | None,
+        *,
+        document_key: dict[str, Any] | None = None,
+        op_desc: dict[str, Any] | None = None,
+        entry: OplogEntry | None = None,
         to: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """``[to], [txnNumber, lsid], _id, operationType, clusterTime, [collectionUUID], [wallTime]``."""
+        show_uuid: bool = True,
+    ) -> RawEvent:
+        """An event with the head of its document: ``[to], [txnNumber, lsid], _id,
+        operationType, clusterTime, [collectionUUID], [wallTime]`` (the caller adds the rest)."""
+        version = self._version
+        if self._resume_key is not None:
+            if (ts.time, ts.inc) > self._resume_key:
+                self._resume_key = None  # every later event uses the default version
+                self.resuming = False
+            elif txn_op_index <= self._resume_txn:
+                version = self._resume_version
         doc: dict[str, Any] = {}
         if to is not None:
             doc["to"] = to
         if txn is not None:
             doc["txnNumber"] = txn[0]
             doc["lsid"] = txn[1]
-        doc["_id"] = token.encode()
+        doc["_id"] = encode_event_token(
+            ts, version, txn_op_index, ui, op_type, document_key, op_desc
+        )
         doc["operationType"] = op_type
-        doc["clusterTime"] = token.cluster_time
-        if self._expanded and ui is not None:
+        doc["clusterTime"] = ts
+        if self._expanded and show_uuid and ui is not None:
             doc["collectionUUID"] = ui
         if self._wall:
             doc["wallTime"] = wall
-        return doc
+        return RawEvent(doc, ts, version, txn_op_index, ui, op_type, document_key, op_desc, entry)
 
     def _crud(
         self,
@@ -277,8 +286,10 @@ class EventTransformer:
             op_type = "replace"
             full_document = o
             document_key = entry.o2 if entry.o2 is not None else {"_id": o.get("_id")}
-        token = self._token(ts, txn_op_index, entry.ui, op_type, document_key, None)
-        doc = self._head(token, op_type, wall, entry.ui, txn)
+        event = self._event(
+            ts, txn_op_index, entry.ui, op_type, wall, txn, document_key=document_key, entry=entry
+        )
+        doc = event.doc
         if full_document is not None:
             doc["fullDocument"] = full_document
         elif op_type == "update" and self._reserve_full_document:
@@ -287,7 +298,7 @@ class EventTransformer:
         doc["documentKey"] = document_key
         if update_desc is not None:
             doc["rawUpdateDescription" if self._raw_updates else "updateDescription"] = update_desc
-        return RawEvent(doc, token, entry)
+        return event
 
     def _update_description(self, o: dict[str, Any], entry: OplogEntry) -> dict[str, Any]:
         try:
@@ -374,14 +385,15 @@ class EventTransformer:
         to: dict[str, Any] | None = None,
     ) -> RawEvent:
         """A command event: ``..., ns, [operationDescription], [stateBeforeChange], [nsType]``."""
-        token = self._token(ts, txn_op_index, entry.ui, op_type, None, op_desc)
-        doc = self._head(token, op_type, wall, entry.ui, txn, to)
+        event = self._event(ts, txn_op_index, entry.ui, op_type, wall, txn, op_desc=op_desc, to=to)
+        doc = event.doc
         doc["ns"] = ns
         if self._expanded and op_desc is not None:
             doc["operationDescription"] = op_desc
         if extra:
             doc.update(extra)
-        return RawEvent(doc, token, None, invalidates=op_type in self._invalidating)
+        event.invalidates = op_type in self._invalidating
+        return event
 
     def _rename(
         self,
@@ -416,24 +428,27 @@ class EventTransformer:
         view_db, _, view = str(o.get("_id", "")).partition(".")
         op_type = _VIEW_EVENTS[entry.op]
         op_desc = None if entry.op == "d" else _without(o, "_id")
-        token = self._token(ts, txn_op_index, entry.ui, op_type, None, op_desc)
-        doc = self._head(token, op_type, wall, None, None)
+        event = self._event(
+            ts, txn_op_index, entry.ui, op_type, wall, None, op_desc=op_desc, show_uuid=False
+        )
+        doc = event.doc
         doc["ns"] = _ns_doc(view_db, view)
         if op_desc is not None:
             doc["operationDescription"] = op_desc
         if op_type == "create" and self._ns_type:
             view_on = str(o.get("viewOn", ""))
             doc["nsType"] = "timeseries" if view_on.startswith(_BUCKETS_PREFIX) else "view"
-        return RawEvent(doc, token)
+        return event
 
     def invalidate(self, event: RawEvent) -> RawEvent:
         """The ``invalidate`` that follows ``event``: its token with ``fromInvalidate``."""
-        token = dataclasses.replace(event.token, from_invalidate=True)
-        doc: dict[str, Any] = {
-            "_id": encode_token(token),
-            "operationType": "invalidate",
-            "clusterTime": token.cluster_time,
-        }
+        invalidate = dataclasses.replace(
+            event, doc={}, entry=None, invalidates=False, is_invalidate=True
+        )
+        doc = invalidate.doc
+        doc["_id"] = encode_token(invalidate.token)
+        doc["operationType"] = "invalidate"
+        doc["clusterTime"] = event.cluster_time
         if self._wall:
             doc["wallTime"] = event.doc["wallTime"]
-        return RawEvent(doc, token, None, is_invalidate=True)
+        return invalidate

@@ -90,6 +90,20 @@ def test_async_timeouts_are_timeout_errors(bridge: AsyncBridge) -> None:
     check_expected_error({"isTimeoutError": True}, caught.value, None)  # type: ignore[arg-type]
 
 
+def test_run_gives_up_after_its_timeout_but_keeps_the_coroutines_own_timeouts(
+    bridge: AsyncBridge,
+) -> None:
+    with pytest.raises(RunnerError, match="sleep did not finish within 0 s"):
+        bridge.run(asyncio.sleep(3600), 0.05)
+
+    async def times_out() -> None:
+        await asyncio.sleep(0)
+        raise TimeoutError("the coroutine's own")
+
+    with pytest.raises(TimeoutError, match="the coroutine's own"):
+        bridge.run(times_out(), 5)
+
+
 def test_close_cancels_leftover_tasks_and_reports_them() -> None:
     bridge = AsyncBridge()
     bridge.submit(asyncio.sleep(3600))

@@ -3,9 +3,10 @@
 Modules: :mod:`.loader` (files), :mod:`.requirements` (runOnRequirements),
 :mod:`.matcher` (Evaluating Matches), :mod:`.events` (command monitoring),
 :mod:`.entities` (entity map), :mod:`.adapter` (the change-stream client
-under test), :mod:`.errors` (expectError), :mod:`.operations`,
-:mod:`.executor` (one test), :mod:`.targets` (servers), :mod:`.matrix`
-(which test runs where).
+under test), :mod:`.async_bridge` (the event loop and ``AsyncMongoClient``
+mirrors of the ``changestream-async`` mode), :mod:`.errors` (expectError),
+:mod:`.operations`, :mod:`.executor` (one test), :mod:`.targets` (servers),
+:mod:`.matrix` (which test runs where).
 """
 
 from __future__ import annotations

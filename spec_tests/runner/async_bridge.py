@@ -34,8 +34,8 @@ from . import RunnerError
 
 _T = TypeVar("_T")
 
-CLOSE_TIMEOUT_S = 10.0
-"""How long closing the loop may wait for its thread (a stuck loop is reported, not waited on)."""
+CLOSE_TIMEOUT_S = 20.0
+"""How long closing a stream, a client or the loop may take (a stuck one is reported, not waited on)."""
 
 
 class _End:
@@ -75,9 +75,18 @@ class AsyncBridge:
             raise RunnerError("the async bridge is closed")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
-    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
-        """Run ``coroutine`` on the loop and wait; its exception is raised here unchanged."""
-        return self.submit(coroutine).result()
+    def run(self, coroutine: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
+        """Run ``coroutine`` on the loop and wait; its exception is raised here unchanged.
+
+        After ``timeout`` seconds it is cancelled and a RunnerError says so.
+        """
+        name = getattr(coroutine, "__qualname__", "a coroutine")
+        future = self.submit(coroutine)
+        done, _ = concurrent.futures.wait([future], timeout)
+        if not done:
+            future.cancel()
+            raise RunnerError(f"{name} did not finish within {timeout:.0f} s")
+        return future.result()
 
     # -- clients ---------------------------------------------------------------------------
     def register(self, client: MongoClient[Any], uri: str, options: dict[str, Any]) -> None:
@@ -116,7 +125,7 @@ class AsyncBridge:
         mirror = self._mirrors.get(id(client))
         if mirror is not None and not mirror.closed:
             mirror.closed = True
-            self.run(mirror.twin.close())
+            self.run(mirror.twin.close(), CLOSE_TIMEOUT_S)
 
     # -- streams -----------------------------------------------------------------------------
     def open_stream(self, opening: Coroutine[Any, Any, Any]) -> BridgedStream:
@@ -134,8 +143,10 @@ class AsyncBridge:
         for stream in self._streams:
             try:
                 stream.close()
-            except Exception as exc:  # the spec: errors closing cursors are not the test's
-                problems.append(f"closing an async change stream: {exc!r}")
+            except RunnerError as exc:  # stuck
+                problems.append(f"closing an async change stream: {exc}")
+            except Exception:  # the spec: suppress errors closing cursors
+                pass
         self._streams.clear()
         for mirror in self._mirrors.values():
             try:
@@ -144,7 +155,7 @@ class AsyncBridge:
                 problems.append(f"closing an AsyncMongoClient: {exc!r}")
         self._mirrors.clear()
         try:
-            leftovers = self.run(_cancel_leftovers())
+            leftovers = self.run(_cancel_leftovers(), CLOSE_TIMEOUT_S)
         except Exception as exc:
             problems.append(f"stopping the async bridge's tasks: {exc!r}")
         else:
@@ -168,7 +179,8 @@ async def _cancel_leftovers() -> list[str]:
     tasks = [task for task in asyncio.all_tasks() if task is not current and not task.done()]
     for task in tasks:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    if tasks:
+        await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S / 2)
     return sorted(task.get_name() for task in tasks)
 
 
@@ -224,7 +236,7 @@ class BridgedStream:
 
     def close(self) -> None:
         """Close the stream, cancelling a waiting :meth:`next` first; errors propagate."""
-        self._bridge.run(self._close())
+        self._bridge.run(self._close(), CLOSE_TIMEOUT_S)
 
     @property
     def alive(self) -> bool:

@@ -18,7 +18,7 @@ import itertools
 import math
 import re
 import uuid
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -324,7 +324,7 @@ def type_name(value: Any) -> str:
         (float, "double"),
         (Decimal128, "decimal"),
         (str, "string"),
-        ((dict, DBRef), "object"),
+        ((Mapping, DBRef), "object"),
         ((list, tuple), "array"),
         ((bytes, uuid.UUID), "binData"),
         (ObjectId, "objectId"),

@@ -13,27 +13,22 @@ their input: events share sub-documents with the oplog.
 from __future__ import annotations
 
 import datetime
-import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from bson.binary import Binary
-from bson.code import Code
-from bson.dbref import DBRef
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
-from bson.max_key import MaxKey
-from bson.min_key import MinKey
 from bson.objectid import ObjectId
-from bson.regex import Regex
 from bson.timestamp import Timestamp
 from mongomock import OperationFailure
 from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 
 from ..errors import CommandError
+from ..storage import type_name as bson_type_name
 
 Doc = dict[str, Any]
 StageFn = Callable[[Doc], "Doc | None"]
@@ -73,46 +68,8 @@ _KNOWN_OPERATORS: Final = frozenset(
 
 # -- formatting helpers shared with the rest of the change-stream engine ---------------------------
 def type_name(value: Any) -> str:
-    """mongod's ``typeName()`` for the BSON type ``value`` encodes to."""
-    if value is MISSING:
-        return "missing"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, Int64):
-        return "long"
-    if isinstance(value, int):
-        return "int" if -(2**31) <= value < 2**31 else "long"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, Mapping):
-        return "object"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    for kind, name in _TYPE_NAMES:
-        if isinstance(value, kind):
-            return name
-    return type(value).__name__
-
-
-_TYPE_NAMES: Final[tuple[tuple[type, str], ...]] = (
-    (ObjectId, "objectId"),
-    (Timestamp, "timestamp"),
-    (datetime.datetime, "date"),
-    (bytes, "binData"),
-    (Binary, "binData"),
-    (uuid.UUID, "binData"),
-    (Decimal128, "decimal"),
-    (Regex, "regex"),
-    (re.Pattern, "regex"),
-    (Code, "javascript"),
-    (DBRef, "object"),
-    (MinKey, "minKey"),
-    (MaxKey, "maxKey"),
-)
+    """mongod's ``typeName()`` for the BSON type ``value`` encodes to (``missing`` if absent)."""
+    return "missing" if value is MISSING else bson_type_name(value)
 
 
 def value_to_string(value: Any) -> str:

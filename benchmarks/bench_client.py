@@ -154,8 +154,13 @@ class ServerClock:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def timed_run(consume: Consumer, work: Workload, limit: int, server: ServerClock) -> Run:
-    """Read ``limit`` events; check they are exactly the preloaded ones, in order."""
+def timed_run(consume: Consumer, work: Workload, limit: int, server: ServerClock,
+              read: bool = False) -> Run:
+    """Read ``limit`` events; check they are exactly the preloaded ones, in order.
+
+    ``read``: the consumer also reads ``fullDocument.i`` of every event (and
+    checks it), as a consumer that uses the events does; otherwise it only counts.
+    """
     count, last = 0, None
     stream = consume(work)
     gc.collect()
@@ -164,6 +169,8 @@ def timed_run(consume: Consumer, work: Workload, limit: int, server: ServerClock
     try:
         for change in stream:
             last = change
+            if read and sequence_number(change) != count:
+                raise RuntimeError(f"event {count} is {change!r:.200}")
             count += 1
             if count == limit:
                 break
@@ -179,14 +186,14 @@ def timed_run(consume: Consumer, work: Workload, limit: int, server: ServerClock
 
 
 def measure(work: Workload, modes: list[str], events: int, runs: int,
-            server: ServerClock) -> dict[str, list[Run]]:
+            server: ServerClock, read: bool = False) -> dict[str, list[Run]]:
     """Interleave the modes run by run, so noise from other processes hits all of them."""
     results: dict[str, list[Run]] = {mode: [] for mode in modes}
     for mode in modes:  # warm-up: imports, connection pools, the server's first scan
-        timed_run(MODES[mode][1], work, min(events, WARM_UP_EVENTS), server)
+        timed_run(MODES[mode][1], work, min(events, WARM_UP_EVENTS), server, read)
     for index in range(runs):
         for mode in modes:
-            run = timed_run(MODES[mode][1], work, events, server)
+            run = timed_run(MODES[mode][1], work, events, server, read)
             results[mode].append(run)
             server_note = "" if run.server_cpu is None else (
                 f"  server {run.server_cpu / events * 1e6:5.1f} µs CPU/ev")
@@ -364,6 +371,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--uri", help="use this replica set instead of starting the simulator "
                         f"(writes to database {DATABASE!r})")
     parser.add_argument("--version", default="8.0", help="simulated server version (default 8.0)")
+    parser.add_argument("--read", action="store_true",
+                        help="the consumer reads fullDocument.i of every event instead of "
+                        "only counting (shows the cost of decoding on access)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if args.events < 1 or args.runs < 1 or args.memory_events < 0 or args.batch_size < 0:
@@ -396,9 +406,10 @@ def main(argv: list[str] | None = None) -> int:
                            args.batch_size or None)
             try:
                 print(f"throughput: {args.events:,} events per run, batch_size "
-                      f"{args.batch_size or 'server default'}, best of {args.runs}")
+                      f"{args.batch_size or 'server default'}, best of {args.runs}, consumer "
+                      + ("reads fullDocument.i of each event" if args.read else "counts"))
                 results = measure(work, list(args.modes), args.events, args.runs,
-                                  ServerClock(pid))
+                                  ServerClock(pid), args.read)
                 rows = summarise(results, args.events)
                 memory: list[dict[str, float]] = []
                 memory_summary: dict[str, float] = {}

@@ -207,10 +207,11 @@ def event_decoder(
     ``RawBSONDocument`` replies. Events are decoded with the user's codec
     options (document class, type registry, tz, UUID representation) unless
     the transport already did so; merged split events (plain dicts) are
-    converted. With ``typed=True`` the result is further parsed by
-    :func:`changestream.events.parse_event`. ``None``: deliver events as received.
+    converted. With ``typed=True`` the result is further parsed by a
+    :class:`changestream.events.EventParser` of its own (one per stream: it
+    learns whether the consumer reads events). ``None``: deliver events as received.
     """
-    parse = importlib.import_module("changestream.events").parse_event if typed else None
+    parse = importlib.import_module("changestream.events").EventParser().parse if typed else None
     document_class = codec.document_class
     decoded_by_transport = wire is codec
     if decoded_by_transport and document_class is dict:

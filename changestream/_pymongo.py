@@ -30,6 +30,11 @@ so :class:`AsyncTransport` shares the routing below with :class:`SyncTransport`.
   writes ``spec["maxTimeMS"] = remaining - minRTT`` and sets socket timeouts.
 * ``Connection.max_wire_version``: the failing connection's wire version for
   the resumable-error rules.
+* ``MongoClient._close_cursor_soon(cursor_id, _CursorAddress(address,
+  namespace))`` and ``ClientSession._end_implicit_session()``: what PyMongo's
+  own cursors do when garbage collected. The cursor is queued for PyMongo's
+  background killCursors task and the implicit session goes back to the pool,
+  both without I/O (see :meth:`SyncTransport.abandon`).
 * ``pymongo._csot.get_timeout()``: whether a client-side timeout (or a
   ``pymongo.timeout()`` block) is in force.
 * ``PyMongoError._error_labels`` / ``_add_error_label``: all labels of an
@@ -65,11 +70,12 @@ from pymongo.errors import (
     PyMongoError,
     ServerSelectionTimeoutError,
 )
+from pymongo.message import _CursorAddress
 from pymongo.read_preferences import ReadPreference
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.mongo_client import MongoClient
 
-from .machine import Command, ErrorInfo, ReplyInfo, RunAggregate, RunGetMore
+from .machine import Command, ErrorInfo, KillCursors, ReplyInfo, RunAggregate, RunGetMore
 
 __all__ = ["AsyncTransport", "Outcome", "SyncTransport", "csot_context_active", "describe_error"]
 
@@ -190,6 +196,19 @@ def _decoded(reply: Mapping[str, Any], codec: CodecOptions[Any]) -> Mapping[str,
     return reply if codec is _RAW else bson.decode(cast(RawBSONDocument, reply).raw, codec)
 
 
+def _abandon(client: Any, session: Any, owns_session: bool, kill: KillCursors | None) -> None:
+    """Queue ``kill`` for the client's background killCursors task; end an implicit session.
+
+    No I/O and no awaiting: safe from ``__del__`` of a sync or async stream.
+    """
+    if kill is not None:
+        namespace = f"{kill.database}.{kill.command['killCursors']}"
+        client._close_cursor_soon(int(kill.command["cursors"][0]),
+                                  _CursorAddress(kill.address, namespace))
+    if owns_session and session is not None:
+        session._end_implicit_session()
+
+
 class SyncTransport:
     """Runs commands for one stream on a ``MongoClient`` with the stream's single session."""
 
@@ -243,6 +262,11 @@ class SyncTransport:
         if self._owns_session and self._session is not None:
             session, self._session = self._session, None
             session.end_session()
+
+    def abandon(self, kill: KillCursors | None) -> None:
+        """The stream was dropped unclosed: clean up later, without I/O now."""
+        session, self._session = self._session, None
+        _abandon(self._client, session, self._owns_session, kill)
 
 
 class AsyncTransport:
@@ -301,3 +325,8 @@ class AsyncTransport:
         if self._owns_session and self._session is not None:
             session, self._session = self._session, None
             await session.end_session()
+
+    def abandon(self, kill: KillCursors | None) -> None:
+        """The stream was dropped unclosed: clean up later, without I/O (or awaiting) now."""
+        session, self._session = self._session, None
+        _abandon(self._client, session, self._owns_session, kill)

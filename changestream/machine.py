@@ -286,6 +286,23 @@ class ChangeStreamMachine:
         self._op = _Op.CLOSE
         self._ready = None
 
+    def abandon(self) -> KillCursors | None:
+        """The stream is being dropped unclosed (garbage collected): close without I/O.
+
+        Returns the killCursors for the open server cursor, if any, for the shell
+        to hand to a background cleaner (a finaliser must not block on the
+        network). A command still in flight is left to its own shell.
+        """
+        if self._inflight is not None:
+            return None
+        cursor, self._cursor = self._cursor, None
+        self._op = self._ready = None
+        self._close_state()
+        if cursor is None or not cursor.id:
+            return None
+        command = {"killCursors": cursor.collection, "cursors": [Int64(cursor.id)]}
+        return KillCursors(command, cursor.database, cursor.address)
+
     def abort(self) -> None:
         """Close after the shell was interrupted mid-command (KeyboardInterrupt, cancellation).
 

@@ -623,3 +623,30 @@ def test_callback_must_be_callable(run: Run) -> None:
         assert ctx.recorder.names() == []
 
     run(scenario)
+
+
+def test_a_dropped_stream_kills_its_cursor_and_returns_its_session(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        import gc
+
+        stream = await watch(ctx.coll, batch_size=1, **FAST)
+        ctx.writer.insert_many([{"i": i} for i in range(3)])
+        assert (await stream.next())["fullDocument"]["i"] == 0
+        cursor_id = ctx.recorder.replies[0][1]["cursor"]["id"]
+        lsid = ctx.recorder.commands("aggregate")[0]["lsid"]
+        assert cursor_id
+        del stream  # never closed
+        gc.collect()
+        # AsyncMongoClient's background task sends the killCursors (about once a second).
+        killed: list[Any] = []
+        for _ in range(500):
+            killed = [c for c in ctx.recorder.commands("killCursors")
+                      if cursor_id in c["cursors"]]
+            if killed:
+                break
+            await asyncio.sleep(0.02)
+        assert killed, "the dropped stream's cursor was never killed"
+        async with await watch(ctx.coll, **FAST):
+            assert ctx.recorder.commands("aggregate")[-1]["lsid"] == lsid
+
+    run(scenario)

@@ -669,6 +669,25 @@ class TestEnd:
         assert not driver.machine.alive
         assert driver.machine.resume_token == token(2)
 
+    def test_abandon_hands_over_the_open_cursor_once_without_io(self) -> None:
+        driver = opened(event(1), event(2), pbrt=token(2))
+        delivered(driver.next())
+        kill = driver.machine.abandon()
+        assert isinstance(kill, KillCursors)
+        assert kill.command == {"killCursors": "coll", "cursors": [Int64(42)]}
+        assert (kill.database, kill.address) == ("db", SERVER_A)
+        assert not driver.machine.alive
+        assert driver.machine.resume_token == token(1)
+        assert driver.machine.abandon() is None, "the cursor is handed over only once"
+        assert isinstance(driver.next(), NoDocument)
+        assert driver.names() == ["aggregate"], "abandon sends nothing itself"
+
+    def test_abandon_without_a_live_cursor_has_nothing_to_kill(self) -> None:
+        assert Driver().machine.abandon() is None
+        driver = opened()
+        driver.next(getmore_reply(pbrt=token(3), cursor_id=0))
+        assert driver.machine.abandon() is None
+
     def test_malformed_reply_is_a_clear_error(self) -> None:
         driver = opened()
         err = raised(driver.try_next({"ok": 1, "cursor": {"id": Int64(42)}}, {"ok": 1}))

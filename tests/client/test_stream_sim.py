@@ -652,3 +652,29 @@ def test_pymongo_timeout_block_replaces_the_client_timeout(
         fail_point(admin, "failCommand", {"times": 1}, **block)
         with pymongo.timeout(5):
             assert stream.try_next() is None  # resumed, then the blocked getMore fits in 5 s
+
+
+def test_a_dropped_stream_kills_its_cursor_and_returns_its_session(
+    client: Any, coll: Any, writer: Any, recorder: Recorder
+) -> None:
+    import gc
+
+    stream = changestream.watch(coll, batch_size=1, **FAST)
+    writer.insert_many([{"i": i} for i in range(3)])
+    assert stream.next()["fullDocument"]["i"] == 0
+    cursor_id = recorder.replies[0][1]["cursor"]["id"]
+    lsid = recorder.commands("aggregate")[0]["lsid"]
+    assert cursor_id
+    del stream  # never closed
+    gc.collect()
+    # PyMongo's background task sends the killCursors (about once a second).
+    for _ in range(500):
+        killed = [c for c in recorder.commands("killCursors") if cursor_id in c["cursors"]]
+        if killed:
+            break
+        threading.Event().wait(0.02)
+    assert killed, "the dropped stream's cursor was never killed"
+    assert killed[0]["killCursors"] == coll.name
+    # The implicit session went back to PyMongo's pool: the next stream reuses it.
+    with changestream.watch(coll, **FAST):
+        assert recorder.commands("aggregate")[-1]["lsid"] == lsid

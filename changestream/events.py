@@ -312,8 +312,8 @@ class CreateEvent(ChangeEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CreateIndexesEvent(ChangeEvent):
-    """Indexes were created (showExpandedEvents)."""
+class _DescribedEvent(ChangeEvent):
+    """A DDL event whose details are all in ``operation_description``."""
 
     __match_args__ = ("ns", "operation_description")
 
@@ -321,12 +321,13 @@ class CreateIndexesEvent(ChangeEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DropIndexesEvent(ChangeEvent):
+class CreateIndexesEvent(_DescribedEvent):
+    """Indexes were created (showExpandedEvents)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DropIndexesEvent(_DescribedEvent):
     """Indexes were dropped (showExpandedEvents)."""
-
-    __match_args__ = ("ns", "operation_description")
-
-    operation_description: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -340,30 +341,18 @@ class ModifyEvent(ChangeEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ShardCollectionEvent(ChangeEvent):
+class ShardCollectionEvent(_DescribedEvent):
     """A collection was sharded (showExpandedEvents)."""
 
-    __match_args__ = ("ns", "operation_description")
-
-    operation_description: Mapping[str, Any] | None = None
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ReshardCollectionEvent(ChangeEvent):
+class ReshardCollectionEvent(_DescribedEvent):
     """A collection was resharded (showExpandedEvents)."""
 
-    __match_args__ = ("ns", "operation_description")
-
-    operation_description: Mapping[str, Any] | None = None
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RefineCollectionShardKeyEvent(ChangeEvent):
+class RefineCollectionShardKeyEvent(_DescribedEvent):
     """A shard key was refined (showExpandedEvents)."""
-
-    __match_args__ = ("ns", "operation_description")
-
-    operation_description: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -74,3 +74,20 @@ def call_deadline(setup: StreamSetup) -> contextlib.AbstractContextManager[None]
     if setup.timeout_ms is None or inherited_but_overridden:
         return contextlib.nullcontext()
     return pymongo.timeout(setup.timeout_ms / 1000)
+
+
+def abandon(stream: Any) -> None:
+    """``__del__`` of both shells: a stream dropped without ``close()`` cleans up later.
+
+    As PyMongo's own cursors do, the open cursor is queued for the client's
+    background killCursors task and the implicit session goes back to the pool;
+    no I/O here. Closing the stream is still the way to release the cursor at once.
+    """
+    try:
+        machine, transport, closing = stream._machine, stream._transport, stream._close_requested
+    except AttributeError:  # __init__ failed early
+        return
+    if closing or not machine.alive:
+        return
+    with contextlib.suppress(Exception):  # at interpreter exit PyMongo may be gone
+        transport.abandon(machine.abandon())

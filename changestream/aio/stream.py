@@ -38,7 +38,7 @@ from ..options import (
     present_token,
     resolve_target,
 )
-from ..shell import call_deadline, stream_setup
+from ..shell import abandon, call_deadline, stream_setup
 
 __all__ = ["AsyncChangeStream", "TokenCallback", "watch"]
 
@@ -200,19 +200,8 @@ class AsyncChangeStream(Generic[_T]):
         return self
 
     def __del__(self) -> None:
-        """Dropped without ``close()``: queue the cursor for PyMongo's background killCursors.
-
-        As PyMongo's own cursors do; no I/O here. Closing the stream is still the
-        way to release the cursor at once.
-        """
-        try:
-            machine, transport = self._machine, self._transport
-        except AttributeError:  # __init__ failed early
-            return
-        if self._close_requested or not machine.alive:
-            return
-        with contextlib.suppress(Exception):  # at interpreter exit PyMongo may be gone
-            transport.abandon(machine.abandon())
+        """Dropped without ``close()``: see :func:`changestream.shell.abandon`."""
+        abandon(self)
 
     async def __aenter__(self) -> AsyncChangeStream[_T]:
         return self

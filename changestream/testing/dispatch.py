@@ -18,7 +18,7 @@ from bson.timestamp import Timestamp
 
 from . import commands
 from .commands import CommandContext, CommandSpec, ConnectionInfo
-from .errors import CommandError, change_stream_labels
+from .errors import CloseConnection, CommandError, change_stream_labels
 from .failpoints import CommandTarget
 from .wire import OP_QUERY, OP_QUERY_SECONDARY_OK, Request
 
@@ -59,10 +59,26 @@ _WRITE_CONCERN_COMMANDS = frozenset({"commitTransaction", "abortTransaction"})
 _TXN_END_COMMANDS = _WRITE_CONCERN_COMMANDS
 _HELLO_COMMANDS = frozenset({"hello", "isMaster"})
 _MAX_INT32 = 2**31 - 1
-
-
-class CloseConnection(Exception):
-    """Drop the connection without replying (failCommand ``closeConnection``)."""
+_READ_ONLY_COMMANDS = frozenset(
+    {
+        "hello",
+        "isMaster",
+        "ping",
+        "buildInfo",
+        "serverStatus",
+        "hostInfo",
+        "connectionStatus",
+        "getParameter",
+        "find",
+        "getMore",
+        "count",
+        "distinct",
+        "listCollections",
+        "listIndexes",
+        "listDatabases",
+    }
+)
+"""Commands without side effects: blocked by failCommand, they end when their client leaves."""
 
 
 def topology_version(member: Member) -> dict[str, Any]:
@@ -87,6 +103,16 @@ def _namespace(db: str, spec: CommandSpec, body: dict[str, Any], target: Any) ->
     if isinstance(target, str) and target:
         return f"{db}.{target}"
     return f"{db}.$cmd.aggregate" if spec.name == "aggregate" else f"{db}.$cmd"
+
+
+def _read_only(spec: CommandSpec, body: dict[str, Any]) -> bool:
+    """Whether ending the command early changes nothing anyone can see ($out/$merge write)."""
+    if spec.name == "aggregate":
+        pipeline = body.get("pipeline")
+        return isinstance(pipeline, list) and not any(
+            isinstance(stage, dict) and ("$out" in stage or "$merge" in stage) for stage in pipeline
+        )
+    return spec.name in _READ_ONLY_COMMANDS
 
 
 class Dispatcher:
@@ -140,7 +166,7 @@ class Dispatcher:
                     )
             names = self._aliases.get(spec.name) or frozenset({spec.name, name})
             target = CommandTarget(names, _namespace(db, spec, body, body[name]), conn.app_name)
-            self._fail_command(target)
+            self._fail_command(target, conn, spec, body)
             secondary_ok = self._secondary_ok_requested(request, ctx)
             if spec.locks:
                 with self.deployment.lock:
@@ -189,14 +215,19 @@ class Dispatcher:
                 self.deployment.clock.advance(ts)
         return ctx
 
-    def _fail_command(self, target: CommandTarget) -> None:
+    def _fail_command(
+        self, target: CommandTarget, conn: ConnectionInfo, spec: CommandSpec, body: dict[str, Any]
+    ) -> None:
         action = self.member.failpoints.fail_command(target)
         if action is None:
             return
         if action.close_connection:
             raise CloseConnection
         if action.block_ms:
-            time.sleep(action.block_ms / 1000)
+            # Closing the connection (failover, stop) always ends the block. A client
+            # that leaves ends it only for a command without side effects: a write still
+            # happens after the block, as on mongod, and its reply is lost.
+            conn.sleep(action.block_ms / 1000, kill_on_disconnect=_read_only(spec, body))
         if action.error is not None:
             raise action.error
 

@@ -121,6 +121,19 @@ def _name_for(code: int) -> str:
     return CODE_NAMES.get(code, f"Location{code}")
 
 
+class CloseConnection(Exception):
+    """Drop the connection without replying (failCommand ``closeConnection``)."""
+
+
+class ClientDisconnected(CloseConnection):
+    """The connection is gone while an operation waited: end it, reply to no one.
+
+    mongod kills such an operation with ClientDisconnect (an awaitable hello,
+    a getMore waiting for data, ...) instead of finishing it for a peer that
+    left; the simulator also ends the connection's thread and closes its socket.
+    """
+
+
 class CommandError(Exception):
     """A command failed; becomes an ``ok: 0`` reply on the wire.
 

@@ -3,6 +3,12 @@
 A connection that sends garbage is closed on its own; every other connection
 keeps being served. :meth:`MemberServer.close_all` drops every connection of
 the member at once (failover), :meth:`MemberServer.close` one of them.
+
+A connection's thread ends, and closes its socket, as soon as the client
+closes its end: between requests the read sees EOF; an operation that waits
+(awaitable hello, a getMore waiting for events, failCommand's
+``blockConnection``, waitForFailPoint) checks the client as mongod does and
+ends with :class:`~changestream.testing.errors.ClientDisconnected`.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import itertools
 import logging
 import socket
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +27,9 @@ from bson.errors import BSONError
 
 from . import wire
 from .commands import ConnectionInfo
-from .dispatch import CloseConnection, Dispatcher
-from .errors import CommandError
+from .commands.admin import notify_topology_change
+from .dispatch import Dispatcher
+from .errors import CloseConnection, CommandError
 
 if TYPE_CHECKING:
     from .deployment import Deployment, Member
@@ -89,19 +97,30 @@ class MemberServer:
         return self.port
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop listening, close every connection and join the threads (bounded wait)."""
+        """Stop listening, close every connection and join the threads (``timeout`` in all)."""
+        deadline = time.monotonic() + timeout
         self._stopping.set()
         if self._listener is not None:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept() at once
             self._listener.close()
+        if self._accept_thread is not None:
+            self._accept_thread.join(timeout)
+        # No connection is registered after the accept loop ended: these are all of them.
         with self._lock:
             threads = [c.thread for c in self._conns.values() if c.thread is not None]
         self.close_all()
-        if self._accept_thread is not None:
-            self._accept_thread.join(timeout)
         for thread in threads:
-            thread.join(timeout)
+            if thread.ident is not None:  # started
+                thread.join(max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in threads if t.is_alive()]
+        if alive:
+            log.warning(
+                "%s:%d stopped with connection threads still running: %s",
+                self.host,
+                self.port,
+                ", ".join(alive),
+            )
         if _servers.get(self.member) is self:
             del _servers[self.member]
 
@@ -122,6 +141,7 @@ class MemberServer:
         if conn is None:
             return False
         _shutdown(conn)
+        self._wake_waiters()
         return True
 
     def close_all(self) -> int:
@@ -130,7 +150,14 @@ class MemberServer:
             conns = list(self._conns.values())
         for conn in conns:
             _shutdown(conn)
+        if conns:
+            self._wake_waiters()
         return len(conns)
+
+    def _wake_waiters(self) -> None:
+        """Wake operations waiting on shared conditions: they find their connection closed."""
+        notify_topology_change()
+        self.deployment.oplog.notify()
 
     def _accept_loop(self) -> None:
         listener = self._listener
@@ -146,7 +173,8 @@ class MemberServer:
                 return
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Connection(ConnectionInfo(id=next(_connection_ids), peer=peer), sock)
+            info = ConnectionInfo(id=next(_connection_ids), peer=peer, sock=sock)
+            conn = _Connection(info, sock)
             thread = threading.Thread(
                 target=self._serve, args=(conn,), name=f"sim-conn-{conn.info.id}", daemon=True
             )
@@ -172,7 +200,7 @@ class MemberServer:
         except Exception:
             log.exception("connection %d failed", conn.info.id)
         finally:
-            conn.info.closed = True
+            conn.info.close()
             with self._lock:
                 self._conns.pop(conn.info.id, None)
             conn.sock.close()
@@ -259,6 +287,6 @@ class NetworkCounters:
 
 
 def _shutdown(conn: _Connection) -> None:
-    conn.info.closed = True
+    conn.info.close()
     with contextlib.suppress(OSError):
         conn.sock.shutdown(socket.SHUT_RDWR)

@@ -9,6 +9,7 @@ closing just that connection, as mongod does.
 from __future__ import annotations
 
 import itertools
+import select
 import socket
 import struct
 from dataclasses import dataclass
@@ -298,6 +299,29 @@ def _parse_op_query(request_id: int, rest: bytearray) -> Request:
             if read_pref is not None:
                 query["$readPreference"] = read_pref
     return Request(request_id, OP_QUERY, query, db, flags)
+
+
+_HAS_POLL = hasattr(select, "poll")
+"""poll() has no FD_SETSIZE limit (select() fails for descriptors above 1023)."""
+
+
+def peer_closed(sock: socket.socket) -> bool:
+    """Whether the client closed (or reset) ``sock``, without blocking or consuming data.
+
+    mongod's ``Session::isConnected``: poll for readability, then peek; EOF or
+    an error means the peer is gone. Bytes waiting to be read mean it is not.
+    """
+    try:
+        if _HAS_POLL:
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            if not poller.poll(0):
+                return False
+        elif not select.select([sock], [], [], 0)[0]:
+            return False
+        return not sock.recv(1, socket.MSG_PEEK)
+    except (OSError, ValueError):  # reset, or already closed (fileno -1)
+        return True
 
 
 # -- writing -------------------------------------------------------------------------------

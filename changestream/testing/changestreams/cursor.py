@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 import bson
 from bson.timestamp import Timestamp
 
+from ..commands import CLIENT_CHECK_SECONDS
 from ..cursors import CursorBatch
 from ..errors import CommandError
 from ..oplog import OplogEntry
@@ -42,7 +43,7 @@ from .stage import ChangeStreamSpec
 from .transform import EventTransformer, RawEvent
 
 if TYPE_CHECKING:
-    from ..commands import CommandContext
+    from ..commands import CommandContext, ConnectionInfo
     from ..deployment import Deployment
 
 MAX_BATCH_BYTES: Final = 16 * 1024 * 1024
@@ -166,7 +167,7 @@ class ChangeStreamCursor:
         if batch_size == 0:
             return CursorBatch([], post_batch_resume_token=self._pbrt)
         try:
-            return self._batch(batch_size, None)
+            return self._batch(batch_size, None, None)
         except CommandError as err:
             context = (
                 f"Executor error during aggregate command on namespace: {self.ns}"
@@ -183,7 +184,7 @@ class ChangeStreamCursor:
         wait_ms = DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms
         deadline = time.monotonic() + wait_ms / 1000
         try:
-            return self._batch(batch_size or None, deadline)
+            return self._batch(batch_size or None, deadline, ctx.connection)
         except CommandError as err:
             raise _with_context(err, "Executor error during getMore") from err
 
@@ -193,7 +194,9 @@ class ChangeStreamCursor:
         self._oplog.notify()
 
     # -- batching -----------------------------------------------------------------------------
-    def _batch(self, limit: int | None, deadline: float | None) -> CursorBatch:
+    def _batch(
+        self, limit: int | None, deadline: float | None, conn: ConnectionInfo | None
+    ) -> CursorBatch:
         docs: list[dict[str, Any]] = []
         size = 0
         eof = False
@@ -202,7 +205,7 @@ class ChangeStreamCursor:
             while limit is None or len(docs) < limit:
                 item = self._next()
                 if item is None:
-                    if docs or deadline is None or not self._wait(deadline):
+                    if docs or deadline is None or not self._wait(deadline, conn):
                         eof = True
                         break
                     continue
@@ -231,12 +234,24 @@ class ChangeStreamCursor:
             self._pbrt_ts = latest
         return CursorBatch(docs, post_batch_resume_token=self._pbrt)
 
-    def _wait(self, deadline: float) -> bool:
-        """Block until the oplog grows or ``deadline``; False when time is up."""
+    def _wait(self, deadline: float, conn: ConnectionInfo | None) -> bool:
+        """Block until the oplog grows or ``deadline``; False when time is up.
+
+        Checks ``conn`` while it waits: a getMore whose client left ends
+        (ClientDisconnected) as mongod kills it, instead of waiting out its maxTimeMS.
+        """
         remaining = deadline - time.monotonic()
         if remaining > 0 and not self._closed:
             assert self._seq is not None
-            self._oplog.wait_for(self._seq, remaining)
+            left = remaining
+            while not self._oplog.wait_for(self._seq, min(left, CLIENT_CHECK_SECONDS)):
+                if self._closed:
+                    break
+                if conn is not None:
+                    conn.check_connected()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
         if self._closed:
             raise CommandError(237, "operation was interrupted")
         return remaining > 0

@@ -12,14 +12,25 @@ dispatcher imports them all through :func:`load_all`.
 from __future__ import annotations
 
 import importlib
+import socket
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bson.timestamp import Timestamp
 
+from ..errors import ClientDisconnected
+from ..wire import peer_closed
+
 if TYPE_CHECKING:
     from ..deployment import Deployment, Member
+
+
+CLIENT_CHECK_SECONDS = 0.25
+"""How often an operation that waits checks that its client is still connected
+(mongod checks every 0.5-1 s; an operation that does not wait never checks)."""
 
 
 @dataclass(slots=True)
@@ -30,9 +41,49 @@ class ConnectionInfo:
     peer: tuple[str, int]
     app_name: str | None = None
     client_metadata: dict[str, Any] | None = None
-    closed: bool = False
     compressors: list[str] = field(default_factory=list)
     """The compressors ``hello`` negotiated on this connection (client's order)."""
+    sock: socket.socket | None = field(default=None, repr=False)
+    """The server's end (None: a context made without a connection, e.g. in unit tests)."""
+    _closed: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+
+    @property
+    def closed(self) -> bool:
+        """The server dropped this connection, or found that the client had."""
+        return self._closed.is_set()
+
+    def close(self) -> None:
+        """Mark the connection closed; an operation waiting in :meth:`sleep` ends at once."""
+        self._closed.set()
+
+    def check_connected(self) -> None:
+        """Raise :class:`ClientDisconnected` if the connection is gone.
+
+        Called by waiting operations, every :data:`CLIENT_CHECK_SECONDS` at most,
+        as mongod checks operations marked "kill on client disconnect".
+        """
+        if self._closed.is_set():
+            raise ClientDisconnected
+        if self.sock is not None and peer_closed(self.sock):
+            self._closed.set()
+            raise ClientDisconnected
+
+    def sleep(self, seconds: float, *, kill_on_disconnect: bool = True) -> None:
+        """Sleep ``seconds``; raise :class:`ClientDisconnected` if the connection goes first.
+
+        The server closing the connection always interrupts the sleep (as
+        shutdown interrupts mongod's operations); the client closing it only
+        when ``kill_on_disconnect``.
+        """
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._closed.wait(min(left, CLIENT_CHECK_SECONDS)):
+                raise ClientDisconnected
+            if kill_on_disconnect:
+                self.check_connected()
 
 
 @dataclass(slots=True)

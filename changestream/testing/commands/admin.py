@@ -23,7 +23,7 @@ from ..dispatch import topology_version
 from ..errors import CommandError
 from ..storage import type_name
 from ..wire import MAX_MESSAGE_SIZE
-from . import CommandContext, command
+from . import CLIENT_CHECK_SECONDS, CommandContext, ConnectionInfo, command
 from .transactions import abort_all_sessions, abort_session, session_uuid
 
 if TYPE_CHECKING:
@@ -71,8 +71,14 @@ def elect_next(deployment: Deployment, *, restart_old: bool = False) -> Member:
     return new
 
 
-def _await_topology_change(member: Member, client_tv: Any, max_await_ms: Any) -> None:
-    """Block until ``member``'s topologyVersion differs from ``client_tv`` or time runs out."""
+def _await_topology_change(
+    member: Member, client_tv: Any, max_await_ms: Any, conn: ConnectionInfo
+) -> None:
+    """Block until ``member``'s topologyVersion differs from ``client_tv`` or time runs out.
+
+    Ends with :class:`~changestream.testing.errors.ClientDisconnected` when the
+    connection goes first (mongod marks hello "kill on client disconnect").
+    """
     if not isinstance(client_tv, dict) or not isinstance(client_tv.get("processId"), ObjectId):
         raise CommandError(
             40414, "BSON field 'topologyVersion.processId' is missing but a required field"
@@ -104,7 +110,8 @@ def _await_topology_change(member: Member, client_tv: Any, max_await_ms: Any) ->
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            _topology_changed.wait(left)
+            _topology_changed.wait(min(left, CLIENT_CHECK_SECONDS))
+            conn.check_connected()
 
 
 # -- hello -------------------------------------------------------------------------------------
@@ -155,7 +162,7 @@ def hello(ctx: CommandContext) -> dict[str, Any]:
             else "A request with 'maxAwaitTimeMS' must include a 'topologyVersion'",
         )
     if "topologyVersion" in body and profile.topology_version:
-        _await_topology_change(member, body["topologyVersion"], body["maxAwaitTimeMS"])
+        _await_topology_change(member, body["topologyVersion"], body["maxAwaitTimeMS"], conn)
 
     writable_key = "ismaster" if ctx.name in ("isMaster", "ismaster") else "isWritablePrimary"
     reply: dict[str, Any] = {}

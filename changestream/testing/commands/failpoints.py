@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..errors import CommandError
-from . import CommandContext, command
+from . import CLIENT_CHECK_SECONDS, CommandContext, command
 
 
 @command("configureFailPoint", admin_only=True, locks=False, any_member=True)
@@ -33,6 +34,11 @@ def wait_for_fail_point(ctx: CommandContext) -> dict[str, Any]:
         raise CommandError(
             40414, "BSON field 'waitForFailPoint.maxTimeMS' is missing but a required field"
         )
-    if not ctx.member.failpoints.wait_for(name, times, ctx.max_time_ms / 1000):
-        raise CommandError(50, "operation exceeded time limit")
-    return {}
+    deadline = time.monotonic() + ctx.max_time_ms / 1000
+    while True:  # in slices, to notice a client that left (it has nothing left to wait for)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CommandError(50, "operation exceeded time limit")
+        if ctx.member.failpoints.wait_for(name, times, min(left, CLIENT_CHECK_SECONDS)):
+            return {}
+        ctx.connection.check_connected()

@@ -31,7 +31,7 @@ from typing import Any
 from bson.binary import Binary
 from bson.int64 import Int64
 
-from ..errors import CommandError
+from ..errors import CloseConnection, CommandError
 from ..oplog import OplogEntry
 from . import CommandContext, command
 
@@ -297,8 +297,6 @@ class WriteUnit:
         """Where mongod commits: ``onPrimaryTransactionalWrite`` closes the connection here."""
         self._failpoint_checked = False
         if self._close_after_commit:
-            from ..dispatch import CloseConnection
-
             raise CloseConnection
 
     def _check_failpoint(self) -> None:

@@ -7,7 +7,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -101,11 +100,9 @@ class Consumer:
 
 
 @pytest.fixture
-def names(mongo_client: MongoClient[dict[str, Any]]) -> Iterator[tuple[str, str]]:
-    database = f"cs_consume_{uuid.uuid4().hex[:8]}"
-    mongo_client[database].create_collection("coll")
-    yield database, "coll"
-    mongo_client.drop_database(database)
+def admin(mongo_client: MongoClient[dict[str, Any]]) -> MongoClient[dict[str, Any]]:
+    """The shared ``names`` fixture (tests/conftest.py) creates its collection on this client."""
+    return mongo_client
 
 
 @pytest.fixture

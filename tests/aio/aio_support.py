@@ -1,4 +1,7 @@
-"""Helpers shared by the async tests (imported by ``conftest.py`` and the test modules)."""
+"""Helpers for the async tests (imported by ``conftest.py`` and the test modules).
+
+``Deployment``, ``Recorder`` and ``plain`` are shared with the sync tests: see ``tests/support.py``.
+"""
 
 from __future__ import annotations
 
@@ -6,69 +9,8 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import bson
-import pytest
-from pymongo import AsyncMongoClient, MongoClient, monitoring
-
-STREAM_COMMANDS = ("aggregate", "getMore", "killCursors")
-
-
-class Deployment:
-    """Where the tests connect: the simulator (``sim`` set) or a real ``MONGODB_URI``."""
-
-    def __init__(self, uri: str, sim: Any = None) -> None:
-        self.uri = uri
-        self.sim = sim
-
-    def require_sim(self) -> Any:
-        if self.sim is None:
-            pytest.skip("needs the simulator (MONGODB_URI points at a real deployment)")
-        return self.sim
-
-
-class Recorder(monitoring.CommandListener):
-    """Records started/succeeded stream commands; ``on_success`` runs inside the driver call."""
-
-    def __init__(self) -> None:
-        self.events: list[monitoring.CommandStartedEvent] = []
-        self.replies: list[tuple[str, Any]] = []
-        self.on_success: Callable[[monitoring.CommandSucceededEvent], None] | None = None
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if event.command_name in STREAM_COMMANDS:
-            self.events.append(event)
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        if event.command_name in STREAM_COMMANDS:
-            self.replies.append((event.command_name, event.reply))
-            if self.on_success is not None:
-                self.on_success(event)
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-    def names(self) -> list[str]:
-        return [e.command_name for e in self.events]
-
-    def commands(self, name: str) -> list[Any]:
-        return [e.command for e in self.events if e.command_name == name]
-
-    def stage(self, index: int = -1) -> dict[str, Any]:
-        result: dict[str, Any] = self.commands("aggregate")[index]["pipeline"][0]["$changeStream"]
-        return result
-
-    def last_pbrt(self) -> Any:
-        replies = [r for name, r in self.replies if name != "killCursors"]
-        return plain(replies[-1]["cursor"]["postBatchResumeToken"])
-
-    def clear(self) -> None:
-        self.events.clear()
-        self.replies.clear()
-
-
-def plain(value: Any) -> Any:
-    """``value`` with every RawBSONDocument/SON decoded to plain dicts (for comparisons)."""
-    return bson.decode(bson.encode({"v": value}))["v"]
+from pymongo import AsyncMongoClient, MongoClient
+from support import Deployment, Recorder
 
 
 @dataclasses.dataclass

@@ -1,60 +1,24 @@
-"""Fixtures for the async tests: a deployment, a command recorder and an asyncio runner.
+"""Fixtures for the async tests: an asyncio runner over the shared ``deployment``.
 
 pytest-asyncio is not used: each test builds an ``async def`` scenario and
 hands it to the ``run`` fixture, which opens an observed ``AsyncMongoClient``
 inside ``asyncio.run``. Writes and failpoints go through a plain sync client.
-With ``MONGODB_URI`` set, the tests run against that deployment; tests that
-drive the simulator itself (failover, killed cursors) are then skipped.
+``deployment``, ``recorder``, ``admin`` and ``names`` come from ``tests/conftest.py``
+(shared with the sync stream tests). With ``MONGODB_URI`` set, the tests run against
+that deployment; tests that drive the simulator itself (failover, killed cursors)
+are then skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from aio_support import Ctx, Deployment, Recorder, Scenario
+from aio_support import Ctx, Scenario
 from pymongo import AsyncMongoClient, MongoClient
-from pymongo.errors import PyMongoError
-
-
-@pytest.fixture(scope="module")
-def deployment() -> Iterator[Deployment]:
-    uri = os.environ.get("MONGODB_URI")
-    if uri:
-        yield Deployment(uri)
-        return
-    from changestream.testing import ReplicaSet
-
-    with ReplicaSet("8.0", members=3) as rs:
-        yield Deployment(rs.uri, rs)
-
-
-@pytest.fixture
-def recorder() -> Recorder:
-    return Recorder()
-
-
-@pytest.fixture
-def admin(deployment: Deployment) -> Iterator[MongoClient[dict[str, Any]]]:
-    mongo: MongoClient[dict[str, Any]] = MongoClient(deployment.uri, serverSelectionTimeoutMS=5000)
-    yield mongo
-    with contextlib.suppress(PyMongoError):
-        for name in ("failCommand", "failGetMoreAfterCursorCheckout"):
-            mongo.admin.command({"configureFailPoint": name, "mode": "off"})
-    mongo.close()
-
-
-@pytest.fixture
-def names(admin: MongoClient[dict[str, Any]]) -> Iterator[tuple[str, str]]:
-    database = f"cs_aio_{uuid.uuid4().hex[:10]}"
-    admin[database].create_collection("coll")
-    yield database, "coll"
-    admin.drop_database(database)
+from support import Deployment, Recorder
 
 
 @pytest.fixture

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from aio_support import STREAM_COMMANDS, Ctx, Recorder, plain
+from aio_support import Ctx
 from bson.raw_bson import RawBSONDocument
 from pymongo import AsyncMongoClient, MongoClient, ReadPreference, monitoring
 from pymongo.errors import OperationFailure, PyMongoError
+from support import STREAM_COMMANDS, Recorder, plain
 
 import changestream
 from changestream.aio import AsyncChangeStream, watch

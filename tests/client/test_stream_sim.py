@@ -2,131 +2,31 @@
 
 Runs against the ``changestream.testing`` replica-set simulator, or against a
 real replica set when ``MONGODB_URI`` is set (tests that need to drive the
-simulator itself, such as a failover, are then skipped). The fixtures at the
-top (``deployment``, ``recorder``, ``client``, ``admin``, ``coll``) are
-self-contained so they can move to a shared conftest unchanged.
+simulator itself, such as a failover, are then skipped). ``deployment``,
+``recorder``, ``admin`` and ``names`` are shared with ``tests/aio`` through
+``tests/conftest.py``; ``Recorder`` and ``plain`` live in ``tests/support.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import bson
 import pytest
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient, ReadPreference, monitoring
 from pymongo.errors import OperationFailure, PyMongoError
+from support import STREAM_COMMANDS, Deployment, Recorder, plain
 
 import changestream
 from changestream.errors import MissingResumeTokenError
 
-STREAM_COMMANDS = ("aggregate", "getMore", "killCursors")
 FAST = {"max_await_time_ms": 50}
 """Keep idle getMores short so try_next() returns quickly."""
 
 
-# -- fixtures (liftable into a shared conftest) ----------------------------------------------------
-class Deployment:
-    """Where the tests connect: the simulator (``sim`` set) or a real ``MONGODB_URI``."""
-
-    def __init__(self, uri: str, sim: Any = None) -> None:
-        self.uri = uri
-        self.sim = sim
-
-    def require_sim(self) -> Any:
-        if self.sim is None:
-            pytest.skip("needs the simulator (MONGODB_URI points at a real deployment)")
-        return self.sim
-
-
-def _probe(uri: str) -> str | None:
-    """Why the deployment cannot run change streams yet (``None``: it can)."""
-    try:
-        with MongoClient(uri, serverSelectionTimeoutMS=5000) as probe:
-            coll = probe[f"probe_{uuid.uuid4().hex[:8]}"]["c"]
-            with coll.watch(max_await_time_ms=200) as stream:
-                coll.insert_one({"probe": 1})
-                change = stream.try_next() or stream.try_next()
-            coll.database.client.drop_database(coll.database.name)
-            if change is None or change.get("operationType") != "insert":
-                return f"a change stream did not report an insert (got {change!r})"
-    except PyMongoError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-@pytest.fixture(scope="module")
-def deployment() -> Iterator[Deployment]:
-    uri = os.environ.get("MONGODB_URI")
-    if uri:
-        reason = _probe(uri)
-        if reason:
-            pytest.skip(f"MONGODB_URI cannot run change streams: {reason}")
-        yield Deployment(uri)
-        return
-    try:
-        from changestream.testing import ReplicaSet
-    except ImportError as exc:
-        pytest.skip(f"simulator not importable yet: {exc}")
-    with ReplicaSet("8.0", members=3) as rs:
-        reason = _probe(rs.uri)
-        if reason:
-            print(f"\nSKIP test_stream_sim: simulator not ready: {reason}")
-            pytest.skip(f"simulator cannot run change streams yet: {reason}")
-        yield Deployment(rs.uri, rs)
-
-
-class Recorder(monitoring.CommandListener):
-    """Records started/succeeded stream commands; ``on_success`` hooks run inside the driver call."""
-
-    def __init__(self) -> None:
-        self.events: list[monitoring.CommandStartedEvent] = []
-        self.replies: list[tuple[str, Any]] = []
-        self.on_success: Callable[[monitoring.CommandSucceededEvent], None] | None = None
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:  # type: ignore[override]
-        if event.command_name in STREAM_COMMANDS:
-            self.events.append(event)
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        if event.command_name in STREAM_COMMANDS:
-            self.replies.append((event.command_name, event.reply))
-            if self.on_success is not None:
-                self.on_success(event)
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-    def names(self) -> list[str]:
-        return [e.command_name for e in self.events]
-
-    def commands(self, name: str) -> list[Any]:
-        return [e.command for e in self.events if e.command_name == name]
-
-    def stage(self, index: int = -1) -> dict[str, Any]:
-        result: dict[str, Any] = self.commands("aggregate")[index]["pipeline"][0]["$changeStream"]
-        return result
-
-    def last_pbrt(self) -> Any:
-        """The postBatchResumeToken of the latest aggregate/getMore reply, as a dict."""
-        replies = [r for name, r in self.replies if name != "killCursors"]
-        return plain(replies[-1]["cursor"]["postBatchResumeToken"])
-
-    def clear(self) -> None:
-        self.events.clear()
-        self.replies.clear()
-
-
-@pytest.fixture
-def recorder() -> Recorder:
-    return Recorder()
-
-
+# -- fixtures (``deployment``, ``recorder``, ``admin``, ``names`` come from tests/conftest.py) -----
 @pytest.fixture
 def client(deployment: Deployment, recorder: Recorder) -> Iterator[MongoClient[dict[str, Any]]]:
     """The observed client the streams run on."""
@@ -135,26 +35,6 @@ def client(deployment: Deployment, recorder: Recorder) -> Iterator[MongoClient[d
     )
     yield mongo
     mongo.close()
-
-
-@pytest.fixture
-def admin(deployment: Deployment) -> Iterator[MongoClient[dict[str, Any]]]:
-    """An unobserved client for writes and failpoints."""
-    mongo: MongoClient[dict[str, Any]] = MongoClient(deployment.uri, serverSelectionTimeoutMS=5000)
-    yield mongo
-    with contextlib.suppress(PyMongoError):
-        for name in ("failCommand", "failGetMoreAfterCursorCheckout"):
-            mongo.admin.command({"configureFailPoint": name, "mode": "off"})
-    mongo.close()
-
-
-@pytest.fixture
-def names(admin: MongoClient[dict[str, Any]]) -> Iterator[tuple[str, str]]:
-    """A fresh ``(database, collection)`` pair, dropped afterwards."""
-    database = f"cs_{uuid.uuid4().hex[:10]}"
-    admin[database].create_collection("coll")
-    yield database, "coll"
-    admin.drop_database(database)
 
 
 @pytest.fixture
@@ -177,11 +57,6 @@ def resumable_getmore_failure(admin: MongoClient[dict[str, Any]]) -> None:
 
 
 VOLATILE = {"lsid", "$clusterTime", "$db", "maxTimeMS", "$readPreference"}
-
-
-def plain(value: Any) -> Any:
-    """``value`` with every RawBSONDocument/SON decoded to plain dicts (for comparisons)."""
-    return bson.decode(bson.encode({"v": value}))["v"]
 
 
 def address(event: monitoring.CommandStartedEvent) -> str:

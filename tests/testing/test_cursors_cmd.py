@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import socket
-import struct
 from collections.abc import Iterator
 from typing import Any
 
-import bson
 import pytest
 from bson.int64 import Int64
 from pymongo import CursorType, MongoClient, monitoring
 from pymongo.client_session import ClientSession
 from pymongo.errors import OperationFailure
+from support import raw_command
 
 from changestream.testing import ReplicaSet
 from changestream.testing.commands import CommandContext
@@ -180,18 +178,6 @@ def test_cursor_created_in_a_session_needs_that_session(rs: ReplicaSet, client: 
         err = error_of(lambda: get_more(client, cid, session=stranger))
         assert err["code"] == 50738 and "in session" in err["errmsg"]
         assert get_more(client, cid, session=owner)["ok"] == 1.0
-
-
-def raw_command(member: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Run one OP_MSG command without a driver (so without an implicit ``lsid``)."""
-    payload = bson.encode(body)
-    host, port = member.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(struct.pack("<iiiiIB", 21 + len(payload), 1, 0, 2013, 0, 0) + payload)
-        data = b""
-        while len(data) < 4 or len(data) < int.from_bytes(data[:4], "little"):
-            data += sock.recv(65536)
-    return bson.decode(data[21:])
 
 
 def test_cursor_created_in_a_session_rejects_a_get_more_without_lsid(rs: ReplicaSet) -> None:

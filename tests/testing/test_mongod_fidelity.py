@@ -6,7 +6,6 @@ Decimal128 resume tokens."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,36 +20,6 @@ from changestream.testing.changestreams.resume_token import decode_token
 Client = MongoClient[dict[str, Any]]
 MIB = 1024 * 1024
 AWAIT_MS = 50
-
-
-@pytest.fixture
-def start_rs() -> Iterator[Callable[..., ReplicaSet]]:
-    """Start replica sets that outlive the test's clients (stopped after them)."""
-    started: list[ReplicaSet] = []
-
-    def start(*args: Any, **kwargs: Any) -> ReplicaSet:
-        rs = ReplicaSet(*args, **kwargs).start()
-        started.append(rs)
-        return rs
-
-    yield start
-    for rs in started:
-        rs.stop()
-
-
-@pytest.fixture
-def clients(start_rs: Any) -> Iterator[Callable[..., Client]]:
-    made: list[Client] = []
-
-    def make(uri: str, **kwargs: Any) -> Client:
-        kwargs.setdefault("serverSelectionTimeoutMS", 5000)
-        client: Client = MongoClient(uri, **kwargs)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 # -- 1. $changeStreamSplitLargeEvent on 6.0.9+ -------------------------------------------------------

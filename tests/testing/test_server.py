@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import bson
 import pytest
 from bson.timestamp import Timestamp
 from pymongo import MongoClient, ReadPreference, monitoring
 from pymongo.errors import NotPrimaryError, OperationFailure
+from support import raw_command
 
 from changestream.testing import ReplicaSet
 
@@ -31,36 +29,6 @@ RS_HELLO_FIELDS = [
 def rs3() -> Iterator[ReplicaSet]:
     with ReplicaSet("8.0", members=3) as rs:
         yield rs
-
-
-@pytest.fixture
-def start_rs() -> Iterator[Callable[..., ReplicaSet]]:
-    """Start replica sets that outlive the test's clients (stopped after them)."""
-    started: list[ReplicaSet] = []
-
-    def start(*args: Any, **kwargs: Any) -> ReplicaSet:
-        rs = ReplicaSet(*args, **kwargs).start()
-        started.append(rs)
-        return rs
-
-    yield start
-    for rs in started:
-        rs.stop()
-
-
-@pytest.fixture
-def clients(start_rs: Any) -> Iterator[Callable[..., Client]]:
-    made: list[Client] = []
-
-    def make(uri: str, **kwargs: Any) -> Client:
-        kwargs.setdefault("serverSelectionTimeoutMS", 5000)
-        client: Client = MongoClient(uri, **kwargs)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> float:
@@ -261,18 +229,6 @@ def test_admin_commands_run_on_a_secondary(rs3: ReplicaSet, clients: Any) -> Non
     with pytest.raises(NotPrimaryError) as exc:
         admin.command("replSetStepDown", 10)
     assert exc.value.details is not None and exc.value.details["code"] == 10107
-
-
-def raw_command(member: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Run one OP_MSG command without a driver (so without any ``$readPreference``)."""
-    payload = bson.encode(body)
-    host, port = member.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(struct.pack("<iiiiIB", 21 + len(payload), 1, 0, 2013, 0, 0) + payload)
-        data = b""
-        while len(data) < 4 or len(data) < int.from_bytes(data[:4], "little"):
-            data += sock.recv(65536)
-    return bson.decode(data[21:])
 
 
 def test_writes_on_a_secondary_fail_with_not_writable_primary(rs3: ReplicaSet) -> None:

@@ -1,18 +1,21 @@
 """``foreach_batch``: feed a change stream to ``func(DataFrame, batch_id)`` in micro-batches.
 
-A background thread polls the stream with ``try_next`` (so fetching overlaps
-conversion and ``func``); the loop cuts a batch when it holds ``max_rows``
-events or its first event is ``max_seconds`` old, converts it through Arrow,
+Three threads form a pipeline, so fetching, converting and Spark's work
+overlap: a fetch thread polls the stream with ``try_next``; a cutter thread
+cuts a batch when it holds ``max_rows`` events or its first event is
+``max_seconds`` old and converts it to Arrow (incrementally, as events
+arrive); the calling thread turns each finished table into a DataFrame,
 calls ``func`` and only then saves (resume token, batch id) in the token
-store. After a crash the stream
-reopens from the stored token and the batch id continues, so a ``func`` that
-*replaces* its output for a batch id gives exactly-once results: the re-run
-batch may hold more or fewer events than the lost attempt (batches are cut
-by time), but it starts at the same event and its output replaces the old.
+store. After a crash the stream reopens from the stored token and the batch
+id continues, so a ``func`` that *replaces* its output for a batch id gives
+exactly-once results: the re-run batch may hold more or fewer events than
+the lost attempt (batches are cut by time), but it starts at the same event
+and its output replaces the old.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import queue
 import threading
@@ -30,7 +33,7 @@ from pyspark.sql.types import DataType, StructType
 from ..api import watch
 from ..stores import TokenStore
 from ..stream import ChangeStream
-from .convert import EventConverter
+from .convert import EventConverter, event_token, is_invalidate, raw_bytes
 from .errors import history_lost_as_error
 from .schema import event_ddl
 
@@ -49,8 +52,13 @@ def stream_opener(
     With a stored token the stream continues with ``start_after`` (which also
     accepts an ``invalidate`` token) and the start options in ``options`` are
     ignored; ``max_await_time_ms`` defaults to 200 so time cuts stay prompt.
+    Without ``document_class``, ``codec_options`` or ``typed`` the events
+    stay raw BSON (``RawBSONDocument``) until the batch is converted:
+    cheaper to fetch and lighter on the garbage collector.
     """
     options.setdefault("max_await_time_ms", 200)
+    if not {"document_class", "codec_options", "typed"} & options.keys():
+        options["document_class"] = RawBSONDocument
 
     def open_stream(token: Mapping[str, Any] | None) -> ChangeStream[Any]:
         if token is None:
@@ -105,8 +113,8 @@ def foreach_batch(
     postBatchResumeToken is stored every ``idle_seconds`` so a restart stays
     inside the oplog window. Stops when the stream is idle (``until_idle``),
     after ``max_batches`` calls, when ``stop_event`` is set (after the
-    current batch), or after an ``invalidate``. Exceptions from ``func`` or
-    the stream propagate; nothing is stored for the failed batch.
+    batches already cut), or after an ``invalidate``. Exceptions from
+    ``func`` or the stream propagate; nothing is stored for the failed batch.
     """
     if max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, not {max_rows}")
@@ -123,69 +131,41 @@ def foreach_batch(
     with history_lost_as_error(run.token), open_stream(run.token) as stream:
         if run.token is None and stream.resume_token is not None:
             run.save(stream.resume_token)  # pin the start: a crash must not move it to "now"
-        pending: list[Any] = []
-        first_at = 0.0
-
-        def flush() -> None:
-            table = pa.Table.from_batches([converter.convert(pending)])
-            if table.num_rows:
-                run.batch_id = (run.batch_id if run.batch_id is not None else -1) + 1
-                func(spark.createDataFrame(table, schema=spark_schema), run.batch_id)
-                run.batches += 1
-                run.rows += table.num_rows
-            run.save(pending[-1]["_id"])
-            pending.clear()
-
-        with _Prefetcher(stream, capacity=2 * max_rows) as prefetched:
+        cuts = _Cuts(
+            max_rows=max_rows,
+            max_seconds=max_seconds,
+            idle_seconds=idle_seconds,
+            until_idle=until_idle,
+            stop_event=stop_event,
+        )
+        with _Cutter(stream, converter, cuts) as cutter:
             while True:
-                if stop_event is not None and stop_event.is_set():
-                    reason = "stopped"
-                    break
-                wait = first_at + max_seconds - time.monotonic() if pending else _TICK
-                item = prefetched.get(max(wait, 0.0))
-                now = time.monotonic()
-                if isinstance(item, _Idle):
-                    if pending and (until_idle or not item.alive or now - first_at >= max_seconds):
-                        flush()
-                    if not pending and (
-                        until_idle or not item.alive or now - run.saved_at >= idle_seconds
-                    ):
-                        run.save_if_moved(item.resume_token)  # past every event delivered
-                        if not item.alive:
-                            reason = "invalidated"  # closed by an invalidate a $match removed
-                            break
-                        if until_idle:
-                            reason = "idle"
-                            break
-                elif item is not None:
-                    if not isinstance(item, Mapping):
-                        raise TypeError(
-                            "foreach_batch needs change documents (mappings); open the stream "
-                            f"without typed=True (got {type(item).__name__})"
-                        )
-                    if item.get("operationType") == "invalidate":
-                        if pending:
-                            flush()
-                        run.save(item["_id"])
-                        reason = "invalidated"
+                item = cutter.get()
+                if isinstance(item, _Batch):
+                    if item.table.num_rows:
+                        run.batch_id = (run.batch_id if run.batch_id is not None else -1) + 1
+                        func(spark.createDataFrame(item.table, schema=spark_schema), run.batch_id)
+                        run.batches += 1
+                        run.rows += item.table.num_rows
+                    run.save(item.token)
+                    if max_batches is not None and run.batches >= max_batches:
+                        reason = "max_batches"
                         break
-                    if not pending:
-                        first_at = now
-                    pending.append(item)
-                    if len(pending) >= max_rows or now - first_at >= max_seconds:
-                        flush()
-                elif pending and now - first_at >= max_seconds:
-                    flush()
-                if max_batches is not None and run.batches >= max_batches:
-                    reason = "max_batches"
+                elif isinstance(item, _Save):
+                    run.save_if_moved(item.token)
+                else:
+                    if item.token is not None:
+                        run.save(item.token)
+                    reason = item.reason
                     break
-        if pending:
-            flush()
     return BatchRunResult(run.batches, run.rows, run.batch_id, run.token, reason)
 
 
 _TICK = 0.1
 """Longest wait for the next event when no batch is open (bounds ``stop_event`` latency)."""
+
+_CONVERT_EVERY = 2048
+"""Events converted per step while a batch is open (one Arrow record batch each)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,24 +178,63 @@ class _Idle:
 
 @dataclasses.dataclass(frozen=True)
 class _Failed:
-    """The stream raised; the consumer re-raises the exception."""
+    """A pipeline thread raised; the consumer re-raises the exception."""
 
     error: BaseException
 
 
-class _Prefetcher:
-    """Calls ``try_next`` on a background thread so fetching overlaps conversion and ``func``.
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """A finished batch: its rows and the token of its last event (saved after ``func``)."""
 
-    Only this thread touches the stream inside the ``with`` block. The
-    queue holds events, :class:`_Idle` markers (in stream order, so an idle
-    token is only seen after every event before it) and at most one
-    :class:`_Failed`; ``capacity`` bounds the events held in memory.
+    table: pa.Table
+    token: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Save:
+    """Store this token if it moved (an idle stream's postBatchResumeToken)."""
+
+    token: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _End:
+    """The run ends for ``reason``, after storing ``token`` (if any)."""
+
+    reason: str
+    token: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cuts:
+    """When the cutter ends a batch, stores an idle token, or ends the run."""
+
+    max_rows: int
+    max_seconds: float
+    idle_seconds: float
+    until_idle: bool
+    stop_event: threading.Event | None
+
+
+class _Prefetcher:
+    """Calls ``try_next`` on a background thread so fetching overlaps everything else.
+
+    Only this thread touches the stream inside the ``with`` block. ``items``
+    holds events (raw ones as ``bytes``: untracked by the cyclic GC),
+    :class:`_Idle` markers (in stream order, so an idle token is only seen
+    after every event before it) and at most one :class:`_Failed`; the
+    consumer pops from it directly (a deque: no lock per event) and calls
+    :meth:`wait` when it is empty. ``capacity`` bounds the events held.
     """
 
     def __init__(self, stream: ChangeStream[Any], capacity: int) -> None:
         self._stream = stream
         self._capacity = capacity
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.items: collections.deque[Any] = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._consumer_waits = False
+        self._producer_waits = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="changestream-prefetch", daemon=True)
 
@@ -225,32 +244,184 @@ class _Prefetcher:
 
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
         self._thread.join()  # at most one getMore (max_await_time_ms) away
 
-    def get(self, timeout: float) -> Any:
-        """The next event or :class:`_Idle`, or ``None`` if nothing came within ``timeout``."""
-        try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if isinstance(item, _Failed):
-            raise item.error
-        return item
+    def wait(self, timeout: float) -> bool:
+        """Wait until ``items`` is not empty (True) or ``timeout`` passes (False)."""
+        if self.items:
+            return True
+        with self._cond:
+            self._consumer_waits = True
+            try:
+                if not self.items:
+                    self._cond.wait(timeout)
+            finally:
+                self._consumer_waits = False
+        return bool(self.items)
+
+    def drained(self) -> None:
+        """The consumer made room: wake the fetch thread if it waits for some."""
+        if self._producer_waits:
+            with self._cond:
+                self._cond.notify_all()
+
+    def _put(self, item: Any) -> None:
+        self.items.append(item)  # before reading the flag: see wait()
+        if self._consumer_waits:
+            with self._cond:
+                self._cond.notify_all()
 
     def _run(self) -> None:
-        stream = self._stream
+        stream, items, stop = self._stream, self.items, self._stop
         try:
-            while not self._stop.is_set():
-                while self._queue.qsize() >= self._capacity and not self._stop.is_set():
-                    self._stop.wait(0.01)  # the consumer is behind: do not buffer more
+            while not stop.is_set():
+                if len(items) >= self._capacity:  # the consumer is behind: do not buffer more
+                    with self._cond:
+                        self._producer_waits = True
+                        while len(items) >= self._capacity and not stop.is_set():
+                            self._cond.wait(_TICK)
+                        self._producer_waits = False
+                    continue
                 event = stream.try_next()
-                self._queue.put(
-                    event if event is not None else _Idle(stream.resume_token, stream.alive)
-                )
-                if event is None and not stream.alive:
-                    return
+                if event is None:
+                    self._put(_Idle(stream.resume_token, stream.alive))
+                    if not stream.alive:
+                        return
+                else:
+                    self._put(raw_bytes(event))
         except BaseException as exc:
-            self._queue.put(_Failed(exc))
+            self._put(_Failed(exc))
+
+
+class _Cutter:
+    """Cuts batches and converts them to Arrow on a background thread, ahead of ``func``.
+
+    It runs the prefetcher and hands the calling thread, in stream order,
+    :class:`_Batch`, :class:`_Save`, a final :class:`_End` or a
+    :class:`_Failed`. At most one finished batch waits, so memory stays
+    bounded and a slow ``func`` slows the fetching down. Events are
+    converted :data:`_CONVERT_EVERY` at a time as they arrive, so a cut only
+    converts the rest.
+    """
+
+    def __init__(self, stream: ChangeStream[Any], converter: EventConverter, cuts: _Cuts) -> None:
+        self._stream = stream
+        self._converter = converter
+        self._cuts = cuts
+        self._ready: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="changestream-cutter", daemon=True)
+
+    def __enter__(self) -> _Cutter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._closing.set()
+        self._thread.join()
+
+    def get(self) -> _Batch | _Save | _End:
+        """The next item for the calling thread (re-raises the pipeline's exception)."""
+        item = self._ready.get()
+        if isinstance(item, _Failed):
+            raise item.error
+        return item  # type: ignore[no-any-return]
+
+    def _emit(self, item: object) -> bool:
+        """Hand ``item`` over; False when the calling thread has gone."""
+        while not self._closing.is_set():
+            try:
+                self._ready.put(item, timeout=_TICK)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            with _Prefetcher(self._stream, capacity=self._cuts.max_rows) as prefetched:
+                end = self._cut(prefetched)
+            self._emit(end)
+        except BaseException as exc:
+            self._emit(_Failed(exc))
+
+    def _cut(self, prefetched: _Prefetcher) -> _End:
+        cuts, converter = self._cuts, self._converter
+        max_rows, max_seconds = cuts.max_rows, cuts.max_seconds
+        items = prefetched.items
+        chunk: list[Any] = []  # events of the open batch not converted yet
+        converted: list[pa.RecordBatch] = []
+        pending = 0  # events in the open batch
+        last: Any = None  # the open batch's last event
+        first_at = 0.0
+        emitted_at = time.monotonic()
+
+        def flush() -> None:
+            nonlocal chunk, converted, pending, emitted_at
+            if chunk:
+                converted.append(converter.convert(chunk))
+            table = pa.Table.from_batches(converted, schema=converter.schema)
+            chunk, converted, pending = [], [], 0
+            self._emit(_Batch(table, event_token(last)))
+            emitted_at = time.monotonic()
+
+        while not self._closing.is_set():
+            if cuts.stop_event is not None and cuts.stop_event.is_set():
+                if pending:
+                    flush()
+                return _End("stopped")
+            wait = first_at + max_seconds - time.monotonic() if pending else _TICK
+            if not prefetched.wait(max(wait, 0.0)):
+                if pending and time.monotonic() - first_at >= max_seconds:
+                    flush()
+                continue
+            now = time.monotonic()
+            while items:
+                item = items.popleft()
+                if item.__class__ is bytes or isinstance(item, Mapping):
+                    if is_invalidate(item):
+                        if pending:
+                            flush()
+                        return _End("invalidated", event_token(item))
+                    if not pending:
+                        first_at = now
+                    chunk.append(item)
+                    pending += 1
+                    last = item
+                    if len(chunk) >= _CONVERT_EVERY:
+                        converted.append(converter.convert(chunk))
+                        chunk = []
+                    if pending >= max_rows:
+                        flush()
+                        now = time.monotonic()
+                elif isinstance(item, _Idle):
+                    if pending and (
+                        cuts.until_idle or not item.alive or now - first_at >= max_seconds
+                    ):
+                        flush()
+                        now = time.monotonic()
+                    if not pending and (
+                        cuts.until_idle or not item.alive or now - emitted_at >= cuts.idle_seconds
+                    ):
+                        self._emit(_Save(item.resume_token))  # past every event delivered
+                        emitted_at = now
+                        if not item.alive:
+                            return _End("invalidated")  # closed by an invalidate a $match removed
+                        if cuts.until_idle:
+                            return _End("idle")
+                elif isinstance(item, _Failed):
+                    raise item.error
+                else:
+                    raise TypeError(
+                        "foreach_batch needs change documents (mappings); open the stream "
+                        f"without typed=True (got {type(item).__name__})"
+                    )
+            prefetched.drained()
+            if pending and time.monotonic() - first_at >= max_seconds:
+                flush()
+        return _End("closed")
 
 
 class _Run:

@@ -46,6 +46,8 @@ class SourceConfig:
     max_scan_ms: int = 2_000
     idle_advance_seconds: float = 60.0
     arrow_batch_rows: int = 10_000
+    prefetch_rows: int = 50_000
+    prefetch_mb: int = 64
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SourceConfig:
@@ -110,6 +112,8 @@ class SourceConfig:
             arrow_batch_rows=_int(
                 "arrow_batch_rows", opts.get("arrow_batch_rows"), 1, cls.arrow_batch_rows
             ),
+            prefetch_rows=_int("prefetch_rows", opts.get("prefetch_rows"), 1, cls.prefetch_rows),
+            prefetch_mb=_int("prefetch_mb", opts.get("prefetch_mb"), 1, cls.prefetch_mb),
         )
 
     def connect(self) -> MongoClient[dict[str, Any]]:

@@ -13,10 +13,12 @@ silently dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import json
 import json.encoder as json_encoder
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -32,7 +34,16 @@ from bson.timestamp import Timestamp
 from .errors import SchemaMismatchError
 from .schema import ENVELOPE_COLUMNS
 
-__all__ = ["EventConverter", "relaxed_json"]
+__all__ = [
+    "DECODE_CHUNK",
+    "Converted",
+    "Event",
+    "EventConverter",
+    "event_token",
+    "is_invalidate",
+    "raw_bytes",
+    "relaxed_json",
+]
 
 _RELAXED = json_util.RELAXED_JSON_OPTIONS
 
@@ -192,64 +203,129 @@ def _to_datetime(value: Any) -> datetime.datetime:
     return value.as_datetime() if isinstance(value, Timestamp) else value
 
 
-Column = Callable[[list[Mapping[str, Any]]], pa.Array]
-"""Builds one Arrow column from a batch of change documents."""
+DECODE_CHUNK = 128
+"""Raw events decoded per step: the dicts die young, before the cyclic GC promotes (and
+rescans) them, and only plain values (strings, ints) wait for the Arrow arrays."""
+
+Docs = list[Mapping[str, Any]]
+Extract = Callable[[Docs], list[Any]]
+"""Turns a chunk of change documents into one column's Python values."""
 
 
-def _field(key: str, arrow_type: pa.DataType) -> Column:
-    return lambda docs: pa.array([d.get(key) for d in docs], arrow_type)
+class _Column:
+    """One column: values gathered chunk by chunk, then one Arrow array built in C."""
+
+    __slots__ = ("arrow_type", "extract", "values")
+
+    def __init__(self, arrow_type: pa.DataType, extract: Extract) -> None:
+        self.arrow_type = arrow_type
+        self.extract = extract
+        self.values: list[Any] = []
+
+    def add(self, docs: Docs) -> None:
+        self.values += self.extract(docs)
+
+    def finish(self) -> pa.Array:
+        values = self.values
+        if values.count(None) == len(values):  # absent everywhere: one C pass, no conversion
+            return pa.nulls(len(values), self.arrow_type)
+        return pa.array(values, self.arrow_type)
 
 
-def _subfield(outer: str, inner: str, arrow_type: pa.DataType) -> Column:
-    """``event[outer][inner]`` (e.g. ``ns.db``); all-null columns cost one pass."""
-
-    def build(docs: list[Mapping[str, Any]]) -> pa.Array:
-        parents = [d.get(outer) for d in docs]
-        if parents.count(None) == len(parents):
-            return pa.nulls(len(parents), arrow_type)
-        try:
-            return pa.array([None if p is None else p.get(inner) for p in parents], arrow_type)
-        except AttributeError:  # a user pipeline replaced the document by something else
-            return pa.array(
-                [p.get(inner) if isinstance(p, Mapping) else None for p in parents], arrow_type
-            )
-
-    return build
-
-
-def _json_field(key: str, arrow_type: pa.DataType) -> Column:
-    """``event[key]`` as relaxed Extended JSON."""
-
-    def build(docs: list[Mapping[str, Any]]) -> pa.Array:
-        values = [d.get(key) for d in docs]
-        if values.count(None) == len(values):
-            return pa.nulls(len(values), arrow_type)
-        try:
-            return pa.array([None if v is None else _encode(v) for v in values], arrow_type)
-        except ValueError:  # a NaN somewhere: let relaxed_json spell it
-            return pa.array([relaxed_json(v) for v in values], arrow_type)
-
-    return build
-
-
-def _cluster_time(arrow_type: pa.DataType) -> Column:
+class _ClusterTime(_Column):
     """``clusterTime`` as ``STRUCT<t, i>``: a Spark TIMESTAMP would drop the increment."""
 
-    def build(docs: list[Mapping[str, Any]]) -> pa.Array:
-        values = [d.get("clusterTime") for d in docs]
-        seconds = pa.array([None if v is None else v.time for v in values], pa.int64())
-        increments = pa.array([None if v is None else v.inc for v in values], pa.int64())
-        mask = pa.array([v is None for v in values]) if None in values else None
-        return pa.StructArray.from_arrays([seconds, increments], fields=list(arrow_type), mask=mask)
+    __slots__ = ("increments", "missing")
 
-    return build
+    def __init__(self, arrow_type: pa.DataType) -> None:
+        super().__init__(arrow_type, _values("clusterTime"))
+        self.increments: list[int | None] = []
+        self.missing = False
+
+    def add(self, docs: Docs) -> None:
+        times = [d.get("clusterTime") for d in docs]
+        if None in times:
+            self.missing = True
+            self.values += [None if v is None else v.time for v in times]
+            self.increments += [None if v is None else v.inc for v in times]
+        else:
+            present: list[Any] = times
+            self.values += [v.time for v in present]
+            self.increments += [v.inc for v in present]
+
+    def finish(self) -> pa.Array:
+        seconds = pa.array(self.values, pa.int64())
+        increments = pa.array(self.increments, pa.int64())
+        mask = pa.array([v is None for v in self.values]) if self.missing else None
+        return pa.StructArray.from_arrays(
+            [seconds, increments], fields=list(self.arrow_type), mask=mask
+        )
 
 
-def _document(key: str | None, field: str | None, arrow_type: pa.DataType, path: str) -> Column:
+ColumnFactory = Callable[[], _Column]
+"""Makes a fresh, empty column builder (one per :meth:`EventConverter.convert` call)."""
+
+
+def _values(key: str) -> Extract:
+    return lambda docs: [d.get(key) for d in docs]
+
+
+def _subvalues(outer: str, inner: str) -> Extract:
+    """``event[outer][inner]`` (e.g. ``ns.db``)."""
+
+    def extract(docs: Docs) -> list[Any]:
+        parents = [d.get(outer) for d in docs]
+        if parents.count(None) == len(parents):
+            return parents
+        try:
+            return [None if p is None else p.get(inner) for p in parents]
+        except AttributeError:  # a user pipeline replaced the document by something else
+            return [p.get(inner) if isinstance(p, Mapping) else None for p in parents]
+
+    return extract
+
+
+def _json_values(key: str) -> Extract:
+    """``event[key]`` as relaxed Extended JSON."""
+
+    def extract(docs: Docs) -> list[Any]:
+        values = [d.get(key) for d in docs]
+        if values.count(None) == len(values):
+            return values
+        try:
+            return [None if v is None else _encode(v) for v in values]
+        except ValueError:  # a NaN somewhere: let relaxed_json spell it
+            return [relaxed_json(v) for v in values]
+
+    return extract
+
+
+_ESCAPE = json_encoder.encode_basestring_ascii
+
+
+def _key_json(key: Any) -> str | None:
+    """Relaxed JSON of a ``documentKey``: the usual ``{_id: int | str | ObjectId}`` without
+    the general encoder (same text, a fraction of the time)."""
+    if key.__class__ is dict and len(key) == 1:
+        value: Any = key.get("_id")
+        kind = value.__class__
+        if kind is int:
+            return f'{{"_id": {value}}}'
+        if kind is str:
+            return f'{{"_id": {_ESCAPE(value)}}}'
+        if kind is ObjectId:
+            return f'{{"_id": {{"$oid": "{value}"}}}}'
+    return None if key is None else relaxed_json(key)
+
+
+def _document_keys(docs: Docs) -> list[Any]:
+    return [_key_json(d.get("documentKey")) for d in docs]
+
+
+def _document_values(key: str | None, field: str | None, convert: Convert) -> Extract:
     """The document at ``event[key]`` (or field ``field`` of the full document), typed."""
-    convert = _compile(arrow_type, path)
 
-    def build(docs: list[Mapping[str, Any]]) -> pa.Array:
+    def extract(docs: Docs) -> list[Any]:
         values = []
         for d in docs:
             value = d.get(key) if key is not None else d["fullDocument"].get(field)
@@ -260,31 +336,91 @@ def _document(key: str | None, field: str | None, arrow_type: pa.DataType, path:
                 raise SchemaMismatchError(
                     f"change event {token} does not fit full_document_schema: {exc}"
                 ) from None
-        return pa.array(values, arrow_type)
+        return values
 
-    return build
+    return extract
 
 
-_ENVELOPE: dict[str, Callable[[pa.DataType], Column]] = {
-    "resume_token": lambda t: _subfield("_id", "_data", t),
-    "operation_type": lambda t: _field("operationType", t),
-    "database": lambda t: _subfield("ns", "db", t),
-    "collection": lambda t: _subfield("ns", "coll", t),
-    "document_key": lambda t: _json_field("documentKey", t),
-    "cluster_time": _cluster_time,
-    "wall_time": lambda t: _field("wallTime", t),
-    "update_description": lambda t: _json_field("updateDescription", t),
-    "operation_description": lambda t: _json_field("operationDescription", t),
-    "to_database": lambda t: _subfield("to", "db", t),
-    "to_collection": lambda t: _subfield("to", "coll", t),
-    "txn_number": lambda t: _field("txnNumber", t),
-    "lsid": lambda t: _json_field("lsid", t),
+def _column(arrow_type: pa.DataType, extract: Extract) -> ColumnFactory:
+    return lambda: _Column(arrow_type, extract)
+
+
+def _document(
+    key: str | None, field: str | None, arrow_type: pa.DataType, path: str
+) -> ColumnFactory:
+    return _column(arrow_type, _document_values(key, field, _compile(arrow_type, path)))
+
+
+_ENVELOPE: dict[str, Callable[[pa.DataType], ColumnFactory]] = {
+    "resume_token": lambda t: _column(t, _subvalues("_id", "_data")),
+    "operation_type": lambda t: _column(t, _values("operationType")),
+    "database": lambda t: _column(t, _subvalues("ns", "db")),
+    "collection": lambda t: _column(t, _subvalues("ns", "coll")),
+    "document_key": lambda t: _column(t, _document_keys),
+    "cluster_time": lambda t: lambda: _ClusterTime(t),
+    "wall_time": lambda t: _column(t, _values("wallTime")),
+    "update_description": lambda t: _column(t, _json_values("updateDescription")),
+    "operation_description": lambda t: _column(t, _json_values("operationDescription")),
+    "to_database": lambda t: _column(t, _subvalues("to", "db")),
+    "to_collection": lambda t: _column(t, _subvalues("to", "coll")),
+    "txn_number": lambda t: _column(t, _values("txnNumber")),
+    "lsid": lambda t: _column(t, _json_values("lsid")),
 }
 _DOCUMENTS = {
     "full_document": "fullDocument",
     "full_document_before_change": "fullDocumentBeforeChange",
 }
 assert set(_ENVELOPE) | set(_DOCUMENTS) == {name for name, _ in ENVELOPE_COLUMNS}
+
+
+Event = Mapping[str, Any] | bytes
+"""A change document: a mapping (``dict``, ``RawBSONDocument``) or its raw BSON bytes."""
+
+
+def raw_bytes(event: Any) -> Any:
+    """The raw BSON of a ``RawBSONDocument`` (plain bytes are not GC-tracked), else ``event``."""
+    return event.raw if isinstance(event, RawBSONDocument) else event
+
+
+def is_invalidate(event: Event) -> bool:
+    """Whether a change document is an ``invalidate`` event.
+
+    Raw events are only decoded when their bytes contain the word: reading
+    any field of a ``RawBSONDocument`` decodes the whole event, which costs
+    more than fetching it.
+    """
+    if isinstance(event, bytes):
+        return b"invalidate" in event and bson.decode(event).get("operationType") == "invalidate"
+    if isinstance(event, RawBSONDocument) and b"invalidate" not in event.raw:
+        return False
+    return event.get("operationType") == "invalidate"
+
+
+_ID_DOCUMENT = b"\x03_id\x00"
+"""A top-level ``_id`` of type document, as change events start (after the int32 size)."""
+
+
+def event_token(event: Event) -> Any:
+    """The resume token (``_id``) of a change document; raw events decode only the token."""
+    if not isinstance(event, bytes):
+        return event["_id"]
+    if event[4:9] == _ID_DOCUMENT:
+        size = int.from_bytes(event[9:13], "little")
+        return bson.decode(event[9 : 9 + size])
+    return bson.decode(event)["_id"]
+
+
+def _decoded(events: Sequence[Event]) -> Docs:
+    """Plain dicts for a chunk of events; raw ones are decoded in one C call."""
+    try:
+        data = b"".join(events)  # type: ignore[arg-type]  # raw bytes: the fast path
+    except TypeError:
+        raws = [raw_bytes(e) for e in events]
+        if all(isinstance(raw, bytes) for raw in raws):
+            data = b"".join(raws)
+        else:
+            return [bson.decode(raw) if isinstance(raw, bytes) else raw for raw in raws]
+    return list(bson.decode_all(data))
 
 
 class EventConverter:
@@ -309,10 +445,10 @@ class EventConverter:
         self.publish_full_document_only = state["publish"]
         self._columns = self._plan()
 
-    def _plan(self) -> list[Column]:
+    def _plan(self) -> list[ColumnFactory]:
         if self.publish_full_document_only:
             if self.schema.names == ["full_document"] and pa.types.is_string(self.schema[0].type):
-                return [_json_field("fullDocument", self.schema[0].type)]
+                return [_column(self.schema[0].type, _json_values("fullDocument"))]
             return [_document(None, f.name, f.type, f.name) for f in self.schema]
         columns = []
         for field in self.schema:
@@ -320,22 +456,62 @@ class EventConverter:
             if key is not None and pa.types.is_struct(field.type):
                 columns.append(_document(key, None, field.type, key))
             elif key is not None:
-                columns.append(_json_field(key, field.type))
+                columns.append(_column(field.type, _json_values(key)))
             elif field.name in _ENVELOPE:
                 columns.append(_ENVELOPE[field.name](field.type))
             else:
                 raise ValueError(f"unknown change-event column {field.name!r}")
         return columns
 
-    def convert(self, events: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
-        """One record batch for ``events`` (dicts or ``RawBSONDocument``s, in stream order).
+    def convert(self, events: Sequence[Event]) -> pa.RecordBatch:
+        """One record batch for ``events`` (dicts, ``RawBSONDocument``s or raw BSON bytes, in
+        stream order).
 
         With ``publish_full_document_only`` events without a full document
-        (deletes, DDL, updates without a lookup) produce no row.
+        (deletes, DDL, updates without a lookup) produce no row. Raw events
+        are decoded :data:`DECODE_CHUNK` at a time.
         """
-        docs = [bson.decode(e.raw) if isinstance(e, RawBSONDocument) else e for e in events]
-        if self.publish_full_document_only:
-            docs = [d for d in docs if isinstance(d.get("fullDocument"), Mapping)]
-        return pa.RecordBatch.from_arrays(
-            [column(docs) for column in self._columns], schema=self.schema
-        )
+        return self.convert_events(events).batch
+
+    def convert_events(self, events: Sequence[Event]) -> Converted:
+        """:meth:`convert`, keeping each event's token and the rows it produced."""
+        columns = [make() for make in self._columns]
+        publish = self.publish_full_document_only
+        tokens: list[Any] = []
+        row_ends: list[int] | None = [] if publish else None
+        rows = 0
+        for start in range(0, len(events), DECODE_CHUNK):
+            if start:
+                time.sleep(0)  # let a thread waiting for the GIL (a py4j reply) in at once
+            docs = _decoded(events[start : start + DECODE_CHUNK])
+            tokens += [d["_id"] for d in docs]
+            if row_ends is not None:
+                kept = []
+                for d in docs:
+                    if isinstance(d.get("fullDocument"), Mapping):
+                        kept.append(d)
+                        rows += 1
+                    row_ends.append(rows)
+                docs = kept
+            for column in columns:
+                column.add(docs)
+        batch = pa.RecordBatch.from_arrays([c.finish() for c in columns], schema=self.schema)
+        return Converted(batch, tokens, row_ends)
+
+
+@dataclasses.dataclass(frozen=True)
+class Converted:
+    """Events converted to Arrow: the rows, and where each event sits among them."""
+
+    batch: pa.RecordBatch
+    tokens: list[Any]
+    """The resume token (``_id``) of each event, in order."""
+    row_ends: list[int] | None
+    """Rows produced by events ``0..i`` for each event ``i``; ``None`` when every event is
+    one row (no ``publish_full_document_only`` filter)."""
+
+    def rows_before(self, events: int) -> int:
+        """The rows produced by the first ``events`` events."""
+        if self.row_ends is None or events == 0:
+            return events
+        return self.row_ends[events - 1]

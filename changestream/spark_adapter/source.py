@@ -5,24 +5,25 @@ Python process calls ``initialOffset`` (twice: memoised), ``latestOffset``,
 ``partitions`` and ``commit`` on one reader object; executors receive a
 *pickled* reader and a :class:`TokenRange` and call :meth:`read`. So:
 
-* the driver finds each batch's end with a token-only scan (same pipeline,
-  ``$project`` of ``_id``/``operationType``), capped by ``ReadMaxRows``, and
-  keeps that stream open between triggers while it stays in step;
-* :meth:`ChangeStreamReader.read` is a pure function of the range: it reopens
-  the stream after the start token and stops at the end token, so a batch
-  replayed after a failure yields exactly the same events;
+* the driver reads the stream once, ahead of Spark (:mod:`.readahead`):
+  ``latestOffset`` cuts at most ``ReadMaxRows`` buffered events and
+  ``partitions`` ships them to the executors inside the partitions;
+* a range the driver has no events for (a batch replayed from the checkpoint
+  by a new run of the query) is read by :func:`read_range` on the executor, a
+  pure function of the range: it reopens the stream after the start token and
+  stops at the end token, so a replayed batch yields exactly the same events;
 * when nothing happens the offset moves to the postBatchResumeToken now and
   then (``idle_advance_seconds``), keeping a restart inside the oplog window.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+from bson.raw_bson import RawBSONDocument
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -37,8 +38,8 @@ from ..api import watch
 from ..errors import ChangeStreamError
 from ..stream import ChangeStream
 from .config import SourceConfig
-from .convert import EventConverter
-from .errors import ChangeStreamInvalidatedError, history_lost_as_error
+from .convert import EventConverter, event_token, raw_bytes
+from .errors import history_lost_as_error
 from .offsets import (
     make_offset,
     offset_token,
@@ -47,20 +48,27 @@ from .offsets import (
     token_data,
     token_passed,
 )
+from .readahead import ReadAhead, Taken, unpack
 from .schema import event_ddl
 
 __all__ = ["ChangeStreamDataSource", "ChangeStreamReader", "TokenRange", "read_range"]
 
-_TOKEN_ONLY = {"$project": {"_id": 1, "operationType": 1}}
-
 
 class TokenRange(InputPartition):
-    """One micro-batch: the events after offset ``start`` up to and including offset ``end``."""
+    """The events after offset ``start`` up to and including offset ``end``.
 
-    def __init__(self, start: dict[str, Any], end: dict[str, Any]) -> None:
+    ``data`` (compressed Arrow IPC, :func:`.readahead.pack`) holds events
+    the driver already read: a batch may be shipped as several such
+    partitions, in order. Without it the executor reads the whole range.
+    """
+
+    def __init__(
+        self, start: dict[str, Any], end: dict[str, Any], data: bytes | None = None
+    ) -> None:
         super().__init__((start, end))
         self.start = start
         self.end = end
+        self.data = data
 
 
 class ChangeStreamDataSource(DataSource):
@@ -81,95 +89,6 @@ class ChangeStreamDataSource(DataSource):
         return ChangeStreamReader(SourceConfig.from_options(self.options), schema)
 
 
-@dataclasses.dataclass
-class _Scan:
-    """What one driver scan found."""
-
-    last: Mapping[str, Any] | None  # token of the last event taken
-    caught_up: bool  # the server had nothing more (an empty getMore)
-    resume_token: Mapping[str, Any] | None  # the stream's token after the scan
-
-
-class _TokenScanner:
-    """Driver-only token stream that finds batch ends; stays open while it is in step."""
-
-    def __init__(self, config: SourceConfig) -> None:
-        self._config = config
-        self._client: Any = None
-        self._stream: ChangeStream[Any] | None = None
-        self._position: Any = None  # offset["token"] the stream has consumed up to
-        self._peeked: Any = None  # an event read past the last bound, not yet taken
-
-    def scan(
-        self,
-        start: dict[str, Any],
-        cap: int | None,
-        until: Mapping[str, Any] | None,
-        deadline: float,
-    ) -> _Scan:
-        stream = self._open_at(start)
-        last: Mapping[str, Any] | None = None
-        taken = 0
-        caught_up = False
-        while (cap is None or taken < cap) and time.monotonic() < deadline:
-            event = self._peeked if self._peeked is not None else stream.try_next()
-            self._peeked = None
-            if event is None:
-                caught_up = True
-                if not stream.alive and last is None:  # closed by an invalidate we filtered out
-                    raise ChangeStreamInvalidatedError(stream.resume_token)
-                break
-            token = event["_id"]
-            if event.get("operationType") == "invalidate" or (
-                until is not None and token_passed(token, until)
-            ):
-                self._peeked = event
-                if last is None and event.get("operationType") == "invalidate":
-                    raise ChangeStreamInvalidatedError(token)
-                break
-            last = token
-            taken += 1
-        if last is not None:
-            self._position = make_offset(last)["token"]
-        return _Scan(last, caught_up, stream.resume_token)
-
-    def close(self) -> None:
-        """Forget the stream (the client stays for the next one)."""
-        if self._stream is not None:
-            self._stream.close()
-        self._stream = self._peeked = self._position = None
-
-    def shutdown(self) -> None:
-        """Close the stream and the client."""
-        self.close()
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-    def moved_to(self, offset: dict[str, Any]) -> None:
-        """The stream's position is now ``offset`` (after an idle advance to its own token)."""
-        self._position = offset["token"]
-
-    def _open_at(self, start: dict[str, Any]) -> ChangeStream[Any]:
-        stream = self._stream
-        if stream is not None and stream.alive and self._position == start["token"]:
-            return stream
-        self.close()
-        config = self._config
-        if self._client is None:
-            self._client = config.connect()
-        # Lookups cannot change which events match unless the user pipeline looks at them.
-        options = config.watch_options(with_lookups=bool(config.pipeline))
-        stream = watch(
-            config.target(self._client),
-            [*config.pipeline, _TOKEN_ONLY],
-            **options,
-            **offset_watch_option(start),
-        )
-        self._stream, self._position = stream, start["token"]
-        return stream
-
-
 class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader over a change stream; offsets are resume tokens (``offsets.py``)."""
 
@@ -180,14 +99,14 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             publish_full_document_only=config.publish_full_document_only,
         )
         self._initial: dict[str, Any] | None = None
-        self._scanner: _TokenScanner | None = None
+        self._readahead: ReadAhead | None = None
         self._target: Mapping[str, Any] | None = None  # Trigger.AvailableNow bound
         self._last_advance = time.monotonic()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Executors get the configuration only: no client, no driver stream."""
+        """Executors get the configuration only: no client, no driver stream, no buffer."""
         state = dict(self.__dict__)
-        state["_scanner"] = None
+        state["_readahead"] = None
         return state
 
     # -- driver side ---------------------------------------------------------------------------
@@ -209,39 +128,49 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The end of the next batch: at most ``limit`` events after ``start``.
 
-        Returns ``start`` itself when there is nothing new (Spark then plans no batch).
+        The events come from the driver's read-ahead buffer; the end is the
+        last one's token, or the ``availableNow`` target when every event
+        before it is in the batch (so the run ends without an empty batch).
+        Returns ``start`` itself when there is nothing new (Spark then plans
+        no batch).
         """
         cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        if self._scanner is None:
-            self._scanner = _TokenScanner(self._config)
+        if self._readahead is None:
+            self._readahead = ReadAhead(self._config, self._converter)
+        readahead = self._readahead
         deadline = time.monotonic() + self._config.max_scan_ms / 1000
         try:
             with history_lost_as_error(offset_token(start)):
-                scan = self._scanner.scan(start, cap, self._target, deadline)
+                taken = readahead.take(start, cap, self._target, deadline)
         except BaseException:
-            self._scanner.close()  # its position is unknown now: reopen next time
+            readahead.close()  # its position is unknown now: reopen next time
             raise
         now = time.monotonic()
-        if scan.last is not None:
+        if taken.parts:
             self._last_advance = now
-            return make_offset(scan.last)
-        idle_end = self._idle_end(start, scan, now)
+            bound = self._target if taken.reached_until else None
+            end = make_offset(bound if bound is not None else taken.last)
+            readahead.plan(start, end, taken)
+            return end
+        idle_end = self._idle_end(start, taken, now)
         if idle_end is None:
             return start
         self._last_advance = now
         end = make_offset(idle_end, idle=True)
-        if idle_end is scan.resume_token:
-            self._scanner.moved_to(end)
+        readahead.moved_to(end)  # no event between the two tokens
         return end
 
-    def _idle_end(self, start: dict[str, Any], scan: _Scan, now: float) -> Any:
+    def _idle_end(self, start: dict[str, Any], scan: Taken, now: float) -> Any:
         """Where an idle stream may advance to (its postBatchResumeToken), or None."""
         token = scan.resume_token
         if not scan.caught_up or token is None or not token_passed(token, offset_token(start)):
             return None
-        if self._target is not None:  # availableNow: never beyond the target
-            end = self._target if token_passed(token, self._target) else token
-            return end if token_passed(end, offset_token(start)) else None
+        target = self._target
+        if target is not None:
+            # availableNow: one step straight to the target once the stream is at or past
+            # it, never beyond; a token short of it ends the run (no trail of empty batches)
+            reached = not token_passed(target, token)
+            return target if reached and token_passed(target, offset_token(start)) else None
         if now - self._last_advance < self._config.idle_advance_seconds:
             return None
         return token
@@ -251,18 +180,22 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._current_token(None)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[TokenRange]:
+        """The buffered events of the range (in order), or one partition the executor reads."""
         if same_position(start, end) or end.get("idle"):
             return []
-        return [TokenRange(start, end)]
+        packed = self._readahead.packed(start, end) if self._readahead is not None else None
+        if packed is None:
+            return [TokenRange(start, end)]
+        return [TokenRange(start, end, data) for data in packed]  # [] if no event makes a row
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: Spark's checkpoint is the durable record of progress."""
 
     def stop(self) -> None:
         """Close the driver's stream and client (PySpark 4.3 may end the process instead)."""
-        if self._scanner is not None:
-            self._scanner.shutdown()
-            self._scanner = None
+        if self._readahead is not None:
+            self._readahead.shutdown()
+            self._readahead = None
 
     def _current_token(self, start_at: Any) -> Mapping[str, Any]:
         """The postBatchResumeToken of a fresh stream (at ``start_at``, or now)."""
@@ -288,13 +221,16 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, TokenRange):
             raise TypeError(f"expected a TokenRange partition, not {type(partition).__name__}")
+        if partition.data is not None:
+            return iter(unpack(partition.data))
         return read_range(self._config, self._converter, partition)
 
 
 def read_range(
     config: SourceConfig, converter: EventConverter, partition: TokenRange
 ) -> Iterator[pa.RecordBatch]:
-    """The events of ``partition`` as record batches of at most ``arrow_batch_rows`` rows."""
+    """The events of ``partition`` read from the server, as record batches of at most
+    ``arrow_batch_rows`` rows."""
     end = offset_token(partition.end)
     with config.connect() as client, history_lost_as_error(offset_token(partition.start)):
         stream = watch(
@@ -302,6 +238,7 @@ def read_range(
             list(config.pipeline),
             **config.watch_options(),
             **offset_watch_option(partition.start),
+            document_class=RawBSONDocument,
         )
         with stream:
             pending: list[Any] = []
@@ -329,9 +266,10 @@ def _events_until(stream: ChangeStream[Any], end: Mapping[str, Any]) -> Iterator
                     "was the collection dropped while the batch was replayed?"
                 )
             continue
-        data = token_data(event["_id"])
+        raw = raw_bytes(event)
+        data = token_data(event_token(raw))
         if data > end_data:
             return
-        yield event
+        yield raw
         if data == end_data:
             return

@@ -27,7 +27,7 @@ import changestream
 from changestream.spark_adapter import event_ddl
 from changestream.spark_adapter.config import SourceConfig
 from changestream.spark_adapter.offsets import offset_token, token_passed
-from changestream.spark_adapter.source import ChangeStreamReader
+from changestream.spark_adapter.source import ChangeStreamReader, TokenRange
 from changestream.testing import ReplicaSet
 
 pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings(PANDAS_WARNING)]
@@ -271,6 +271,14 @@ def test_reader_memoises_initial_offset_and_replays_ranges_identically(
     assert [json.loads(r["document_key"])["_id"] for r in first] == [0, 1, 2]
     coll.insert_many([{"_id": i} for i in range(5, 8)])
     assert _rows(reader, initial, end) == first  # a replay after more writes: same rows
+    shipped = reader.partitions(initial, end)
+    assert shipped and all(p.data is not None for p in shipped)  # the driver's events
+    # A range the driver holds no events for (a new run replaying its checkpoint) is read
+    # by the executor from the server, after the start token and up to the end token.
+    fresh = _reader(mongodb_uri, coll, arrow_batch_rows="2")
+    assert [
+        row for batch in fresh.read(TokenRange(initial, end)) for row in batch.to_pylist()
+    ] == first
     rest = reader.latestOffset(end, ReadAllAvailable())
     assert [json.loads(r["document_key"])["_id"] for r in _rows(reader, end, rest)] == list(
         range(3, 8)

@@ -14,18 +14,24 @@ events:
    fetch runs on a background thread, overlapping the rest);
 6. the ``changestream`` data source end to end (``Trigger.availableNow``,
    ``max_rows_per_batch`` = ``--batch-rows``): the driver reads each event
-   once, ahead of Spark, and ships it to the executors inside the
-   partitions; 6b leaves out query start-up and the first batch (Python
+   once, ahead of Spark, and ships its BSON to the executors inside the
+   partitions, where it becomes Arrow; 6b leaves out query start-up and the first batch (Python
    worker start), using Spark's own per-batch durations; 6c/6d are a second
    query in the same session (the first one paid the session's one-off
    start-up);
-7. the data source without a row limit (batches bounded by ``prefetch_rows``).
+7. the data source without a row limit (batches bounded by ``prefetch_rows``);
+8. the data source's driver side alone (``latestOffset`` + ``partitions``
+   without Spark running the tasks): the rate one driver can feed executors;
+9. Spark's own floor for the same rows: a streaming source whose partitions
+   carry ready Arrow data (no server, no client, no conversion), same batches
+   and ``func``; compare 9b with 6d.
 
 ``foreach_batch`` is measured with a no-op ``func`` (the rows are already in
 the JVM: ``createDataFrame`` ships the Arrow data eagerly) and with
 ``df.count()``; the data source needs an action to read at all, so its
 ``func`` always counts. With ``MONGODB_URI`` set, that deployment is used
-instead of the simulator.
+instead of the simulator. The last column is the simulator's own CPU time per
+event during each measurement (how much of the two cores the server took).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from pymongo import MongoClient
 import changestream
 from changestream.spark_adapter import foreach_batch, register, stream_opener
 from changestream.spark_adapter.convert import EventConverter
+from changestream.spark_adapter.readahead import unpack
 from changestream.stores import MemoryTokenStore
 
 
@@ -53,8 +60,16 @@ def serve() -> tuple[str, subprocess.Popen[str] | None]:
     if os.environ.get("MONGODB_URI"):
         return os.environ["MONGODB_URI"], None
     process = subprocess.Popen(
-        [sys.executable, "-m", "changestream.testing", "serve", "--port", "0",
-         "--event-cache-mb", "512"],
+        [
+            sys.executable,
+            "-m",
+            "changestream.testing",
+            "serve",
+            "--port",
+            "0",
+            "--event-cache-mb",
+            "512",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -62,11 +77,24 @@ def serve() -> tuple[str, subprocess.Popen[str] | None]:
     return process.stdout.readline().strip(), process
 
 
-def timed(run: Callable[[], int]) -> tuple[int, float]:
-    """``(events, seconds)`` of one run."""
-    started = time.perf_counter()
+_SERVER_PID: list[int] = []  # the simulator's process, when this script started it
+
+
+def server_cpu() -> float | None:
+    """CPU seconds the simulator process has used so far (``None``: not ours to read)."""
+    if not _SERVER_PID:
+        return None
+    with open(f"/proc/{_SERVER_PID[0]}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(run: Callable[[], int]) -> tuple[int, float, float | None]:
+    """``(events, seconds, simulator CPU seconds)`` of one run."""
+    cpu, started = server_cpu(), time.perf_counter()
     events = run()
-    return events, time.perf_counter() - started
+    seconds, after = time.perf_counter() - started, server_cpu()
+    return events, seconds, None if cpu is None or after is None else after - cpu
 
 
 class ReplayStream:
@@ -90,6 +118,56 @@ class ReplayStream:
         self.alive = False
 
 
+def floor_source(directory: str, batches: int) -> type:
+    """A Python data source that ships ``<directory>/<batch>_<part>.arrow`` (see 9 above).
+
+    Defined in a function so that Spark pickles the classes by value.
+    """
+    from pathlib import Path
+
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+    from changestream.spark_adapter import event_ddl
+
+    class Part(InputPartition):  # type: ignore[misc]
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+    class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+        def initialOffset(self) -> dict[str, int]:
+            return {"batch": 0}
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+            return {"batch": min(start["batch"] + 1, batches)}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[Part]:
+            return [
+                Part(path.read_bytes())
+                for batch in range(start["batch"], end["batch"])
+                for path in sorted(Path(directory).glob(f"{batch}_*.arrow"))
+            ]
+
+        def read(self, partition: Part) -> Iterator[pa.RecordBatch]:
+            return iter(pa.ipc.open_stream(pa.py_buffer(partition.data)))
+
+    class Floor(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "changestream_floor"
+
+        def schema(self) -> str:
+            return event_ddl()
+
+        def streamReader(self, schema: Any) -> Reader:
+            return Reader()
+
+    return Floor
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=100_000)
@@ -99,7 +177,9 @@ def main() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     total, rows = args.events, args.batch_rows
     uri, server = serve()
-    results: list[tuple[str, int, float]] = []
+    if server is not None:
+        _SERVER_PID.append(server.pid)
+    results: list[tuple[str, int, float, float | None]] = []
     try:
         client: MongoClient[dict[str, Any]] = MongoClient(uri)
         coll = client[f"bench_{os.getpid()}"]["events"]
@@ -250,6 +330,7 @@ def main() -> None:
                     name,
                     sum(p["numInputRows"] for p in later),
                     sum(p["durationMs"]["triggerExecution"] for p in later) / 1000,
+                    None,
                 )
             )
 
@@ -262,9 +343,68 @@ def main() -> None:
             ("6c data source, 2nd query (warm session)", *timed(lambda: data_source(rows)))
         )
         later_batches("6d 2nd query, batches after the first")
-        results.append(
-            ("7 data source, no max_rows_per_batch", *timed(lambda: data_source(None)))
-        )
+        results.append(("7 data source, no max_rows_per_batch", *timed(lambda: data_source(None))))
+
+        def driver_side() -> int:
+            """The source's driver work alone: ``latestOffset`` + ``partitions``, no tasks."""
+            from pyspark.sql.streaming.datasource import ReadMaxRows
+
+            from changestream.spark_adapter.config import SourceConfig
+            from changestream.spark_adapter.source import ChangeStreamReader
+
+            config = SourceConfig.from_options(
+                {
+                    "uri": uri,
+                    "database": coll.database.name,
+                    "collection": coll.name,
+                    "startup_mode": "token",
+                    "start_after": changestream.token_to_json(start),
+                }
+            )
+            reader = ChangeStreamReader(config, DataType.fromDDL(event_ddl()))
+            offset, seen = reader.initialOffset(), 0
+            try:
+                while seen < total:
+                    end = reader.latestOffset(offset, ReadMaxRows(rows))
+                    seen += sum(
+                        len(unpack(p.data)) for p in reader.partitions(offset, end) if p.data
+                    )
+                    offset = end
+            finally:
+                reader.stop()
+            return seen
+
+        results.append(("8 data source, driver side alone", *timed(driver_side)))
+
+        with tempfile.TemporaryDirectory() as packed:
+            batches = 0
+            for first in range(0, total, rows):
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, converter.schema) as writer:
+                    writer.write_batch(converter.convert(events[first : first + rows]))
+                with open(os.path.join(packed, f"{batches}_0.arrow"), "wb") as file:
+                    file.write(sink.getvalue().to_pybytes())
+                batches += 1
+            spark.dataSource.register(floor_source(packed, batches))
+
+            def floor() -> int:
+                counted.clear()
+                progress.clear()
+                with tempfile.TemporaryDirectory() as checkpoint:
+                    query = (
+                        spark.readStream.format("changestream_floor")
+                        .load()
+                        .writeStream.foreachBatch(count)
+                        .option("checkpointLocation", checkpoint)
+                        .trigger(availableNow=True)
+                        .start()
+                    )
+                    query.awaitTermination(600)
+                    progress.extend(query.recentProgress)
+                return sum(counted)
+
+            results.append(("9 Spark floor: prepacked Arrow source", *timed(floor)))
+            later_batches("9b Spark floor, batches after the first")
         spark.stop()
         client.drop_database(coll.database.name)
     finally:
@@ -272,10 +412,11 @@ def main() -> None:
             server.terminate()
             server.wait()
     print(f"\n{total} insert events, {rows} rows per micro-batch, pyarrow {pa.__version__}")
-    print(f"{'measurement':48} {'events':>9} {'seconds':>8} {'events/s':>10}")
-    for name, count_, seconds in results:
+    print(f"{'measurement':48} {'events':>9} {'seconds':>8} {'events/s':>10} {'server µs/ev':>13}")
+    for name, count_, seconds, cpu in results:
         rate = f"{count_ / seconds:>10,.0f}" if seconds else f"{'-':>10}"
-        print(f"{name:48} {count_:>9} {seconds:>8.2f} {rate}")
+        per_event = f"{cpu / count_ * 1e6:>13.1f}" if cpu is not None and count_ else f"{'':>13}"
+        print(f"{name:48} {count_:>9} {seconds:>8.2f} {rate} {per_event}")
 
 
 if __name__ == "__main__":

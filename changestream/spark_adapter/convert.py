@@ -207,6 +207,9 @@ DECODE_CHUNK = 128
 """Raw events decoded per step: the dicts die young, before the cyclic GC promotes (and
 rescans) them, and only plain values (strings, ints) wait for the Arrow arrays."""
 
+_YIELD_EVERY = 4 * DECODE_CHUNK
+"""Events converted between two offers of the GIL to other threads (~2 ms of work)."""
+
 Docs = list[Mapping[str, Any]]
 Extract = Callable[[Docs], list[Any]]
 """Turns a chunk of change documents into one column's Python values."""
@@ -481,7 +484,7 @@ class EventConverter:
         row_ends: list[int] | None = [] if publish else None
         rows = 0
         for start in range(0, len(events), DECODE_CHUNK):
-            if start:
+            if start and not start % _YIELD_EVERY:
                 time.sleep(0)  # let a thread waiting for the GIL (a py4j reply) in at once
             docs = _decoded(events[start : start + DECODE_CHUNK])
             tokens += [d["_id"] for d in docs]

@@ -2,13 +2,14 @@
 
 PySpark runs ``latestOffset`` and ``partitions`` in one long-lived driver-side
 Python process (the streaming source runner). There, a background thread
-reads full change events (raw BSON, so fetching is cheap) after the current
-position and converts them to Arrow as they arrive, while Spark runs the
+reads the events after the current position as raw BSON while Spark runs the
 previous batch. ``latestOffset`` then only cuts the buffer (at most
 ``ReadMaxRows`` events, never past an ``availableNow`` target) and
-``partitions`` ships the cut events to the executors inside the partitions,
-as compressed Arrow IPC. So every event is read from the server once, and
-conversion overlaps Spark's own work.
+``partitions`` ships the cut events' bytes, compressed, inside the
+partitions (:func:`pack`). The executors turn them into Arrow (in parallel
+when a batch spans several partitions). So every event is read from the
+server once, the driver does nothing per event but fetch it, and the
+conversion runs where Spark has cores.
 
 The buffer is a cache, never the record: an offset range is still a pure
 function of its two tokens, and a partition planned without buffered data
@@ -22,6 +23,7 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Mapping
@@ -33,30 +35,30 @@ from bson.raw_bson import RawBSONDocument
 from ..api import watch
 from ..stream import ChangeStream
 from .config import SourceConfig
-from .convert import Converted, EventConverter, event_token, is_invalidate, raw_bytes
+from .convert import event_token, is_invalidate, raw_bytes
 from .errors import ChangeStreamInvalidatedError
 from .offsets import offset_watch_option, token_data
 
 __all__ = ["PART_BYTES", "ReadAhead", "Taken", "pack", "unpack"]
 
-PART_BYTES = 768 * 1024
-"""Compressed Arrow bytes per partition: Spark warns about tasks over 1000 KiB."""
+PART_BYTES = 2 * 1024 * 1024
+"""Raw BSON per partition. Compressed (change events compress several times over) a
+partition stays under the 1000 KiB task size Spark warns about; a larger batch becomes
+several partitions, converted in parallel."""
 
-_SEGMENT_ROWS = 4096
-"""Events converted per step by the read-ahead thread (at most ``arrow_batch_rows``)."""
-
-_TRICKLE = 0.02
-"""Seconds without a new event after which ``take`` converts the pending events itself."""
+_POLL = 0.01
+"""Seconds between the checks of ``take`` while it waits for events."""
 
 _CODEC = next((c for c in ("zstd", "lz4") if pa.Codec.is_available(c)), None)
+_HEADER = 9  # one byte: compressed or not; eight: the raw size
 
 
 @dataclasses.dataclass(frozen=True)
 class Taken:
     """What one :meth:`ReadAhead.take` cut from the buffer."""
 
-    parts: list[Converted]
-    """The events taken, converted (empty: nothing to take)."""
+    events: list[bytes]
+    """The events taken, as raw BSON, in stream order (empty: nothing to take)."""
     reached_until: bool
     """Every event up to the ``until`` bound is taken: the batch may end at the bound itself."""
     caught_up: bool
@@ -67,7 +69,7 @@ class Taken:
     @property
     def last(self) -> Any:
         """The token of the last event taken."""
-        return self.parts[-1].tokens[-1]
+        return event_token(self.events[-1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,93 +86,87 @@ class _Plan:
 
     start: dict[str, Any]
     end: dict[str, Any]
-    parts: list[Converted]
+    events: list[bytes]
     packed: list[bytes] | None = None
 
 
-def _split(converted: Converted, events: int) -> tuple[Converted, Converted]:
-    """The first ``events`` events of ``converted`` and the rest (zero-copy slices)."""
-    rows = converted.rows_before(events)
-    ends = converted.row_ends
-    return (
-        Converted(
-            converted.batch.slice(0, rows),
-            converted.tokens[:events],
-            None if ends is None else ends[:events],
-        ),
-        Converted(
-            converted.batch.slice(rows),
-            converted.tokens[events:],
-            None if ends is None else [end - rows for end in ends[events:]],
-        ),
-    )
-
-
-def pack(schema: pa.Schema, parts: list[Converted]) -> list[bytes]:
-    """Compressed Arrow IPC streams of at most about :data:`PART_BYTES` each (one per partition)."""
+def pack(events: list[bytes]) -> list[bytes]:
+    """The events in partitions of about :data:`PART_BYTES` of BSON each, compressed."""
     packed: list[bytes] = []
-    sink: pa.BufferOutputStream | None = None
-    writer: Any = None
-    options = pa.ipc.IpcWriteOptions(compression=_CODEC)
-    for part in parts:
-        if not part.batch.num_rows:
-            continue
-        if writer is None:
-            sink = pa.BufferOutputStream()
-            writer = pa.ipc.new_stream(sink, schema, options=options)
-        writer.write_batch(part.batch)
-        assert sink is not None
-        if sink.tell() >= PART_BYTES:
-            writer.close()
-            packed.append(sink.getvalue().to_pybytes())
-            writer = None
-    if writer is not None:
-        assert sink is not None
-        writer.close()
-        packed.append(sink.getvalue().to_pybytes())
+    group: list[bytes] = []
+    size = 0
+    for event in events:
+        group.append(event)
+        size += len(event)
+        if size >= PART_BYTES:
+            packed.append(_compress(b"".join(group)))
+            group, size = [], 0
+    if group:
+        packed.append(_compress(b"".join(group)))
     return packed
 
 
-def unpack(data: bytes) -> list[pa.RecordBatch]:
-    """The record batches of one :func:`pack` stream."""
-    return list(pa.ipc.open_stream(pa.py_buffer(data)))
+def _compress(data: bytes) -> bytes:
+    header = len(data).to_bytes(8, "little")
+    if _CODEC is None:
+        return b"\x00" + header + data
+    compressed: bytes = pa.Codec(_CODEC).compress(data, asbytes=True)
+    return b"\x01" + header + compressed
+
+
+def unpack(data: bytes) -> list[bytes]:
+    """The events of one :func:`pack` partition, as raw BSON documents."""
+    size = int.from_bytes(data[1:_HEADER], "little")
+    if data[0]:
+        if _CODEC is None:
+            raise RuntimeError("this partition is compressed, but pyarrow here has no zstd or lz4")
+        raw = pa.Codec(_CODEC).decompress(data[_HEADER:], decompressed_size=size, asbytes=True)
+    else:
+        raw = data[_HEADER:]
+    events: list[bytes] = []
+    position = 0
+    while position < size:
+        length = int.from_bytes(raw[position : position + 4], "little")
+        events.append(raw[position : position + length])
+        position += length
+    return events
+
+
+def _data(event: bytes) -> str:
+    """The ``_data`` of an event's token (the key that orders tokens)."""
+    return token_data(event_token(event))
 
 
 class ReadAhead:
-    """The driver's buffer of converted events after a position (see the module docstring).
+    """The driver's buffer of raw events after a position (see the module docstring).
 
     Only the calling thread (Spark's runner) calls the public methods; the
-    read-ahead thread only fetches, converts and appends. Capacity: at most
-    ``max(prefetch_rows, max_rows_per_batch)`` events or ``prefetch_mb`` of
-    Arrow data wait in the buffer.
+    read-ahead thread only fetches and appends (a deque: no lock per event).
+    Capacity: at most ``max(prefetch_rows, max_rows_per_batch)`` events or
+    ``prefetch_mb`` of BSON wait in the buffer.
     """
 
-    def __init__(self, config: SourceConfig, converter: EventConverter) -> None:
+    def __init__(self, config: SourceConfig) -> None:
         self._config = config
-        self._converter = converter
         self._max_rows = max(config.prefetch_rows, config.max_rows_per_batch or 0)
         self._max_bytes = config.prefetch_mb * 1024 * 1024
-        self._segment_rows = max(1, min(config.arrow_batch_rows, _SEGMENT_ROWS))
         self._client: Any = None
         self._stream: ChangeStream[Any] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._cond = threading.Condition()
-        self._convert_lock = threading.Lock()
         self._plan: _Plan | None = None
         self._clear(None)
 
     def _clear(self, head: Any) -> None:
         self._head = head  # offset["token"] right before the first buffered event
-        self._segments: collections.deque[Converted] = collections.deque()
-        self._buffered = 0  # events in _segments
-        self._bytes = 0  # Arrow bytes in _segments
-        self._raw: list[bytes | Mapping[str, Any]] = []  # fetched, not converted yet
-        self._fetched = 0  # events fetched since the stream opened
+        self._events: collections.deque[bytes] = collections.deque()
+        self._in_bytes = 0  # BSON appended (written by the read-ahead thread only)
+        self._out_bytes = 0  # BSON taken (written by the calling thread only)
+        self._fetched = 0  # events fetched since the stream opened (read-ahead thread only)
         self._mark: tuple[int, Any, float] | None = None  # the last empty getMore: _fetched,
         # its postBatchResumeToken, and when it returned
         self._stopped: _Stopped | None = None
-        self._last_fetch = time.monotonic()
 
     # -- the calling thread --------------------------------------------------------------------
     def take(
@@ -190,25 +186,14 @@ class ReadAhead:
         since = time.monotonic()
         self._position_at(start)
         until_data = None if until is None else token_data(until)
-        while True:
-            with self._cond:
-                ready = self._ready(cap, until_data, since, time.monotonic() >= deadline)
-                convert = bool(self._raw) and (
-                    ready
-                    or time.monotonic() - self._last_fetch >= _TRICKLE
-                    or (cap is not None and self._buffered + len(self._raw) >= cap)
-                )
-                if ready and not convert:
-                    taken = self._cut(cap, until_data)
-                    stopped = self._stopped
-                    exhausted = not taken.parts and not self._segments and not self._raw
-                    break
-                if not convert:
-                    self._cond.wait(max(0.0, min(deadline - time.monotonic(), _TRICKLE)))
-                    continue
-            self._convert_pending()
-        if stopped is not None and exhausted:  # every event before the stop is taken
-            self.close()
+        with self._cond:
+            while not self._ready(cap, until_data, since, time.monotonic() >= deadline):
+                self._cond.wait(max(0.0, min(deadline - time.monotonic(), _POLL)))
+            taken = self._cut(cap, until_data)
+            stopped = self._stopped
+            self._cond.notify_all()  # room for the read-ahead thread
+        if stopped is not None and not taken.events and not self._events:
+            self.close()  # every event before the stop is taken
             if stopped.error is not None:
                 raise stopped.error
             raise ChangeStreamInvalidatedError(stopped.token)
@@ -217,7 +202,7 @@ class ReadAhead:
     def plan(self, start: dict[str, Any], end: dict[str, Any], taken: Taken) -> None:
         """``latestOffset`` returned ``end`` for ``taken``: the buffer now starts after it."""
         self._head = end["token"]
-        self._plan = _Plan(start, end, taken.parts)
+        self._plan = _Plan(start, end, taken.events)
 
     def moved_to(self, offset: dict[str, Any]) -> None:
         """The position is now ``offset`` with nothing taken (an idle advance)."""
@@ -230,9 +215,7 @@ class ReadAhead:
         if plan is None or plan.start != start or plan.end != end:
             return None
         if plan.packed is None:
-            plan = self._plan = dataclasses.replace(
-                plan, packed=pack(self._converter.schema, plan.parts), parts=[]
-            )
+            plan = self._plan = dataclasses.replace(plan, packed=pack(plan.events), events=[])
         return plan.packed
 
     def close(self) -> None:
@@ -261,11 +244,8 @@ class ReadAhead:
             and plan.start["token"] == token
             and plan.end["token"] == self._head
         ):  # Spark asks again for a range it did not plan: put it back
-            with self._cond:
-                for part in reversed(plan.parts):
-                    self._segments.appendleft(part)
-                    self._buffered += len(part.tokens)
-                    self._bytes += part.batch.nbytes
+            self._events.extendleft(reversed(plan.events))
+            self._out_bytes -= sum(map(len, plan.events))
             self._head, self._plan = token, None
             return
         self.close()
@@ -301,6 +281,12 @@ class ReadAhead:
         if thread is not None:
             thread.join()
 
+    def _full(self) -> bool:
+        return (
+            len(self._events) >= self._max_rows
+            or self._in_bytes - self._out_bytes >= self._max_bytes
+        )
+
     def _ready(self, cap: int | None, until_data: str | None, since: float, late: bool) -> bool:
         """Whether ``take`` may cut now (called with the condition held).
 
@@ -309,20 +295,15 @@ class ReadAhead:
         visible, so one written before ``take`` was called is seen), or one
         whose token reaches ``until`` (nothing before the bound can come).
         """
-        if late or self._stopped is not None:
+        if late or self._stopped is not None or self._full():
             return True
-        if cap is not None and self._buffered >= cap:
+        events = self._events
+        if cap is not None and len(events) >= cap:
             return True
-        if self._buffered >= self._max_rows or self._bytes >= self._max_bytes:
-            return True
-        if (
-            until_data is not None
-            and self._segments
-            and token_data(self._segments[-1].tokens[-1]) > until_data
-        ):
+        if until_data is not None and events and _data(events[-1]) > until_data:
             return True  # every event up to the bound is buffered
         mark = self._mark
-        if mark is None or mark[0] != self._fetched or self._raw:
+        if mark is None or mark[0] != self._fetched:
             return False
         if until_data is not None and mark[1] is not None and token_data(mark[1]) >= until_data:
             return True
@@ -330,103 +311,55 @@ class ReadAhead:
 
     def _cut(self, cap: int | None, until_data: str | None) -> Taken:
         """Take the events (called with the condition held)."""
-        want = self._buffered if cap is None else min(cap, self._buffered)
-        parts: list[Converted] = []
+        events = self._events
+        count = len(events) if cap is None else min(cap, len(events))
         reached_until = False
-        while want and self._segments:
-            segment = self._segments[0]
-            count = min(want, len(segment.tokens))
-            if until_data is not None and token_data(segment.tokens[count - 1]) > until_data:
-                datas = [token_data(t) for t in segment.tokens[:count]]
-                count = bisect.bisect_right(datas, until_data)
-                reached_until = True
-                want = count  # stop after this segment
-            if count == len(segment.tokens):
-                self._segments.popleft()
-                taken = segment
-            elif count:
-                taken, self._segments[0] = _split(segment, count)
-            else:
-                break
-            parts.append(taken)
-            self._buffered -= count
-            self._bytes -= taken.batch.nbytes
-            want -= count
+        if until_data is not None and count and _data(events[count - 1]) > until_data:
+            datas = [_data(event) for event in itertools.islice(events, count)]
+            count = bisect.bisect_right(datas, until_data)
+            reached_until = True
+        taken = [events.popleft() for _ in range(count)]
+        self._out_bytes += sum(map(len, taken))
         mark = self._mark
-        caught_up = mark is not None and mark[0] == self._fetched and not self._raw
-        if until_data is not None and not self._segments and caught_up:
+        caught_up = mark is not None and mark[0] == self._fetched and not events
+        if until_data is not None and caught_up:
             assert mark is not None
             reached_until = reached_until or (
                 mark[1] is not None and token_data(mark[1]) >= until_data
             )
-        self._cond.notify_all()  # room for the read-ahead thread
-        return Taken(parts, reached_until and bool(parts), caught_up, mark[1] if mark else None)
+        return Taken(taken, reached_until and bool(taken), caught_up, mark[1] if mark else None)
 
     # -- the read-ahead thread -----------------------------------------------------------------
     def _run(self, stream: ChangeStream[Any], stop: threading.Event) -> None:
-        cond = self._cond
+        cond, events = self._cond, self._events
         try:
             while not stop.is_set():
-                with cond:
-                    while not stop.is_set() and (
-                        self._buffered + len(self._raw) >= self._max_rows
-                        or self._bytes >= self._max_bytes
-                    ):
-                        cond.wait(0.1)  # Spark is behind: read no further
-                if stop.is_set():
-                    return
+                if self._full():  # Spark is behind: read no further
+                    with cond:
+                        while not stop.is_set() and self._full():
+                            cond.wait(0.1)
+                    continue
                 event = stream.try_next()
                 if event is None:
-                    returned = time.monotonic()
-                    self._convert_pending()
                     with cond:
-                        self._mark = (self._fetched, stream.resume_token, returned)
+                        self._mark = (self._fetched, stream.resume_token, time.monotonic())
                         if not stream.alive:  # closed by an invalidate the pipeline removed
                             self._stopped = self._stopped or _Stopped(stream.resume_token)
                         cond.notify_all()
-                    if not stream.alive or self._stopped is not None:
+                    if self._stopped is not None:
                         return
                     continue
                 raw = raw_bytes(event)
                 if is_invalidate(raw):
-                    self._convert_pending()
                     with cond:
                         self._stopped = self._stopped or _Stopped(event_token(raw))
                         cond.notify_all()
                     return
-                with cond:
-                    self._raw.append(raw)
-                    self._fetched += 1
-                    self._last_fetch = time.monotonic()
-                    full = len(self._raw) >= self._segment_rows
-                if full:
-                    self._convert_pending()
-                if self._stopped is not None:
-                    return
+                self._fetched += 1  # before the append: a mark never looks newer than it is
+                self._in_bytes += len(raw)
+                events.append(raw)
         except BaseException as exc:
             if not stop.is_set():
                 with cond:
                     self._stopped = _Stopped(error=exc)
                     cond.notify_all()
-
-    def _convert_pending(self) -> None:
-        """Convert the fetched events (either thread; in order, one conversion at a time)."""
-        with self._convert_lock:
-            with self._cond:
-                chunk, self._raw = self._raw, []
-            if not chunk:
-                return
-            try:
-                converted = self._converter.convert_events(chunk)
-            except (
-                Exception
-            ) as exc:  # e.g. SchemaMismatchError: fail once the events before it are taken
-                with self._cond:
-                    self._stopped = _Stopped(error=exc)
-                    self._cond.notify_all()
-                return
-            with self._cond:
-                self._segments.append(converted)
-                self._buffered += len(converted.tokens)
-                self._bytes += converted.batch.nbytes
-                self._cond.notify_all()

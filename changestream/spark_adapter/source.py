@@ -7,7 +7,8 @@ Python process calls ``initialOffset`` (twice: memoised), ``latestOffset``,
 
 * the driver reads the stream once, ahead of Spark (:mod:`.readahead`):
   ``latestOffset`` cuts at most ``ReadMaxRows`` buffered events and
-  ``partitions`` ships them to the executors inside the partitions;
+  ``partitions`` ships their BSON to the executors inside the partitions,
+  where :meth:`ChangeStreamReader.read` converts it to Arrow;
 * a range the driver has no events for (a batch replayed from the checkpoint
   by a new run of the query) is read by :func:`read_range` on the executor, a
   pure function of the range: it reopens the stream after the start token and
@@ -57,9 +58,9 @@ __all__ = ["ChangeStreamDataSource", "ChangeStreamReader", "TokenRange", "read_r
 class TokenRange(InputPartition):
     """The events after offset ``start`` up to and including offset ``end``.
 
-    ``data`` (compressed Arrow IPC, :func:`.readahead.pack`) holds events
-    the driver already read: a batch may be shipped as several such
-    partitions, in order. Without it the executor reads the whole range.
+    ``data`` (compressed BSON, :func:`.readahead.pack`) holds events the
+    driver already read: a batch may be shipped as several such partitions,
+    in order. Without it the executor reads the whole range.
     """
 
     def __init__(
@@ -136,7 +137,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if self._readahead is None:
-            self._readahead = ReadAhead(self._config, self._converter)
+            self._readahead = ReadAhead(self._config)
         readahead = self._readahead
         deadline = time.monotonic() + self._config.max_scan_ms / 1000
         try:
@@ -146,7 +147,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             readahead.close()  # its position is unknown now: reopen next time
             raise
         now = time.monotonic()
-        if taken.parts:
+        if taken.events:
             self._last_advance = now
             bound = self._target if taken.reached_until else None
             end = make_offset(bound if bound is not None else taken.last)
@@ -186,7 +187,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         packed = self._readahead.packed(start, end) if self._readahead is not None else None
         if packed is None:
             return [TokenRange(start, end)]
-        return [TokenRange(start, end, data) for data in packed]  # [] if no event makes a row
+        return [TokenRange(start, end, data) for data in packed]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: Spark's checkpoint is the durable record of progress."""
@@ -222,8 +223,13 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not isinstance(partition, TokenRange):
             raise TypeError(f"expected a TokenRange partition, not {type(partition).__name__}")
         if partition.data is not None:
-            return iter(unpack(partition.data))
+            return self._convert(unpack(partition.data))
         return read_range(self._config, self._converter, partition)
+
+    def _convert(self, events: list[bytes]) -> Iterator[pa.RecordBatch]:
+        rows = self._config.arrow_batch_rows
+        for first in range(0, len(events), rows):
+            yield self._converter.convert(events[first : first + rows])
 
 
 def read_range(

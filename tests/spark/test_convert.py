@@ -178,3 +178,21 @@ def test_option_parsing() -> None:
     assert config.pipeline == ({"$match": {"operationType": "insert"}},)
     assert config.full_document == "updateLookup"  # updates carry a document to publish
     assert config.collection is None  # database scope
+
+
+def test_packed_partitions_return_every_event_in_order_and_stay_small() -> None:
+    import bson
+
+    from changestream.spark_adapter import readahead
+
+    events = [
+        bson.encode(
+            {"_id": {"_data": f"82{i:08X}"}, "operationType": "insert", "pad": "x" * (i % 700)}
+        )
+        for i in range(12_000)
+    ]
+    parts = readahead.pack(events)
+    assert len(parts) > 1  # ~4 MB of BSON: more than one partition, converted in parallel
+    assert all(len(part) < 1000 * 1024 for part in parts)  # under Spark's task-size warning
+    assert [event for part in parts for event in readahead.unpack(part)] == events
+    assert readahead.pack([]) == []

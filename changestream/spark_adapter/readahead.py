@@ -91,16 +91,24 @@ class _Plan:
 
 
 def pack(events: list[bytes]) -> list[bytes]:
-    """The events in partitions of about :data:`PART_BYTES` of BSON each, compressed."""
+    """The events in partitions of at most about :data:`PART_BYTES` of BSON, compressed.
+
+    The partitions are about equal in size: their conversions run in parallel,
+    and the batch waits for the largest.
+    """
+    total = sum(map(len, events))
+    if not total:
+        return []
+    share = total / -(-total // PART_BYTES)  # ceil: the fewest partitions that fit
     packed: list[bytes] = []
     group: list[bytes] = []
-    size = 0
+    size = 0.0
     for event in events:
         group.append(event)
         size += len(event)
-        if size >= PART_BYTES:
+        if size >= share:
             packed.append(_compress(b"".join(group)))
-            group, size = [], 0
+            group, size = [], 0.0
     if group:
         packed.append(_compress(b"".join(group)))
     return packed

@@ -13,7 +13,6 @@ silently dropped.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import decimal
 import json
@@ -36,7 +35,6 @@ from .schema import ENVELOPE_COLUMNS
 
 __all__ = [
     "DECODE_CHUNK",
-    "Converted",
     "Event",
     "EventConverter",
     "event_token",
@@ -474,47 +472,14 @@ class EventConverter:
         (deletes, DDL, updates without a lookup) produce no row. Raw events
         are decoded :data:`DECODE_CHUNK` at a time.
         """
-        return self.convert_events(events).batch
-
-    def convert_events(self, events: Sequence[Event]) -> Converted:
-        """:meth:`convert`, keeping each event's token and the rows it produced."""
         columns = [make() for make in self._columns]
         publish = self.publish_full_document_only
-        tokens: list[Any] = []
-        row_ends: list[int] | None = [] if publish else None
-        rows = 0
         for start in range(0, len(events), DECODE_CHUNK):
             if start and not start % _YIELD_EVERY:
                 time.sleep(0)  # let a thread waiting for the GIL (a py4j reply) in at once
             docs = _decoded(events[start : start + DECODE_CHUNK])
-            tokens += [d["_id"] for d in docs]
-            if row_ends is not None:
-                kept = []
-                for d in docs:
-                    if isinstance(d.get("fullDocument"), Mapping):
-                        kept.append(d)
-                        rows += 1
-                    row_ends.append(rows)
-                docs = kept
+            if publish:
+                docs = [d for d in docs if isinstance(d.get("fullDocument"), Mapping)]
             for column in columns:
                 column.add(docs)
-        batch = pa.RecordBatch.from_arrays([c.finish() for c in columns], schema=self.schema)
-        return Converted(batch, tokens, row_ends)
-
-
-@dataclasses.dataclass(frozen=True)
-class Converted:
-    """Events converted to Arrow: the rows, and where each event sits among them."""
-
-    batch: pa.RecordBatch
-    tokens: list[Any]
-    """The resume token (``_id``) of each event, in order."""
-    row_ends: list[int] | None
-    """Rows produced by events ``0..i`` for each event ``i``; ``None`` when every event is
-    one row (no ``publish_full_document_only`` filter)."""
-
-    def rows_before(self, events: int) -> int:
-        """The rows produced by the first ``events`` events."""
-        if self.row_ends is None or events == 0:
-            return events
-        return self.row_ends[events - 1]
+        return pa.RecordBatch.from_arrays([c.finish() for c in columns], schema=self.schema)

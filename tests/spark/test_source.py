@@ -366,3 +366,20 @@ def test_reader_scopes_and_pipeline_filter(spark: Any, mongodb_uri: str, coll: A
     assert seen[0] == [(name, "insert"), (name, "update"), ("other", "insert"), (name, "insert")]
     assert [row for row in seen[1] if row[0] in (name, "other")] == seen[0]
     assert seen[2] == [(name, "insert"), (name, "insert")]
+
+
+def test_reader_cuts_the_same_batch_when_asked_twice_and_loses_nothing(
+    spark: Any, mongodb_uri: str, coll: Any
+) -> None:
+    reader = _reader(mongodb_uri, coll)
+    initial = reader.initialOffset()
+    coll.insert_many([{"_id": i} for i in range(5)])
+    first = reader.latestOffset(initial, ReadMaxRows(3))
+    # Asked again before planning (the driver's buffer must put the cut events back).
+    assert reader.latestOffset(initial, ReadMaxRows(3)) == first
+    assert _keys(_rows(reader, initial, first)) == [0, 1, 2]
+    rest = reader.latestOffset(first, ReadAllAvailable())
+    assert _keys(_rows(reader, first, rest)) == [3, 4]
+    # A range planned earlier, asked for again after the buffer moved on: read from the server.
+    assert _keys(_rows(reader, initial, first)) == [0, 1, 2]
+    reader.stop()

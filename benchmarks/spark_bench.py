@@ -19,7 +19,8 @@ events:
    worker start), using Spark's own per-batch durations; 6c/6d are a second
    query in the same session (the first one paid the session's one-off
    start-up);
-7. the data source without a row limit (batches bounded by ``prefetch_rows``);
+7. the data source without a row limit (batches bounded by ``prefetch_rows``,
+   50,000 by default); 7b without the first batch;
 8. the data source's driver side alone (``latestOffset`` + ``partitions``
    without Spark running the tasks): the rate one driver can feed executors;
 9. Spark's own floor for the same rows: a streaming source whose partitions
@@ -344,6 +345,7 @@ def main() -> None:
         )
         later_batches("6d 2nd query, batches after the first")
         results.append(("7 data source, no max_rows_per_batch", *timed(lambda: data_source(None))))
+        later_batches("7b no row limit, batches after the first")
 
         def driver_side() -> int:
             """The source's driver work alone: ``latestOffset`` + ``partitions``, no tasks."""

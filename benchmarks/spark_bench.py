@@ -51,8 +51,8 @@ from pymongo import MongoClient
 
 import changestream
 from changestream.spark_adapter import foreach_batch, register, stream_opener
-from changestream.spark_adapter.convert import EventConverter
-from changestream.spark_adapter.readahead import unpack
+from changestream.spark_adapter._convert import EventConverter
+from changestream.spark_adapter._readahead import unpack
 from changestream.stores import MemoryTokenStore
 
 
@@ -351,8 +351,8 @@ def main() -> None:
             """The source's driver work alone: ``latestOffset`` + ``partitions``, no tasks."""
             from pyspark.sql.streaming.datasource import ReadMaxRows
 
-            from changestream.spark_adapter.config import SourceConfig
-            from changestream.spark_adapter.source import ChangeStreamReader
+            from changestream.spark_adapter._config import SourceConfig
+            from changestream.spark_adapter._source import ChangeStreamReader
 
             config = SourceConfig.from_options(
                 {

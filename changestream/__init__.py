@@ -4,13 +4,20 @@
 ``changestream.aio.watch(async_coll)`` is its asyncio twin;
 ``changestream.consume(...)`` handles every change at least once with a
 durable resume token (:mod:`changestream.stores`).
+
+The public face: this module, :mod:`changestream.aio`, :mod:`changestream.events`,
+:mod:`changestream.errors`, :mod:`changestream.stores`, :mod:`changestream.testing`
+and :mod:`changestream.spark_adapter`. Modules whose names start with ``_`` are
+internal and may change in any release. ``aio`` and ``spark_adapter`` are imported
+on first use, so ``import changestream`` loads neither asyncio code nor PySpark.
 """
 
 from __future__ import annotations
 
-from . import aio
-from .api import Client, Collection, Database, watch
-from .consume import (
+from typing import TYPE_CHECKING, Any
+
+from ._api import Client, Collection, Database, watch
+from ._consume import (
     ConsumeError,
     ConsumeResult,
     HistoryLostError,
@@ -19,6 +26,8 @@ from .consume import (
     StreamInvalidatedError,
     consume,
 )
+from ._stream import ChangeStream
+from ._token import token_cluster_time, token_from_json, token_to_json
 from .errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
 from .stores import (
     AsyncMongoTokenStore,
@@ -30,10 +39,22 @@ from .stores import (
     TokenStore,
     TokenStoreError,
 )
-from .stream import ChangeStream
-from .token import token_cluster_time, token_from_json, token_to_json
+
+if TYPE_CHECKING:
+    from . import aio, spark_adapter
 
 __version__ = "0.1.0"
+
+_LAZY_SUBPACKAGES = frozenset({"aio", "spark_adapter"})
+
+
+def __getattr__(name: str) -> Any:
+    """Import ``aio`` and ``spark_adapter`` on first access (PEP 562)."""
+    if name in _LAZY_SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "AsyncMongoTokenStore",
@@ -60,6 +81,7 @@ __all__ = [
     "__version__",
     "aio",
     "consume",
+    "spark_adapter",
     "token_cluster_time",
     "token_from_json",
     "token_to_json",

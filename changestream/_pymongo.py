@@ -75,7 +75,7 @@ from pymongo.read_preferences import ReadPreference
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.mongo_client import MongoClient
 
-from .machine import Command, ErrorInfo, KillCursors, ReplyInfo, RunAggregate, RunGetMore
+from ._machine import Command, ErrorInfo, KillCursors, ReplyInfo, RunAggregate, RunGetMore
 
 __all__ = ["AsyncTransport", "Outcome", "SyncTransport", "csot_context_active", "describe_error"]
 

@@ -8,7 +8,7 @@ at-least-once loop.
 
 from __future__ import annotations
 
-from .consume import consume
-from .stream import AsyncChangeStream, TokenCallback, watch
+from ._consume import consume
+from ._stream import AsyncChangeStream, TokenCallback, watch
 
 __all__ = ["AsyncChangeStream", "TokenCallback", "consume", "watch"]

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .batches import BatchRunResult, foreach_batch, stream_opener
-from .errors import (
+from ._batches import BatchRunResult, foreach_batch, stream_opener
+from ._errors import (
     ChangeStreamHistoryLostError,
     ChangeStreamInvalidatedError,
     SchemaMismatchError,
 )
-from .schema import ENVELOPE_COLUMNS, event_ddl
-from .source import ChangeStreamDataSource, ChangeStreamReader
+from ._schema import ENVELOPE_COLUMNS, event_ddl
+from ._source import ChangeStreamDataSource, ChangeStreamReader
 
 __all__ = [
     "ENVELOPE_COLUMNS",

@@ -13,8 +13,7 @@ import pytest
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from changestream.errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
-from changestream.machine import (
+from changestream._machine import (
     ChangeStreamMachine,
     Command,
     Deliver,
@@ -28,7 +27,8 @@ from changestream.machine import (
     RunGetMore,
     StreamSpec,
 )
-from changestream.options import ChangeStreamOptions
+from changestream._options import ChangeStreamOptions
+from changestream.errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
 
 SERVER_A = ("a.example", 27017)
 SERVER_B = ("b.example", 27017)

@@ -15,7 +15,7 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from test_machine import event, getmore_reply, opened, token
 
-from changestream.machine import NOT_BUFFERED, Deliver
+from changestream._machine import NOT_BUFFERED, Deliver
 
 
 def _drain(driver: Any, *, fast: bool, batches: list[list[dict[str, Any]]]) -> list[Any]:

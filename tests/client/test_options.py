@@ -19,7 +19,7 @@ from pymongo.collation import Collation
 from pymongo.read_concern import ReadConcern
 
 import changestream
-from changestream.options import (
+from changestream._options import (
     ChangeStreamOptions,
     check_max_await,
     effective_codec_options,

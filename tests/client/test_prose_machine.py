@@ -24,8 +24,8 @@ from test_machine import (
     token,
 )
 
+from changestream._machine import KillCursors, NoDocument, RunAggregate, RunGetMore
 from changestream.errors import MissingResumeTokenError
-from changestream.machine import KillCursors, NoDocument, RunAggregate, RunGetMore
 
 KILLED = {"ok": 1, "cursorsKilled": [Int64(42)]}
 

@@ -8,8 +8,8 @@ import bson
 import pytest
 from bson.raw_bson import RawBSONDocument
 
+from changestream._split import SplitReassembler, split_position
 from changestream.errors import SplitEventError
-from changestream.split import SplitReassembler, split_position
 
 
 def fragment(i: int, of: int, **fields: Any) -> dict[str, Any]:

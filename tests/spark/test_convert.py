@@ -16,9 +16,9 @@ from pyspark.sql.types import DataType
 from spark_support import PANDAS_WARNING
 
 from changestream.spark_adapter import SchemaMismatchError, event_ddl
-from changestream.spark_adapter.config import SourceConfig
-from changestream.spark_adapter.convert import EventConverter, relaxed_json
-from changestream.spark_adapter.offsets import make_offset, offset_token, offset_watch_option
+from changestream.spark_adapter._config import SourceConfig
+from changestream.spark_adapter._convert import EventConverter, relaxed_json
+from changestream.spark_adapter._offsets import make_offset, offset_token, offset_watch_option
 
 pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings(PANDAS_WARNING)]
 
@@ -183,7 +183,7 @@ def test_option_parsing() -> None:
 def test_packed_partitions_return_every_event_in_order_and_stay_small() -> None:
     import bson
 
-    from changestream.spark_adapter import readahead
+    from changestream.spark_adapter import _readahead as readahead
 
     events = [
         bson.encode(

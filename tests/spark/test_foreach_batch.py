@@ -19,7 +19,7 @@ from changestream.spark_adapter import (
     foreach_batch,
     stream_opener,
 )
-from changestream.spark_adapter.offsets import token_passed
+from changestream.spark_adapter._offsets import token_passed
 from changestream.stores import FileTokenStore
 from changestream.testing import ReplicaSet
 

@@ -25,9 +25,9 @@ from spark_support import PANDAS_WARNING, ParquetSink, current_token, wait_for
 
 import changestream
 from changestream.spark_adapter import event_ddl
-from changestream.spark_adapter.config import SourceConfig
-from changestream.spark_adapter.offsets import offset_token, token_passed
-from changestream.spark_adapter.source import ChangeStreamReader, TokenRange
+from changestream.spark_adapter._config import SourceConfig
+from changestream.spark_adapter._offsets import offset_token, token_passed
+from changestream.spark_adapter._source import ChangeStreamReader, TokenRange
 from changestream.testing import ReplicaSet
 
 pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings(PANDAS_WARNING)]

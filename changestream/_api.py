@@ -14,8 +14,8 @@ from pymongo.synchronous.collection import Collection as PyMongoCollection
 from pymongo.synchronous.database import Database as PyMongoDatabase
 from pymongo.synchronous.mongo_client import MongoClient
 
-from .options import ChangeStreamOptions
-from .stream import ChangeStream
+from ._options import ChangeStreamOptions
+from ._stream import ChangeStream
 
 __all__ = ["Client", "Collection", "Database", "watch"]
 

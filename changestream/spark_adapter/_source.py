@@ -35,13 +35,13 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ..api import watch
+from .._api import watch
+from .._stream import ChangeStream
 from ..errors import ChangeStreamError
-from ..stream import ChangeStream
-from .config import SourceConfig
-from .convert import EventConverter, event_token, raw_bytes
-from .errors import history_lost_as_error
-from .offsets import (
+from ._config import SourceConfig
+from ._convert import EventConverter, event_token, raw_bytes
+from ._errors import history_lost_as_error
+from ._offsets import (
     make_offset,
     offset_token,
     offset_watch_option,
@@ -49,8 +49,8 @@ from .offsets import (
     token_data,
     token_passed,
 )
-from .readahead import ReadAhead, Taken, unpack
-from .schema import event_ddl
+from ._readahead import ReadAhead, Taken, unpack
+from ._schema import event_ddl
 
 __all__ = ["ChangeStreamDataSource", "ChangeStreamReader", "TokenRange", "read_range"]
 

@@ -14,9 +14,8 @@ from typing import Any
 import pymongo
 from bson.codec_options import CodecOptions
 
-from ._pymongo import csot_context_active
-from .machine import StreamSpec
-from .options import (
+from ._machine import StreamSpec
+from ._options import (
     ChangeStreamOptions,
     Target,
     check_max_await,
@@ -25,6 +24,7 @@ from .options import (
     event_decoder,
     reply_codec,
 )
+from ._pymongo import csot_context_active
 
 
 @dataclasses.dataclass(frozen=True)

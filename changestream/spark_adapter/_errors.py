@@ -12,8 +12,8 @@ from typing import Any
 
 from pymongo.errors import OperationFailure
 
+from .._token import token_to_json
 from ..errors import ChangeStreamError
-from ..token import token_to_json
 
 __all__ = [
     "CHANGE_STREAM_HISTORY_LOST",

@@ -17,9 +17,9 @@ from typing import Any
 
 from pymongo import MongoClient, monitoring
 
-from .api import watch
+from ._api import watch
+from ._token import token_cluster_time
 from .testing import ReplicaSet
-from .token import token_cluster_time
 
 __all__ = ["main", "run"]
 

@@ -16,8 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from pymongo.synchronous.mongo_client import MongoClient
 
-from ._pymongo import SyncTransport
-from .machine import (
+from ._machine import (
     NOT_BUFFERED,
     ChangeStreamMachine,
     Deliver,
@@ -25,12 +24,13 @@ from .machine import (
     NoDocument,
     Raise,
 )
-from .options import (
+from ._options import (
     ChangeStreamOptions,
     present_token,
     resolve_target,
 )
-from .shell import abandon, call_deadline, stream_setup
+from ._pymongo import SyncTransport
+from ._shell import abandon, call_deadline, stream_setup
 
 __all__ = ["ChangeStream"]
 

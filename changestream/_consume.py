@@ -28,11 +28,11 @@ import bson
 import tenacity
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
+from ._machine import RESUMABLE_CODES_BEFORE_4_4, RETRYABLE_READ_CODES
+from ._stream import ChangeStream
+from ._token import token_cluster_time, token_to_json
 from .errors import ChangeStreamError
-from .machine import RESUMABLE_CODES_BEFORE_4_4, RETRYABLE_READ_CODES
 from .stores import TokenStore
-from .stream import ChangeStream
-from .token import token_cluster_time, token_to_json
 
 __all__ = [
     "ConsumeError",

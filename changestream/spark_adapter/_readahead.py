@@ -32,12 +32,12 @@ from typing import Any
 import pyarrow as pa
 from bson.raw_bson import RawBSONDocument
 
-from ..api import watch
-from ..stream import ChangeStream
-from .config import SourceConfig
-from .convert import event_token, is_invalidate, raw_bytes
-from .errors import ChangeStreamInvalidatedError
-from .offsets import offset_watch_option, token_data
+from .._api import watch
+from .._stream import ChangeStream
+from ._config import SourceConfig
+from ._convert import event_token, is_invalidate, raw_bytes
+from ._errors import ChangeStreamInvalidatedError
+from ._offsets import offset_watch_option, token_data
 
 __all__ = ["PART_BYTES", "ReadAhead", "Taken", "pack", "unpack"]
 

@@ -23,8 +23,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
-from .._pymongo import AsyncTransport
-from ..machine import (
+from .._machine import (
     NOT_BUFFERED,
     Action,
     ChangeStreamMachine,
@@ -33,12 +32,13 @@ from ..machine import (
     NoDocument,
     Raise,
 )
-from ..options import (
+from .._options import (
     ChangeStreamOptions,
     present_token,
     resolve_target,
 )
-from ..shell import abandon, call_deadline, stream_setup
+from .._pymongo import AsyncTransport
+from .._shell import abandon, call_deadline, stream_setup
 
 __all__ = ["AsyncChangeStream", "TokenCallback", "watch"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import tenacity
 
-from ..consume import (
+from .._consume import (
     ConsumeResult,
     Progress,
     RetryPolicy,
@@ -28,7 +28,7 @@ from ..consume import (
     log,
 )
 from ..stores import AsyncTokenStore, StoredToken, TokenStore
-from .stream import AsyncChangeStream
+from ._stream import AsyncChangeStream
 
 __all__ = ["consume"]
 

@@ -23,11 +23,11 @@ from bson import json_util
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from .api import watch
-from .consume import ConsumeError, StreamInvalidatedError, consume
+from ._api import watch
+from ._consume import ConsumeError, StreamInvalidatedError, consume
+from ._stream import ChangeStream
+from ._token import token_from_json, token_to_json
 from .stores import FileTokenStore, MemoryTokenStore, TokenStore, TokenStoreError
-from .stream import ChangeStream
-from .token import token_from_json, token_to_json
 
 __all__ = ["main"]
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve(arguments)
     if arguments[:1] == ["demo"]:
-        from .demo import main as demo
+        from ._demo import main as demo
 
         return demo(arguments[1:])
     parser = _parser()

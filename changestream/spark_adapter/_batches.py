@@ -30,12 +30,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DataType, StructType
 
-from ..api import watch
+from .._api import watch
+from .._stream import ChangeStream
 from ..stores import TokenStore
-from ..stream import ChangeStream
-from .convert import EventConverter, event_token, is_invalidate, raw_bytes
-from .errors import history_lost_as_error
-from .schema import event_ddl
+from ._convert import EventConverter, event_token, is_invalidate, raw_bytes
+from ._errors import history_lost_as_error
+from ._schema import event_ddl
 
 __all__ = ["BatchRunResult", "foreach_batch", "stream_opener"]
 

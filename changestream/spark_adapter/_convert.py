@@ -30,8 +30,8 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from .errors import SchemaMismatchError
-from .schema import ENVELOPE_COLUMNS
+from ._errors import SchemaMismatchError
+from ._schema import ENVELOPE_COLUMNS
 
 __all__ = [
     "DECODE_CHUNK",

@@ -15,7 +15,7 @@ from bson import json_util
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
 
-from ..token import token_from_json
+from .._token import token_from_json
 
 __all__ = ["STARTUP_MODES", "SourceConfig"]
 

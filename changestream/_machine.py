@@ -30,9 +30,9 @@ from typing import Any
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 
+from ._options import ChangeStreamOptions
+from ._split import SplitReassembler
 from .errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
-from .options import ChangeStreamOptions
-from .split import SplitReassembler
 
 __all__ = [
     "NOT_BUFFERED",

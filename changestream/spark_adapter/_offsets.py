@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..token import token_from_json, token_to_json
+from .._token import token_from_json, token_to_json
 
 __all__ = [
     "OFFSET_VERSION",

@@ -1,0 +1,44 @@
+"""The public face: everything users import resolves, internals are private, and
+``import changestream`` loads neither the asyncio shell nor PySpark."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import changestream
+
+
+def test_every_exported_name_resolves() -> None:
+    for name in changestream.__all__:
+        assert getattr(changestream, name) is not None, name
+
+
+def test_aio_and_spark_adapter_are_imported_on_first_use() -> None:
+    code = (
+        "import sys, changestream\n"
+        "assert 'changestream.aio' not in sys.modules\n"
+        "assert 'changestream.spark_adapter' not in sys.modules\n"
+        "assert 'pyspark' not in sys.modules\n"
+        "assert callable(changestream.aio.watch)\n"
+        "assert 'changestream.aio' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    try:
+        changestream.no_such_name  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:
+        raise AssertionError("expected AttributeError")
+
+
+def test_internal_modules_are_private() -> None:
+    from pathlib import Path
+
+    package = Path(changestream.__file__).parent
+    public = {"__init__", "__main__", "errors", "events", "stores"}
+    modules = {p.stem for p in package.glob("*.py")}
+    assert {m for m in modules if not m.startswith("_")} <= public

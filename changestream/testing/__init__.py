@@ -7,7 +7,7 @@ imports nothing from the ``changestream`` client.
 
 from __future__ import annotations
 
+from .core.versions import DEFAULT_VERSION, VERSIONS, VersionProfile, get_profile
 from .replset import ReplicaSet
-from .versions import DEFAULT_VERSION, VERSIONS, VersionProfile, get_profile
 
 __all__ = ["DEFAULT_VERSION", "VERSIONS", "ReplicaSet", "VersionProfile", "get_profile"]

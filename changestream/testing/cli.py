@@ -8,8 +8,8 @@ import sys
 import threading
 from types import FrameType
 
+from .core.versions import DEFAULT_VERSION, VERSIONS
 from .replset import ReplicaSet
-from .versions import DEFAULT_VERSION, VERSIONS
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -15,11 +15,11 @@ import threading
 from collections.abc import Iterable
 from types import TracebackType
 
-from .changestreams.event_cache import cache_for
-from .commands.admin import elect_next, notify_topology_change
-from .deployment import Deployment
-from .server import MemberServer
-from .versions import DEFAULT_VERSION, get_profile
+from .core.event_cache import CACHE_BYTES
+from .core.topology import elect_next, notify_topology_change
+from .core.versions import DEFAULT_VERSION, get_profile
+from .server.listener import MemberServer
+from .storage.deployment import Deployment
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ class ReplicaSet:
     ) -> None:
         if members < 1:
             raise ValueError(f"a replica set needs at least one member, got {members}")
+        if event_cache_bytes is not None and event_cache_bytes < 0:
+            raise ValueError(f"event_cache_bytes must be >= 0, got {event_cache_bytes}")
         self.deployment = Deployment(
             get_profile(version),
             members=members,
@@ -62,11 +64,8 @@ class ReplicaSet:
             oplog_max_entries=oplog_max_entries,
             oplog_max_bytes=oplog_max_bytes,
             compressors=compressors,
+            event_cache_bytes=CACHE_BYTES if event_cache_bytes is None else event_cache_bytes,
         )
-        if event_cache_bytes is not None:
-            if event_cache_bytes < 0:
-                raise ValueError(f"event_cache_bytes must be >= 0, got {event_cache_bytes}")
-            cache_for(self.deployment.oplog).max_bytes = event_cache_bytes
         for member in self.deployment.members:
             member.host = host
         self._port = port
@@ -103,7 +102,7 @@ class ReplicaSet:
         self._stopped.set()
         for member in self.deployment.members:
             member.up = False
-        notify_topology_change()
+        notify_topology_change(self.deployment)
         self.kill_cursors()
         for server in self._servers:
             server.stop()

@@ -48,12 +48,11 @@ from bson.timestamp import Timestamp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from changestream.testing.changestreams.event_cache import cache_for  # noqa: E402
 from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all  # noqa: E402
-from changestream.testing.cursors import cursor_reply  # noqa: E402
-from changestream.testing.deployment import Deployment  # noqa: E402
-from changestream.testing.versions import get_profile  # noqa: E402
-from changestream.testing.wire import encode_document  # noqa: E402
+from changestream.testing.core.cursors import cursor_reply  # noqa: E402
+from changestream.testing.core.versions import get_profile  # noqa: E402
+from changestream.testing.server.wire import encode_document  # noqa: E402
+from changestream.testing.storage.deployment import Deployment  # noqa: E402
 
 PAYLOAD = "abcdefghijklmnopqrst"
 TOKEN_ONLY = {"$project": {"_id": 1, "operationType": 1}}
@@ -120,7 +119,7 @@ def cursor_level(args: argparse.Namespace) -> None:
     for offset in range(0, args.events, INSERT_CHUNK):
         count = min(INSERT_CHUNK, args.events - offset)
         _run(d, {"insert": "c", "documents": _docs(offset, count)})
-    cache = cache_for(d.oplog)
+    cache = d.event_cache
     bound = cache.max_bytes
 
     def prepare(scenario: str) -> None:

@@ -27,8 +27,8 @@ import pytest
 from bson.int64 import Int64
 from pymongo import MongoClient, monitoring
 
-from changestream.testing import ReplicaSet, wire
-from changestream.testing.server import server_of
+from changestream.testing import ReplicaSet
+from changestream.testing.server import wire
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("MONGODB_URI")),
@@ -169,7 +169,7 @@ class Leftovers:
         self.threads_before = _connection_threads()
 
     def snapshot(self) -> dict[str, Any]:
-        servers = [server_of(m) for m in self.rs.deployment.members]
+        servers = [m.server for m in self.rs.deployment.members]
         return {
             "connections": sum(s.connection_count for s in servers if s is not None),
             "threads": sorted(t.name for t in _connection_threads() - self.threads_before),

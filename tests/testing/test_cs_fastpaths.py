@@ -33,12 +33,7 @@ from bson.timestamp import Timestamp
 
 from changestream.testing import ReplicaSet
 from changestream.testing.changestreams import resume_token
-from changestream.testing.changestreams.event_cache import (
-    EncodedEvent,
-    EventCache,
-    cache_for,
-    encode_event,
-)
+from changestream.testing.changestreams.event_cache import EncodedEvent, encode_event
 from changestream.testing.changestreams.resume_token import (
     decode_token,
     encode_event_token,
@@ -47,12 +42,13 @@ from changestream.testing.changestreams.resume_token import (
 )
 from changestream.testing.changestreams.transform import EventTransformer
 from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all
-from changestream.testing.cursors import CursorBatch
-from changestream.testing.deployment import Deployment
-from changestream.testing.errors import CommandError
-from changestream.testing.oplog import OplogEntry
-from changestream.testing.versions import get_profile
-from changestream.testing.wire import ENCODE_OPTIONS
+from changestream.testing.core.codec import ENCODE_OPTIONS
+from changestream.testing.core.cursors import CursorBatch
+from changestream.testing.core.errors import CommandError
+from changestream.testing.core.event_cache import EventCache
+from changestream.testing.core.oplog import OplogEntry
+from changestream.testing.core.versions import get_profile
+from changestream.testing.storage.deployment import Deployment
 
 load_all()
 
@@ -270,7 +266,7 @@ IMAGE_SHAPE = {
 @pytest.mark.parametrize("version", ["4.2", "6.0", "8.0"])
 def test_cached_events_equal_freshly_built_events_for_every_shape(version: str) -> None:
     d, start = _workload(version)
-    cache = cache_for(d.oplog)
+    cache = d.event_cache
     profile = get_profile(version)
     shapes = [s for s in SHAPES if profile.expanded_events or "showExpandedEvents" not in str(s)]
     shapes += [IMAGE_SHAPE] if profile.pre_post_images else []
@@ -343,7 +339,7 @@ def test_a_stream_resumed_from_a_token_of_another_version_does_not_share_its_eve
     }
     last_op = _run(d, "db", v1_body)["cursor"]["firstBatch"][2]["_id"]
     assert (decode_token(last_op).version, decode_token(last_op).txn_op_index) == (1, 2)
-    cache_for(d.oplog).clear()
+    d.event_cache.clear()
     resume = {
         "aggregate": "c",
         "pipeline": [{"$changeStream": {"resumeAfter": last_op}}],
@@ -438,7 +434,7 @@ def test_repeated_reads_over_the_wire_are_byte_identical(rs: ReplicaSet) -> None
             db.command({"killCursors": "c", "cursors": [cid]})
             return batches
 
-        cache = cache_for(rs.deployment.oplog)
+        cache = rs.deployment.event_cache
         cache.clear()
         first = read()
         assert len(cache) > 0
@@ -449,10 +445,10 @@ def test_repeated_reads_over_the_wire_are_byte_identical(rs: ReplicaSet) -> None
 
 def test_the_event_cache_bound_is_configurable() -> None:
     from changestream.testing import ReplicaSet
-    from changestream.testing.changestreams.event_cache import CACHE_BYTES, cache_for
+    from changestream.testing.core.event_cache import CACHE_BYTES
 
-    assert cache_for(ReplicaSet("8.0").deployment.oplog).max_bytes == CACHE_BYTES
+    assert ReplicaSet("8.0").deployment.event_cache.max_bytes == CACHE_BYTES
     small = ReplicaSet("8.0", event_cache_bytes=1024)
-    assert cache_for(small.deployment.oplog).max_bytes == 1024
+    assert small.deployment.event_cache.max_bytes == 1024
     with pytest.raises(ValueError, match="event_cache_bytes"):
         ReplicaSet("8.0", event_cache_bytes=-1)

@@ -15,9 +15,9 @@ from bson.timestamp import Timestamp
 from changestream.testing.changestreams.pipeline import Pipeline
 from changestream.testing.commands import CommandContext, ConnectionInfo
 from changestream.testing.commands.aggregate import aggregate
-from changestream.testing.deployment import Deployment
-from changestream.testing.errors import CommandError
-from changestream.testing.versions import get_profile
+from changestream.testing.core.errors import CommandError
+from changestream.testing.core.versions import get_profile
+from changestream.testing.storage.deployment import Deployment
 
 TOKEN = {"_data": "826553F10000000003"}
 EVENT: dict[str, Any] = {

@@ -17,9 +17,9 @@ from changestream.testing.changestreams.resume_token import (
 )
 from changestream.testing.commands import CommandContext, ConnectionInfo
 from changestream.testing.commands.aggregate import aggregate
-from changestream.testing.deployment import Deployment
-from changestream.testing.errors import CommandError
-from changestream.testing.versions import get_profile
+from changestream.testing.core.errors import CommandError
+from changestream.testing.core.versions import get_profile
+from changestream.testing.storage.deployment import Deployment
 
 UUID_A = uuid.UUID("a5093abb-38fe-4b9e-a67f-01bb1a96d812")
 TS = Timestamp(1_700_000_000, 5)

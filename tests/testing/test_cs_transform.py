@@ -22,9 +22,9 @@ from changestream.testing.commands import (
     ConnectionInfo,
     aggregate,  # noqa: F401  (registers "aggregate")
 )
-from changestream.testing.deployment import Deployment
-from changestream.testing.oplog import OplogEntry
-from changestream.testing.versions import get_profile
+from changestream.testing.core.oplog import OplogEntry
+from changestream.testing.core.versions import get_profile
+from changestream.testing.storage.deployment import Deployment
 
 NOW = 1_700_000_000.0
 VERSIONS = ["4.2", "5.0", "6.0", "7.0", "8.0", "8.2"]

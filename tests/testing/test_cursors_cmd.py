@@ -14,8 +14,8 @@ from support import raw_command
 
 from changestream.testing import ReplicaSet
 from changestream.testing.commands import CommandContext
-from changestream.testing.cursors import CursorBatch
-from changestream.testing.errors import CommandError
+from changestream.testing.core.cursors import CursorBatch
+from changestream.testing.core.errors import CommandError
 
 Client = MongoClient[dict[str, Any]]
 

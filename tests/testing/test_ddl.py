@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all
-from changestream.testing.deployment import Deployment
-from changestream.testing.errors import CommandError
-from changestream.testing.oplog import OplogEntry
-from changestream.testing.versions import get_profile
+from changestream.testing.core.errors import CommandError
+from changestream.testing.core.oplog import OplogEntry
+from changestream.testing.core.versions import get_profile
+from changestream.testing.storage.deployment import Deployment
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 

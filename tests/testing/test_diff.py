@@ -8,12 +8,12 @@ import bson
 import pytest
 from bson.int64 import Int64
 
-from changestream.testing.changestreams.diff import (
+from changestream.testing.changestreams.update_description import update_description
+from changestream.testing.update.diff import (
     DELTA_OPLOG_ENTRY_PADDING,
     compute_diff,
     diff_or_replacement,
 )
-from changestream.testing.changestreams.update_description import update_description
 
 # (name, pre, post, padding, expected diff) — cases from mongod's unit tests, which
 # compare the serialized diffs byte for byte.

@@ -43,7 +43,7 @@ from changestream.testing.changestreams.resume_token import (
     high_water_mark,
     is_high_water_mark,
 )
-from changestream.testing.errors import CommandError
+from changestream.testing.core.errors import CommandError
 
 UUID = uuid.UUID("a5093abb-38fe-4b9e-a67f-01bb1a96d812")
 U = "5A1004A5093ABB38FE4B9EA67F01BB1A96D812"  # the uuid's KeyString

@@ -14,9 +14,9 @@ from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all
-from changestream.testing.deployment import Deployment
-from changestream.testing.errors import CommandError
-from changestream.testing.oplog import OplogEntry
+from changestream.testing.core.errors import CommandError
+from changestream.testing.core.oplog import OplogEntry
+from changestream.testing.core.versions import get_profile
 from changestream.testing.storage import (
     DuplicateKey,
     bson_repr,
@@ -25,7 +25,7 @@ from changestream.testing.storage import (
     sort_key,
     values_identical,
 )
-from changestream.testing.versions import get_profile
+from changestream.testing.storage.deployment import Deployment
 
 
 @pytest.fixture

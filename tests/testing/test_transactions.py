@@ -11,9 +11,9 @@ from bson.binary import Binary
 from bson.int64 import Int64
 
 from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all
-from changestream.testing.deployment import Deployment
-from changestream.testing.errors import CommandError
-from changestream.testing.versions import get_profile
+from changestream.testing.core.errors import CommandError
+from changestream.testing.core.versions import get_profile
+from changestream.testing.storage.deployment import Deployment
 
 
 class Session:

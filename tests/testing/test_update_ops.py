@@ -11,10 +11,10 @@ from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all
-from changestream.testing.deployment import Deployment
-from changestream.testing.errors import CommandError
-from changestream.testing.update_ops import Update, UpdateEnv
-from changestream.testing.versions import get_profile
+from changestream.testing.core.errors import CommandError
+from changestream.testing.core.versions import get_profile
+from changestream.testing.storage.deployment import Deployment
+from changestream.testing.update import Update, UpdateEnv
 
 NOW = datetime(2024, 5, 1, tzinfo=timezone.utc)
 ENV = UpdateEnv(now=lambda: NOW, timestamp=lambda: Timestamp(7, 1))

@@ -18,7 +18,8 @@ import bson
 import pytest
 from bson.int64 import Int64
 
-from changestream.testing import ReplicaSet, wire
+from changestream.testing import ReplicaSet
+from changestream.testing.server import wire
 
 HEADER = struct.Struct("<iiii")
 
@@ -220,7 +221,7 @@ def test_unknown_command_reply(connect: Any) -> None:
 def test_exhaust_getmore_streams_until_the_cursor_is_exhausted(
     rs: ReplicaSet, connect: Any
 ) -> None:
-    from changestream.testing.cursors import CursorBatch
+    from changestream.testing.core.cursors import CursorBatch
 
     class Counting:
         ns = "db.c"

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any, Final
 import bson
 from bson.timestamp import Timestamp
 
-from ..commands import CLIENT_CHECK_SECONDS
-from ..cursors import CursorBatch
-from ..errors import CommandError
-from ..oplog import OplogEntry
-from ..wire import ENCODE_OPTIONS
-from .event_cache import EncodedEvent, EventCache, cache_for, encode_event
+from ..core.codec import ENCODE_OPTIONS
+from ..core.context import CLIENT_CHECK_SECONDS
+from ..core.cursors import CursorBatch
+from ..core.errors import CommandError
+from ..core.event_cache import EventCache
+from ..core.oplog import OplogEntry
+from .event_cache import EncodedEvent, encode_event
 from .pipeline import MISSING, value_to_string
 from .resume_token import (
     ResumeTokenData,
@@ -43,8 +44,8 @@ from .stage import ChangeStreamSpec
 from .transform import EventTransformer, RawEvent
 
 if TYPE_CHECKING:
-    from ..commands import CommandContext, ConnectionInfo
-    from ..deployment import Deployment
+    from ..core.context import CommandContext, ConnectionInfo
+    from ..storage.deployment import Deployment
 
 MAX_BATCH_BYTES: Final = 16 * 1024 * 1024
 """A batch stops before it would exceed this (``BSONObjMaxUserSize``)."""
@@ -127,7 +128,7 @@ class ChangeStreamCursor:
         self._after = spec.full_document
         self._images = self._before != "off" or self._after != "default"
         self._version = spec.token_version
-        self._cache: EventCache = cache_for(self._oplog)
+        self._cache: EventCache = deployment.event_cache
         self._shape = repr(self._transform.shape)
         token = spec.resume_token
         self._client_token: ResumeTokenData | None = None

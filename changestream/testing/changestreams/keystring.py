@@ -41,7 +41,7 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
-from ..errors import CommandError
+from ..core.errors import CommandError
 
 # CType bytes (key_string.cpp, namespace CType).
 MIN_KEY = 0x0A

@@ -27,8 +27,8 @@ from mongomock import OperationFailure
 from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 
-from ..errors import CommandError
-from ..storage import type_name as bson_type_name
+from ..core.errors import CommandError
+from ..storage.order import type_name as bson_type_name
 
 Doc = dict[str, Any]
 StageFn = Callable[[Doc], "Doc | None"]

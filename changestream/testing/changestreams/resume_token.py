@@ -24,7 +24,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from ..errors import CommandError
+from ..core.errors import CommandError
 from . import keystring
 
 EVENT_TOKEN = 128

@@ -15,8 +15,8 @@ from typing import Any, Final
 
 from bson.timestamp import Timestamp
 
-from ..errors import CommandError
-from ..versions import VersionProfile
+from ..core.errors import CommandError
+from ..core.versions import VersionProfile
 from .pipeline import Pipeline, type_name, value_to_string
 from .resume_token import ResumeTokenData, decode_token, is_high_water_mark
 

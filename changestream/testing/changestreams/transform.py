@@ -22,9 +22,9 @@ from typing import Any, Final
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from ..errors import CommandError
-from ..oplog import OplogEntry
-from ..versions import VersionProfile
+from ..core.errors import CommandError
+from ..core.oplog import OplogEntry
+from ..core.versions import VersionProfile
 from .resume_token import ResumeTokenData, encode_event_token, encode_token, event_token
 from .stage import SCOPE_CLUSTER, SCOPE_COLLECTION, SCOPE_DATABASE, ChangeStreamSpec
 from .update_description import update_description

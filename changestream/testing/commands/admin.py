@@ -1,8 +1,8 @@
 """Handshake, diagnostics, session and replication commands (hello, buildInfo, ...).
 
-Also owns the replica set's role changes (:func:`elect_next`) and the
-condition awaitable hellos wait on, because hello and replSetStepDown are the
-commands that observe and cause them.
+Role changes (:func:`~changestream.testing.core.topology.elect_next`) and the
+condition awaitable hellos wait on belong to the deployment
+(:mod:`changestream.testing.core.topology`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import threading
 import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -19,57 +18,20 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from ..dispatch import topology_version
-from ..errors import CommandError
+from ..core.codec import MAX_MESSAGE_SIZE
+from ..core.context import CLIENT_CHECK_SECONDS, CommandContext, ConnectionInfo
+from ..core.errors import CommandError
+from ..core.topology import elect_next, topology_version
 from ..storage import type_name
-from ..wire import MAX_MESSAGE_SIZE
-from . import CLIENT_CHECK_SECONDS, CommandContext, ConnectionInfo, command
-from .transactions import abort_all_sessions, abort_session, session_uuid
+from ..storage.sessions import abort_all_sessions, abort_session, session_uuid
+from .spec import command
 
 if TYPE_CHECKING:
-    from ..deployment import Deployment, Member
+    from ..storage.deployment import Deployment, Member
 
 MAX_BSON_OBJECT_SIZE = 16 * 1024 * 1024
 MAX_WRITE_BATCH_SIZE = 100_000
 LOGICAL_SESSION_TIMEOUT_MINUTES = 30
-
-_topology_changed = threading.Condition()
-"""Notified whenever any member's role or topologyVersion changes, or a member goes down."""
-
-
-# -- role changes ------------------------------------------------------------------------------
-
-
-def notify_topology_change() -> None:
-    """Wake every awaitable hello so it re-checks its member's topologyVersion."""
-    with _topology_changed:
-        _topology_changed.notify_all()
-
-
-def elect_next(deployment: Deployment, *, restart_old: bool = False) -> Member:
-    """Step the primary down and elect the next member (itself if alone): term + 1.
-
-    Every member's topologyVersion counter moves (their hello replies all
-    change), the new primary writes mongod's "new primary" no-op, and waiting
-    hellos wake. ``restart_old`` also gives the old primary a new processId
-    and clears its failpoints, as a restarted mongod has. Caller holds
-    ``deployment.lock``.
-    """
-    members = deployment.members
-    old = deployment.primary
-    new = members[(old.index + 1) % len(members)] if old is not None else members[0]
-    deployment.term += 1
-    deployment.primary = new
-    for member in members:
-        member.topology_counter += 1
-    if restart_old and old is not None:
-        old.process_id = ObjectId()
-        old.topology_counter = 0
-        old.failpoints.reset()
-    deployment.log("n", "", {"msg": "new primary"})
-    notify_topology_change()
-    return new
-
 
 def _await_topology_change(
     member: Member, client_tv: Any, max_await_ms: Any, conn: ConnectionInfo
@@ -101,7 +63,8 @@ def _await_topology_change(
             f"Request: {counter}, Server: {member.topology_counter}",
         )
     deadline = time.monotonic() + max_await_ms / 1000
-    with _topology_changed:
+    changed = member.deployment.topology_changed
+    with changed:
         while (
             member.up
             and client_tv["processId"] == member.process_id
@@ -110,7 +73,7 @@ def _await_topology_change(
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            _topology_changed.wait(min(left, CLIENT_CHECK_SECONDS))
+            changed.wait(min(left, CLIENT_CHECK_SECONDS))
             conn.check_connected()
 
 
@@ -304,10 +267,8 @@ def _repl_info(deployment: Deployment, member: Member) -> dict[str, Any]:
 
 @command("serverStatus", locks=False, any_member=True)
 def server_status(ctx: CommandContext) -> dict[str, Any]:
-    from ..server import server_of
-
     deployment, member = ctx.deployment, ctx.member
-    server = server_of(member)
+    server = member.server
     current = server.connection_count if server is not None else 0
     uptime = max(0.0, time.time() - deployment.started_at)
     network: dict[str, Any] = {}

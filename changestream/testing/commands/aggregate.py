@@ -25,12 +25,13 @@ from ..changestreams.stage import (
     lite_parse,
     parse_change_stream,
 )
-from ..cursors import CursorBatch, cursor_reply
-from ..errors import CommandError
-from . import CommandContext, command
+from ..core.context import CommandContext
+from ..core.cursors import CursorBatch, cursor_reply
+from ..core.errors import CommandError
+from .spec import command
 
 if TYPE_CHECKING:
-    from ..deployment import Deployment
+    from ..storage.deployment import Deployment
 
 DEFAULT_BATCH_SIZE: Final = 101
 _VIEW_DEPTH_LIMIT: Final = 20

@@ -13,9 +13,11 @@ from typing import Any, Final
 
 from bson.int64 import Int64
 
-from ..errors import CommandError
+from ..core.context import CommandContext
+from ..core.errors import CommandError
 from ..storage import DuplicateKey, bson_repr, check_collection_name, type_name
-from . import CommandContext, command
+from ..storage.sessions import WriteUnit
+from .common import GENERIC_ARGS, ListCursor, lsid_bytes
 from .crud import (
     MAX_WRITE_BATCH,
     as_command_error,
@@ -26,8 +28,8 @@ from .crud import (
     run_statement,
     update_statement,
 )
-from .ddl import GENERIC_ARGS, ListCursor, ensure_collection, lsid_bytes
-from .transactions import WriteUnit
+from .ddl import ensure_collection
+from .spec import command
 
 CURSOR_NS: Final = "admin.$cmd.bulkWrite"
 _FIELDS: Final = frozenset(

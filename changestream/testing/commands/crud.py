@@ -19,7 +19,8 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.regex import Regex
 
-from ..errors import CommandError
+from ..core.context import CommandContext
+from ..core.errors import CommandError
 from ..storage import (
     CollectionState,
     DuplicateKey,
@@ -32,15 +33,11 @@ from ..storage import (
     sort_key,
     type_name,
 )
-from ..update_ops import Outcome, Update, UpdateEnv, project
-from . import CommandContext, command
-from .ddl import (
-    batch_size_arg,
-    collection_arg,
-    ensure_collection,
-    open_cursor,
-)
-from .transactions import NOT_EXECUTED, WriteUnit, transaction_for
+from ..storage.sessions import NOT_EXECUTED, WriteUnit, transaction_for
+from ..update import Outcome, Update, UpdateEnv, project
+from .common import batch_size_arg, collection_arg, open_cursor
+from .ddl import ensure_collection
+from .spec import command
 
 _WRITABLE_SYSTEM_COLLECTIONS = frozenset({"system.js"})
 MAX_WRITE_BATCH = 100_000

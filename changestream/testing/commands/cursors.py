@@ -12,10 +12,11 @@ from typing import Any
 
 from bson.int64 import Int64
 
-from ..cursors import cursor_reply
-from ..errors import CommandError
-from ..failpoints import CommandTarget
-from . import CommandContext, command
+from ..core.context import CommandContext
+from ..core.cursors import cursor_reply
+from ..core.errors import CommandError
+from ..core.failpoints import CommandTarget
+from .spec import command
 
 
 def _bson_type(value: Any) -> str:

@@ -1,76 +1,40 @@
-"""Collection, view, index and database DDL commands, and the listing commands.
+"""Collection, view and database DDL commands: create, drop, dropDatabase,
+renameCollection, collMod.
 
 Every DDL write logs the command entry mongod logs (``ns = "db.$cmd"``, the
 collection UUID in ``ui``), in mongod's order: a collection created
 implicitly by a write is logged before the write; ``dropDatabase`` logs one
 ``drop`` per collection, then ``dropDatabase``; a rename that replaces its
 target records the dropped target's UUID in ``dropTarget`` instead of logging
-a separate drop; ``createIndexes`` logs one entry per index (one
-``startIndexBuild`` / ``commitIndexBuild`` pair for all of them when the
-collection holds documents, 4.4+), ``dropIndexes`` one entry per index.
-Views have no UUID and no ``create`` entry: as in mongod, creating, modifying
-and dropping a view is logged only as an insert, replacement or delete of its
-document in ``db.system.views`` (whose own creation is logged once).
+a separate drop. Views have no UUID and no ``create`` entry: as in mongod,
+creating, modifying and dropping a view is logged only as an insert,
+replacement or delete of its document in ``db.system.views`` (whose own
+creation is logged once). Index DDL is in :mod:`.indexes`, the listings in
+:mod:`.listing`.
 """
 
 from __future__ import annotations
 
 import functools
-import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import bson
-from bson.binary import UuidRepresentation
-from bson.codec_options import CodecOptions
-
-from ..cursors import CursorBatch, cursor_reply
-from ..errors import CommandError
+from ..core.context import CommandContext
+from ..core.errors import CommandError
 from ..storage import (
     Catalog,
     CollectionState,
-    DuplicateKey,
     bson_repr,
     check_collection_name,
     check_db_name,
     copy_value,
     id_key,
-    matches,
     type_name,
     values_equal,
 )
-from . import CommandContext, command
-from .transactions import WriteUnit
-
-GENERIC_ARGS = frozenset(
-    {
-        "$db",
-        "lsid",
-        "txnNumber",
-        "autocommit",
-        "startTransaction",
-        "writeConcern",
-        "readConcern",
-        "$readPreference",
-        "$clusterTime",
-        "comment",
-        "maxTimeMS",
-        "apiVersion",
-        "apiStrict",
-        "apiDeprecationErrors",
-        "$audit",
-        "$client",
-        "mayBypassWriteBlocking",
-        "stmtId",
-        "stmtIds",
-        "$configServerState",
-        "$topologyTime",
-        "databaseVersion",
-        "shardVersion",
-    }
-)
-"""Arguments every command accepts (mongod's generic arguments)."""
+from ..storage.sessions import WriteUnit
+from .common import GENERIC_ARGS, _check_fields, _find_index, collection_arg
+from .spec import command
 
 _CREATE_OPTION_ORDER = (
     "capped",
@@ -95,134 +59,6 @@ _CREATE_OPTION_ORDER = (
 )
 """``CollectionOptions::appendBSON`` order, used in oplog ``create`` entries and listings."""
 
-_INDEX_OPTIONS = frozenset(
-    {
-        "v",
-        "key",
-        "name",
-        "unique",
-        "sparse",
-        "partialFilterExpression",
-        "expireAfterSeconds",
-        "hidden",
-        "collation",
-        "background",
-        "weights",
-        "default_language",
-        "language_override",
-        "textIndexVersion",
-        "2dsphereIndexVersion",
-        "bits",
-        "min",
-        "max",
-        "bucketSize",
-        "storageEngine",
-        "wildcardProjection",
-        "prepareUnique",
-        "ns",
-    }
-)
-_INDEX_PLUGINS = frozenset({"text", "2d", "2dsphere", "geoHaystack", "hashed", "columnstore"})
-
-MAX_BATCH_BYTES = 16 * 1024 * 1024
-_SIZE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
-    uuid_representation=UuidRepresentation.STANDARD
-)
-
-
-# ======================================================================================
-# Cursors over materialized results (find, listCollections, listIndexes)
-# ======================================================================================
-
-
-def lsid_bytes(ctx: CommandContext) -> bytes | None:
-    """``lsid.id`` of the command as raw bytes (cursors remember their session)."""
-    ident = (ctx.lsid or {}).get("id")
-    if ident is None:
-        return None
-    return ident.bytes if hasattr(ident, "bytes") and not isinstance(ident, bytes) else bytes(ident)
-
-
-class ListCursor:
-    """A non-tailable cursor over a precomputed list of documents."""
-
-    tailable_await = False
-
-    def __init__(self, ns: str, docs: list[dict[str, Any]], lsid_id: bytes | None) -> None:
-        self.ns = ns
-        self.lsid_id = lsid_id
-        self._docs = docs
-        self._pos = 0
-
-    def next_batch(self, batch_size: int | None) -> CursorBatch:
-        """Up to ``batch_size`` documents (None: as many as fit in 16 MB)."""
-        docs = self._docs
-        limit = len(docs) if batch_size is None else min(len(docs), self._pos + batch_size)
-        out: list[dict[str, Any]] = []
-        size = 0
-        while self._pos < limit:
-            doc = docs[self._pos]
-            size += len(bson.encode(doc, codec_options=_SIZE_OPTIONS))
-            if out and size > MAX_BATCH_BYTES:
-                break
-            out.append(doc)
-            self._pos += 1
-        return CursorBatch(out, exhausted=self._pos >= len(docs))
-
-    def get_more(
-        self, ctx: CommandContext, batch_size: int | None, max_time_ms: int | None
-    ) -> CursorBatch:
-        return self.next_batch(batch_size)
-
-    def close(self) -> None:
-        self._docs = []
-
-
-def batch_size_arg(value: Any, command_name: str, default: int | None) -> int | None:
-    """Validate a ``batchSize`` (``cursor.batchSize`` or find's own)."""
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CommandError(
-            14,
-            f"BSON field '{command_name}.batchSize' is the wrong type '{type_name(value)}', "
-            "expected types '[long, int, decimal, double]'",
-        )
-    if value < 0:
-        raise CommandError(
-            51024, f"BSON field 'batchSize' value must be >= 0, actual value '{int(value)}'"
-        )
-    return int(value)
-
-
-def open_cursor(
-    ctx: CommandContext,
-    ns: str,
-    docs: list[dict[str, Any]],
-    batch_size: int | None,
-    *,
-    single_batch: bool = False,
-) -> dict[str, Any]:
-    """Reply with a first batch; register the cursor when documents remain."""
-    cursor = ListCursor(ns, docs, lsid_bytes(ctx))
-    batch = cursor.next_batch(batch_size)
-    if single_batch:
-        batch.exhausted = True
-    cid = 0
-    if not batch.exhausted:
-        cid = ctx.deployment.cursors.register(cursor, ctx.member.name)
-    return cursor_reply(cid, ns, batch, first=True)
-
-
-def _cursor_options(ctx: CommandContext) -> int | None:
-    spec = ctx.body.get("cursor", {})
-    if not isinstance(spec, dict):
-        raise CommandError(
-            14,
-            f"BSON field '{ctx.name}.cursor' is the wrong type '{type_name(spec)}', expected type "
-            "'object'",
-        )
-    return batch_size_arg(spec.get("batchSize"), "cursor", None)
 
 
 # ======================================================================================
@@ -317,24 +153,6 @@ def ensure_collection(unit: WriteUnit, db: str, name: str) -> CollectionState:
     return state
 
 
-def collection_arg(ctx: CommandContext) -> str:
-    """The command's collection name (its first value), validated."""
-    name = ctx.target
-    if not isinstance(name, str):
-        raise CommandError(
-            73,
-            f"collection name has invalid type {type_name(name)}",
-            code_name="InvalidNamespace",
-        )
-    check_collection_name(ctx.db, name)
-    return name
-
-
-def _check_fields(ctx: CommandContext, allowed: Iterable[str]) -> None:
-    known = set(allowed) | GENERIC_ARGS | {ctx.name}
-    for name in ctx.body:
-        if name not in known:
-            raise CommandError(40415, f"BSON field '{ctx.name}.{name}' is an unknown field.")
 
 
 _CREATE_FIELDS = (
@@ -534,261 +352,6 @@ def rename_collection(ctx: CommandContext) -> dict[str, Any]:
     return {}
 
 
-# ======================================================================================
-# Indexes
-# ======================================================================================
-
-
-def index_name(key: dict[str, Any]) -> str:
-    """The default index name (``a_1_b_-1``)."""
-    return "_".join(f"{field}_{value}" for field, value in key.items())
-
-
-def _normalize_index_spec(ctx: CommandContext, raw: Any, coll: str) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise CommandError(14, "The 'indexes' field must be an array of objects")
-    key = raw.get("key")
-    if not isinstance(key, dict) or not key:
-        raise CommandError(
-            9 if key is None else 67,
-            "The 'key' field is a required property of an index specification"
-            if key is None
-            else f"Index keys cannot be an empty field: {bson_repr(raw)}",
-        )
-    for field, value in key.items():
-        if not field:
-            raise CommandError(
-                67, "Index keys cannot be an empty field.", code_name="CannotCreateIndex"
-            )
-        if isinstance(value, str):
-            if value not in _INDEX_PLUGINS:
-                raise CommandError(
-                    67, f"Unknown index plugin '{value}'", code_name="CannotCreateIndex"
-                )
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise CommandError(
-                67,
-                f"Values in v:2 index key pattern cannot be of type {type_name(value)}. Only "
-                "numbers > 0, numbers < 0, and strings are allowed.",
-                code_name="CannotCreateIndex",
-            )
-        elif value == 0:
-            raise CommandError(
-                67, "Values in v:2 index key pattern cannot be 0.", code_name="CannotCreateIndex"
-            )
-    name = raw.get("name")
-    if not isinstance(name, str) or not name:
-        raise CommandError(9, "The 'name' field is a required property of an index specification")
-    for option in raw:
-        if option not in _INDEX_OPTIONS:
-            raise CommandError(
-                197,
-                f"The field '{option}' is not valid for an index specification. Specification: "
-                f"{bson_repr(raw)}",
-                code_name="InvalidIndexSpecificationOption",
-            )
-    spec: dict[str, Any] = {"v": 2, "key": copy_value(key), "name": name}
-    if ctx.deployment.profile.major_minor <= (4, 2):
-        spec["ns"] = f"{ctx.db}.{coll}"
-    for option, value in raw.items():
-        if option not in ("v", "key", "name", "ns", "background"):
-            spec[option] = copy_value(value)
-    return spec
-
-
-def _same_options(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    def significant(spec: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in spec.items() if k not in ("v", "name", "ns", "background")}
-
-    return values_equal(significant(a), significant(b))
-
-
-def _spec_text(spec: dict[str, Any]) -> str:
-    return bson_repr({k: v for k, v in spec.items() if k != "ns"})
-
-
-@command("createIndexes", write=True)
-def create_indexes(ctx: CommandContext) -> dict[str, Any]:
-    name = collection_arg(ctx)
-    _check_fields(
-        ctx, ("indexes", "commitQuorum", "ignoreUnknownIndexOptions", "isTimeseriesNamespace")
-    )
-    raw_indexes = ctx.body.get("indexes")
-    if not isinstance(raw_indexes, list):
-        raise CommandError(
-            40414 if raw_indexes is None else 14,
-            "BSON field 'createIndexes.indexes' is missing but a required field"
-            if raw_indexes is None
-            else f"BSON field 'createIndexes.indexes' is the wrong type '{type_name(raw_indexes)}', "
-            "expected type 'array'",
-        )
-    if not raw_indexes:
-        raise CommandError(2, "Must specify at least one index to create")
-    specs = [_normalize_index_spec(ctx, raw, name) for raw in raw_indexes]
-    unit = WriteUnit.open(ctx, ddl=True)
-    catalog = ctx.deployment.catalog
-    state = catalog.get(ctx.db, name)
-    if state is not None and state.is_view:
-        raise CommandError(166, f"Cannot create indexes on a view: {state.ns}")
-    created_automatically = state is None
-    if state is None:
-        state = create_collection(unit, ctx.db, name)
-    before = len(state.indexes)
-    to_build: list[dict[str, Any]] = []
-    for spec in specs:
-        if _index_exists(state, spec, to_build):
-            continue
-        to_build.append(spec)
-    two_phase = (
-        ctx.deployment.profile.two_phase_index_builds and not unit.in_transaction and len(state) > 0
-    )
-    if two_phase and to_build:
-        _two_phase_index_build(unit, state, to_build)
-    for spec in [] if two_phase else to_build:
-        try:
-            state.add_index(spec)
-        except DuplicateKey as dup:
-            raise dup.command_error() from None
-        unit.on_undo(functools.partial(state.remove_index, spec["name"]))
-        o: dict[str, Any] = {"createIndexes": state.name}
-        o.update({k: copy_value(v) for k, v in spec.items() if k != "ns"})
-        unit.log("c", f"{ctx.db}.$cmd", o, ui=state.uuid)
-    reply: dict[str, Any] = {
-        "numIndexesBefore": before,
-        "numIndexesAfter": len(state.indexes),
-        "createdCollectionAutomatically": created_automatically,
-    }
-    if not to_build:
-        reply = {
-            "numIndexesBefore": before,
-            "numIndexesAfter": before,
-            "note": "all indexes already exist",
-        }
-    return reply
-
-
-def _two_phase_index_build(
-    unit: WriteUnit, state: CollectionState, specs: list[dict[str, Any]]
-) -> None:
-    """Build indexes on a non-empty collection as mongod 4.4+ does (``IndexBuildsCoordinator``).
-
-    One build for all ``specs``: ``startIndexBuild``, then ``commitIndexBuild``
-    (the one ``createIndexes`` change event, listing every index), or
-    ``abortIndexBuild`` with the cause when the data breaks a unique index.
-    """
-    cmd_ns = f"{state.db}.$cmd"
-    build_uuid = uuid.uuid4()
-    indexes = [{k: copy_value(v) for k, v in spec.items() if k != "ns"} for spec in specs]
-
-    def entry(kind: str) -> dict[str, Any]:
-        return {kind: state.name, "indexBuildUUID": build_uuid, "indexes": copy_value(indexes)}
-
-    unit.log("c", cmd_ns, entry("startIndexBuild"), ui=state.uuid)
-    built: list[str] = []
-    try:
-        for spec in specs:
-            state.add_index(spec)
-            built.append(spec["name"])
-    except DuplicateKey as dup:
-        for name in built:
-            state.remove_index(name)
-        error = dup.command_error()
-        cause = {"ok": False, "code": error.code, "codeName": error.code_name,
-                 "errmsg": error.errmsg, **error.extra}  # fmt: skip
-        unit.log("c", cmd_ns, {**entry("abortIndexBuild"), "cause": cause}, ui=state.uuid)
-        raise error from None
-    unit.log("c", cmd_ns, entry("commitIndexBuild"), ui=state.uuid)
-
-
-def _index_exists(
-    state: CollectionState, spec: dict[str, Any], pending: list[dict[str, Any]]
-) -> bool:
-    """True when an identical index exists; IndexOptionsConflict/IndexKeySpecsConflict on clashes."""
-    for existing in [*state.indexes, *pending]:
-        same_name = existing["name"] == spec["name"]
-        same_key = values_equal(existing["key"], spec["key"])
-        if same_name and same_key:
-            if _same_options(existing, spec):
-                return True
-            raise CommandError(
-                85,
-                "An equivalent index already exists with the same name but different options. "
-                f"Requested index: {_spec_text(spec)}, existing index: {_spec_text(existing)}",
-            )
-        if same_name:
-            raise CommandError(
-                86,
-                "An existing index has the same name as the requested index. When index names are "
-                "not specified, they are auto generated and can cause conflicts. Please refer to "
-                f"our documentation. Requested index: {_spec_text(spec)}, existing index: "
-                f"{_spec_text(existing)}",
-            )
-        if same_key and _same_options(existing, spec):
-            raise CommandError(
-                85, f"Index already exists with a different name: {existing['name']}"
-            )
-    return False
-
-
-def _find_index(state: CollectionState, selector: Any) -> dict[str, Any]:
-    if isinstance(selector, dict):
-        found = [spec for spec in state.indexes if values_equal(spec["key"], selector)]
-        if not found:
-            raise CommandError(27, f"can't find index with key: {bson_repr(selector)}")
-        if len(found) > 1:
-            raise CommandError(
-                2,
-                f"{len(found)} indexes found for key: {bson_repr(selector)}, identify by name "
-                "instead. Conflicting indexes: " + ", ".join(_spec_text(spec) for spec in found),
-                code_name="AmbiguousIndexKeyPattern",
-            )
-        return found[0]
-    spec = state.index(selector)
-    if spec is None:
-        raise CommandError(27, f"index not found with name [{selector}]")
-    return spec
-
-
-@command("dropIndexes", "deleteIndexes", write=True)
-def drop_indexes(ctx: CommandContext) -> dict[str, Any]:
-    name = collection_arg(ctx)
-    _check_fields(ctx, ("index", "isTimeseriesNamespace"))
-    unit = WriteUnit.open(ctx, ddl=True)
-    state = ctx.deployment.catalog.get(ctx.db, name)
-    if state is None:
-        raise CommandError(26, f"ns not found {ctx.db}.{name}")
-    if state.is_view:
-        raise CommandError(166, f"Namespace {state.ns} is a view, not a collection")
-    selector = ctx.body.get("index")
-    if selector is None:
-        raise CommandError(40414, "BSON field 'dropIndexes.index' is missing but a required field")
-    before = len(state.indexes)
-    if selector == "*":
-        targets = [spec for spec in state.indexes if spec["name"] != "_id_"]
-    elif isinstance(selector, list):
-        targets = [_find_index(state, s) for s in selector]
-    elif isinstance(selector, (str, dict)):
-        targets = [_find_index(state, selector)]
-    else:
-        raise CommandError(
-            14,
-            f"BSON field 'dropIndexes.index' is the wrong type '{type_name(selector)}', expected "
-            "types '[string, object, array]'",
-        )
-    if any(spec["name"] == "_id_" for spec in targets):
-        raise CommandError(72, "cannot drop _id index", code_name="InvalidOptions")
-    for spec in targets:
-        state.remove_index(spec["name"])
-        unit.on_undo(functools.partial(state.add_index, spec))
-        o2 = {k: copy_value(v) for k, v in spec.items() if k != "ns"}
-        unit.log(
-            "c",
-            f"{ctx.db}.$cmd",
-            {"dropIndexes": state.name, "index": spec["name"]},
-            ui=state.uuid,
-            o2=o2,
-        )
-    return {"nIndexesWas": before}
 
 
 # ======================================================================================
@@ -911,95 +474,5 @@ def coll_mod(ctx: CommandContext) -> dict[str, Any]:
     return index_mod.reply if index_mod is not None else {}
 
 
-# ======================================================================================
-# Listings
-# ======================================================================================
 
 
-def _collection_entry(state: CollectionState) -> dict[str, Any]:
-    if state.is_view:
-        return {
-            "name": state.name,
-            "type": "view",
-            "options": {
-                "viewOn": state.options["viewOn"],
-                "pipeline": copy_value(state.options.get("pipeline", [])),
-            },
-            "info": {"readOnly": True},
-        }
-    return {
-        "name": state.name,
-        "type": "collection",
-        "options": canonical_options(state.options),
-        "info": {"readOnly": False, "uuid": state.uuid},
-        "idIndex": copy_value(state.indexes[0]),
-    }
-
-
-@command("listCollections")
-def list_collections(ctx: CommandContext) -> dict[str, Any]:
-    check_db_name(ctx.db)
-    query = ctx.body.get("filter") or {}
-    if not isinstance(query, dict):
-        raise CommandError(
-            14,
-            f"BSON field 'listCollections.filter' is the wrong type '{type_name(query)}', "
-            "expected type 'object'",
-        )
-    batch_size = _cursor_options(ctx)
-    name_only = bool(ctx.body.get("nameOnly", False))
-    states = sorted(ctx.deployment.catalog.collections(ctx.db), key=lambda s: s.name)
-    entries = []
-    for state in states:
-        entry = _collection_entry(state)
-        if name_only:
-            entry = {"name": entry["name"], "type": entry["type"]}
-        if matches(query, entry):
-            entries.append(entry)
-    return open_cursor(ctx, f"{ctx.db}.$cmd.listCollections", entries, batch_size)
-
-
-@command("listIndexes")
-def list_indexes(ctx: CommandContext) -> dict[str, Any]:
-    name = collection_arg(ctx)
-    batch_size = _cursor_options(ctx)
-    state = ctx.deployment.catalog.get(ctx.db, name)
-    if state is None:
-        raise CommandError(26, f"ns does not exist: {ctx.db}.{name}")
-    if state.is_view:
-        raise CommandError(166, f"Namespace {state.ns} is a view, not a collection")
-    specs = [copy_value(spec) for spec in state.indexes]
-    return open_cursor(ctx, f"{ctx.db}.$cmd.listIndexes.{name}", specs, batch_size)
-
-
-_SYSTEM_DATABASES = ("admin", "config", "local")
-
-
-def _database_size(catalog: Catalog, db: str) -> int:
-    """A plausible ``sizeOnDisk``: 4 KiB per collection and index plus the document bytes."""
-    size = 0
-    for state in catalog.collections(db):
-        size += 4096 * (1 + len(state.indexes))
-        size += sum(len(bson.encode(doc, codec_options=_SIZE_OPTIONS)) for doc in state.stored())
-    return size
-
-
-@command("listDatabases", admin_only=True)
-def list_databases(ctx: CommandContext) -> dict[str, Any]:
-    query = ctx.body.get("filter") or {}
-    name_only = bool(ctx.body.get("nameOnly", False))
-    catalog = ctx.deployment.catalog
-    names = set(catalog.database_names()) | set(_SYSTEM_DATABASES)
-    databases = []
-    total = 0
-    for db in sorted(names):
-        size = _database_size(catalog, db) or 8192 * 5
-        entry: dict[str, Any] = (
-            {"name": db} if name_only else {"name": db, "sizeOnDisk": size, "empty": False}
-        )
-        if matches(query, entry):
-            databases.append(entry)
-            total += size
-    if name_only:
-        return {"databases": databases}
-    return {"databases": databases, "totalSize": total, "totalSizeMb": total // (1024 * 1024)}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..errors import CommandError
-from . import CLIENT_CHECK_SECONDS, CommandContext, command
+from ..core.context import CLIENT_CHECK_SECONDS, CommandContext
+from ..core.errors import CommandError
+from .spec import command
 
 
 @command("configureFailPoint", admin_only=True, locks=False, any_member=True)

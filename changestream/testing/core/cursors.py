@@ -18,7 +18,7 @@ from bson.int64 import Int64
 from .errors import CommandError
 
 if TYPE_CHECKING:
-    from .commands import CommandContext
+    from .context import CommandContext
 
 
 @dataclass(slots=True)

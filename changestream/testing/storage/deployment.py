@@ -1,6 +1,8 @@
-"""State shared by every member of one simulated deployment.
+"""A simulated deployment's state: its members, and everything they share.
 
-All members of a replica set see the same catalog and oplog (replication is
+Every piece of state of one deployment lives on its :class:`Deployment` (or on
+one :class:`Member`): no module of the simulator keeps state of its own, so
+several deployments in one process never affect each other. All members of a replica set see the same catalog and oplog (replication is
 instantaneous in the simulator); what differs per member is its role
 (primary or secondary), its failpoints, its cursors and its connections.
 """
@@ -12,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import bson
 from bson.binary import UuidRepresentation
@@ -20,22 +22,23 @@ from bson.codec_options import CodecOptions
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from .clock import ClusterClock
-from .compression import CompressorSet, resolve
-from .cursors import CursorManager
-from .oplog import Oplog, OplogEntry
-from .versions import VersionProfile
-
-if TYPE_CHECKING:
-    from .failpoints import FailPointRegistry
-    from .storage import Catalog
+from ..core.clock import ClusterClock
+from ..core.compression import CompressorSet, resolve
+from ..core.cursors import CursorManager
+from ..core.event_cache import CACHE_BYTES, EventCache
+from ..core.failpoints import FailPointRegistry
+from ..core.netstats import ListenerStats
+from ..core.oplog import Oplog, OplogEntry
+from ..core.versions import VersionProfile
+from .catalog import Catalog
+from .sessions import RetryableWrite, Transaction
 
 
 class Member:
     """One mongod of the deployment (its address, role and failpoints)."""
 
     def __init__(self, deployment: Deployment, index: int, host: str = "127.0.0.1") -> None:
-        from .failpoints import FailPointRegistry
+        from ..core.failpoints import FailPointRegistry
 
         self.deployment = deployment
         self.index = index
@@ -50,6 +53,8 @@ class Member:
         self.topology_counter = 0
         """``topologyVersion.counter``; bumped on every role change."""
         self.up = True
+        self.server: ListenerStats | None = None
+        """Its running listener (set by the server layer; None while it is not serving)."""
 
     @property
     def name(self) -> str:
@@ -83,9 +88,8 @@ class Deployment:
         oplog_max_bytes: int | None = None,
         now: Callable[[], float] = time.time,
         compressors: Iterable[str] | str | None = None,
+        event_cache_bytes: int = CACHE_BYTES,
     ) -> None:
-        from .storage import Catalog
-
         if standalone and members != 1:
             raise ValueError("a standalone has exactly one member")
         self.profile = profile
@@ -103,7 +107,12 @@ class Deployment:
         self.primary: Member | None = self.members[0]
         self.catalog: Catalog = Catalog(self)
         self.started_at = now()
-        self.extra: dict[str, Any] = {}
+        self.sessions: dict[bytes, Transaction | RetryableWrite] = {}
+        """The latest transaction or retryable write of every session (by ``lsid.id``)."""
+        self.topology_changed = threading.Condition()
+        """Notified whenever a member's role or topologyVersion changes, or a member goes down."""
+        self.event_cache = EventCache(event_cache_bytes)
+        """Change events already built from this oplog, shared by its streams."""
         self._initiate()
 
     def _initiate(self) -> None:

@@ -13,17 +13,17 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from . import commands
-from .commands import CommandContext, CommandSpec, ConnectionInfo
-from .errors import CloseConnection, CommandError, change_stream_labels
-from .failpoints import CommandTarget
+from .. import commands
+from ..commands import CommandContext, CommandSpec, ConnectionInfo
+from ..core.errors import CloseConnection, CommandError, change_stream_labels
+from ..core.failpoints import CommandTarget
+from ..core.topology import topology_version
 from .wire import OP_QUERY, OP_QUERY_SECONDARY_OK, Request
 
 if TYPE_CHECKING:
-    from .deployment import Deployment, Member
+    from ..storage.deployment import Deployment, Member
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,6 @@ _READ_ONLY_COMMANDS = frozenset(
     }
 )
 """Commands without side effects: blocked by failCommand, they end when their client leaves."""
-
-
-def topology_version(member: Member) -> dict[str, Any]:
-    """``{processId, counter}`` of ``member``."""
-    return {"processId": member.process_id, "counter": Int64(member.topology_counter)}
 
 
 def _parse_max_time_ms(value: Any) -> int:

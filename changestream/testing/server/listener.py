@@ -20,32 +20,25 @@ import logging
 import socket
 import threading
 import time
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from bson.errors import BSONError
 
+from ..core.context import ConnectionInfo
+from ..core.errors import CloseConnection, CommandError
+from ..core.netstats import NetworkCounters
+from ..core.topology import notify_topology_change
 from . import wire
-from .commands import ConnectionInfo
-from .commands.admin import notify_topology_change
 from .dispatch import Dispatcher
-from .errors import CloseConnection, CommandError
 
 if TYPE_CHECKING:
-    from .deployment import Deployment, Member
+    from ..storage.deployment import Deployment, Member
 
 log = logging.getLogger(__name__)
 
 MAX_REPLY_SIZE = 16 * 1024 * 1024 + 16 * 1024
 """mongod's BSONObjMaxInternalSize: the largest reply document it sends."""
 _ACCEPT_POLL_SECONDS = 0.5
-_connection_ids = itertools.count(1)
-_servers: weakref.WeakKeyDictionary[Member, MemberServer] = weakref.WeakKeyDictionary()
-
-
-def server_of(member: Member) -> MemberServer | None:
-    """The running server of ``member`` (for ``serverStatus`` connection counts)."""
-    return _servers.get(member)
 
 
 @dataclasses.dataclass(slots=True)
@@ -68,6 +61,10 @@ class MemberServer:
         self.dispatcher = Dispatcher(deployment, member)
         self.total_created = 0
         self.network = NetworkCounters()
+        self._connection_ids = itertools.count(1)
+        """``connectionId`` of this member's connections (each mongod counts its own)."""
+        self._request_ids = itertools.count(1)
+        """``requestID`` of the messages this member sends."""
         self._lock = threading.Lock()
         self._conns: dict[int, _Connection] = {}
         self._listener: socket.socket | None = None
@@ -89,7 +86,7 @@ class MemberServer:
         self._listener = listener
         self.port = listener.getsockname()[1]
         self.member.port = self.port
-        _servers[self.member] = self
+        self.member.server = self
         self._accept_thread = threading.Thread(
             target=self._accept_loop, name=f"sim-accept-{self.port}", daemon=True
         )
@@ -121,8 +118,8 @@ class MemberServer:
                 self.port,
                 ", ".join(alive),
             )
-        if _servers.get(self.member) is self:
-            del _servers[self.member]
+        if self.member.server is self:
+            self.member.server = None
 
     # -- connections -------------------------------------------------------------------------
     @property
@@ -156,7 +153,7 @@ class MemberServer:
 
     def _wake_waiters(self) -> None:
         """Wake operations waiting on shared conditions: they find their connection closed."""
-        notify_topology_change()
+        notify_topology_change(self.deployment)
         self.deployment.oplog.notify()
 
     def _accept_loop(self) -> None:
@@ -173,7 +170,7 @@ class MemberServer:
                 return
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            info = ConnectionInfo(id=next(_connection_ids), peer=peer, sock=sock)
+            info = ConnectionInfo(id=next(self._connection_ids), peer=peer, sock=sock)
             conn = _Connection(info, sock)
             thread = threading.Thread(
                 target=self._serve, args=(conn,), name=f"sim-conn-{conn.info.id}", daemon=True
@@ -191,7 +188,7 @@ class MemberServer:
         try:
             while not conn.info.closed:
                 request = wire.read_request(conn.sock, self.member.compressors)
-                self.network.received(request)
+                self.network.received(request.size, request.wire_size)
                 self._handle(conn, request)
         except (wire.ConnectionClosed, CloseConnection, OSError):
             pass
@@ -211,7 +208,7 @@ class MemberServer:
         if request.more_to_come:
             return
         if request.op_code == wire.OP_QUERY:
-            self._send(conn, request, wire.encode_op_reply(request.request_id, self._encode(reply)))
+            self._send(conn, request, wire.encode_op_reply(self._new_request_id(), request.request_id, self._encode(reply)))
             return
         response_to = request.request_id
         while True:
@@ -220,7 +217,7 @@ class MemberServer:
                 if request.exhaust_allowed
                 else None
             )
-            reply_id = wire.new_request_id()
+            reply_id = self._new_request_id()
             message = wire.encode_op_msg(
                 reply_id,
                 response_to,
@@ -234,6 +231,9 @@ class MemberServer:
             request = dataclasses.replace(request, body=following)
             response_to = reply_id
             reply = self.dispatcher.run(conn.info, request)
+
+    def _new_request_id(self) -> int:
+        return next(self._request_ids) & 0x7FFFFFFF
 
     def _send(self, conn: _Connection, request: wire.Request, message: bytes) -> None:
         """Send a reply, compressed with the request's compressor when it came compressed."""
@@ -264,26 +264,6 @@ class MemberServer:
             )
             return wire.encode_document(self.dispatcher.error_reply(None, err))
         return payload
-
-
-class NetworkCounters:
-    """``serverStatus().network`` byte and request counts (logical vs. on the wire)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.bytes_in = self.bytes_out = self.physical_in = self.physical_out = 0
-        self.requests = 0
-
-    def received(self, request: wire.Request) -> None:
-        with self._lock:
-            self.requests += 1
-            self.bytes_in += request.size
-            self.physical_in += request.wire_size
-
-    def sent(self, logical: int, physical: int) -> None:
-        with self._lock:
-            self.bytes_out += logical
-            self.physical_out += physical
 
 
 def _shutdown(conn: _Connection) -> None:

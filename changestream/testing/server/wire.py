@@ -8,22 +8,19 @@ closing just that connection, as mongod does.
 
 from __future__ import annotations
 
-import itertools
-import select
 import socket
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import bson
-from bson.binary import UuidRepresentation
-from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.errors import BSONError
 
-from .compression import CompressionError
+from ..core.codec import DECODE_OPTIONS, ENCODE_OPTIONS, MAX_MESSAGE_SIZE
+from ..core.compression import CompressionError
 
 if TYPE_CHECKING:
-    from .compression import Codec, CompressorSet
+    from ..core.compression import Codec, CompressorSet
 
 OP_REPLY = 1
 OP_QUERY = 2004
@@ -40,7 +37,6 @@ _REQUIRED_FLAG_BITS = 0xFFFF
 OP_QUERY_SECONDARY_OK = 1 << 2
 OP_REPLY_AWAIT_CAPABLE = 8
 
-MAX_MESSAGE_SIZE = 48_000_000
 _HEADER = struct.Struct("<iiii")
 _INT32 = struct.Struct("<i")
 _UINT32 = struct.Struct("<I")
@@ -48,22 +44,6 @@ _OP_REPLY_PREFIX = struct.Struct("<iqii")
 _COMPRESSION_HEADER = struct.Struct("<iiB")
 """OP_COMPRESSED: originalOpcode, uncompressedSize, compressorId."""
 
-DECODE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
-    document_class=dict,
-    tz_aware=True,
-    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
-)
-"""How requests are decoded: binaries (UUIDs too) stay :class:`~bson.binary.Binary`
-so client documents round-trip byte for byte and re-encode with default options;
-out-of-range dates become ``DatetimeMS`` instead of failing."""
-
-ENCODE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
-    tz_aware=True, uuid_representation=UuidRepresentation.STANDARD
-)
-"""How replies are encoded: server-made :class:`uuid.UUID` values (collection
-UUIDs, ``lsid``) become subtype-4 binaries, as mongod sends them."""
-
-_request_ids = itertools.count(1)
 
 
 class ProtocolError(Exception):
@@ -301,35 +281,7 @@ def _parse_op_query(request_id: int, rest: bytearray) -> Request:
     return Request(request_id, OP_QUERY, query, db, flags)
 
 
-_HAS_POLL = hasattr(select, "poll")
-"""poll() has no FD_SETSIZE limit (select() fails for descriptors above 1023)."""
-
-
-def peer_closed(sock: socket.socket) -> bool:
-    """Whether the client closed (or reset) ``sock``, without blocking or consuming data.
-
-    mongod's ``Session::isConnected``: poll for readability, then peek; EOF or
-    an error means the peer is gone. Bytes waiting to be read mean it is not.
-    """
-    try:
-        if _HAS_POLL:
-            poller = select.poll()
-            poller.register(sock, select.POLLIN)
-            if not poller.poll(0):
-                return False
-        elif not select.select([sock], [], [], 0)[0]:
-            return False
-        return not sock.recv(1, socket.MSG_PEEK)
-    except (OSError, ValueError):  # reset, or already closed (fileno -1)
-        return True
-
-
 # -- writing -------------------------------------------------------------------------------
-
-
-def new_request_id() -> int:
-    """A fresh ``requestID`` for a message the server sends."""
-    return next(_request_ids) & 0x7FFFFFFF
 
 
 def encode_op_msg(
@@ -356,12 +308,12 @@ def encode_op_msg(
     return msg
 
 
-def encode_op_reply(response_to: int, payload: bytes) -> bytes:
+def encode_op_reply(request_id: int, response_to: int, payload: bytes) -> bytes:
     """An OP_REPLY (answer to an OP_QUERY command) carrying one BSON document."""
     length = 16 + _OP_REPLY_PREFIX.size + len(payload)
     return b"".join(
         (
-            _HEADER.pack(length, new_request_id(), response_to, OP_REPLY),
+            _HEADER.pack(length, request_id, response_to, OP_REPLY),
             _OP_REPLY_PREFIX.pack(OP_REPLY_AWAIT_CAPABLE, 0, 0, 1),
             payload,
         )

@@ -21,6 +21,7 @@ import pytest
 
 from spec_tests.runner import RunnerError, SpecFailure, SpecSkip
 from spec_tests.runner.adapter import CLIENTS, DEFAULT_CLIENTS
+from spec_tests.runner.loader import missing_reason, spec_required
 from spec_tests.runner.matrix import Case, build_cases, execute_case
 from spec_tests.runner.targets import TargetPool
 
@@ -53,6 +54,11 @@ class UnifiedModule(pytest.Module):
 
     def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
         config = self.config
+        missing = missing_reason()
+        if missing is not None:
+            if spec_required():
+                raise self.CollectError(f"{missing} (SPEC_TESTS_REQUIRED is set)")
+            pytest.skip(missing, allow_module_level=True)
         versions = option(config, "--spec-versions", "SPEC_TESTS_VERSIONS")
         pattern = option(config, "--spec-files", "SPEC_TESTS_FILES")
         try:

@@ -1,7 +1,8 @@
 """Finding and parsing the spec test files (Extended JSON, canonical or relaxed).
 
-The files are read in place from ``SPEC_TESTS_DIR`` (default
-``<checkout>/../shared/spec``); they are never copied into the project.
+The files are read in place from ``$SPEC_TESTS_DIR``, ``<checkout>/../shared/spec``
+or ``<checkout>/.spec`` (where ``python -m spec_tests.sync`` downloads them, at
+the pinned commit); they are never committed to the project.
 """
 
 from __future__ import annotations
@@ -44,13 +45,55 @@ _TOP_LEVEL_KEYS = frozenset(
 )
 
 
+SYNC_COMMAND = "python -m spec_tests.sync"
+"""How to fetch the spec files into a clone that has none (see :mod:`spec_tests.sync`)."""
+
+REQUIRED_ENV = "SPEC_TESTS_REQUIRED"
+"""Set to ``1`` (CI does) to make missing spec files an error instead of a skip."""
+
+
+def checkout_dir() -> Path:
+    """The root of this checkout (the directory holding ``spec_tests/``)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def downloaded_dir() -> Path:
+    """Where ``python -m spec_tests.sync`` puts the files: ``<checkout>/.spec`` (git-ignored)."""
+    return checkout_dir() / ".spec"
+
+
 def spec_dir() -> Path:
-    """The spec directory: ``$SPEC_TESTS_DIR`` or ``<checkout>/../shared/spec``."""
+    """The spec directory, first found of: ``$SPEC_TESTS_DIR``, ``<checkout>/../shared/spec``,
+    ``<checkout>/.spec`` (downloaded by ``python -m spec_tests.sync``).
+
+    ``$SPEC_TESTS_DIR`` wins even when it does not exist (an explicit choice is
+    never silently replaced); with none found, the ``../shared/spec`` path is
+    returned so that error messages name it.
+    """
     env = os.environ.get("SPEC_TESTS_DIR")
     if env:
         return Path(env).resolve()
-    checkout = Path(__file__).resolve().parents[2]
-    return (checkout.parent / "shared" / "spec").resolve()
+    shared = (checkout_dir().parent / "shared" / "spec").resolve()
+    if shared.is_dir():
+        return shared
+    downloaded = downloaded_dir()
+    if downloaded.is_dir():
+        return downloaded
+    return shared
+
+
+def missing_reason() -> str | None:
+    """``None`` when the spec files are here, else one line saying how to get them."""
+    base = spec_dir()
+    if base.is_dir() and any(any(base.glob(scope)) for scope in SCOPE):
+        return None
+    where = "$SPEC_TESTS_DIR" if os.environ.get("SPEC_TESTS_DIR") else "../shared/spec or .spec"
+    return f"spec test files not found ({where}): run `{SYNC_COMMAND}` to download them"
+
+
+def spec_required() -> bool:
+    """Whether missing spec files must fail the run (``SPEC_TESTS_REQUIRED=1``, as in CI)."""
+    return os.environ.get(REQUIRED_ENV, "").strip() not in ("", "0")
 
 
 def parse_extended_json(text: str) -> Any:
@@ -130,7 +173,9 @@ def discover(pattern: str | None = None, root: Path | None = None) -> list[Path]
     """The in-scope files, optionally filtered by a glob on their path or name."""
     base = root or spec_dir()
     if not base.is_dir():
-        raise RunnerError(f"spec directory {base} does not exist (set SPEC_TESTS_DIR)")
+        raise RunnerError(
+            f"spec directory {base} does not exist (set SPEC_TESTS_DIR or run `{SYNC_COMMAND}`)"
+        )
     found: list[Path] = []
     for scope in SCOPE:
         found.extend(sorted(base.glob(scope)))

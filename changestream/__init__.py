@@ -26,6 +26,7 @@ from ._consume import (
     StreamInvalidatedError,
     consume,
 )
+from ._position import Position
 from ._stream import ChangeStream
 from ._token import token_cluster_time, token_from_json, token_to_json
 from .errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
@@ -72,6 +73,7 @@ __all__ = [
     "MissingResumeTokenError",
     "MongoTokenStore",
     "NotResumableError",
+    "Position",
     "RetriesExhaustedError",
     "SplitEventError",
     "StoredToken",

@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
 
 from ._options import ChangeStreamOptions
+from ._position import Position, newest_reply_time
 from ._split import SplitReassembler
 from .errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
 
@@ -66,6 +69,8 @@ RETRYABLE_READ_CODES = frozenset(
 RETRYABLE_READ_LABEL = "RetryableError"
 NOT_BUFFERED: Any = object()
 """Returned by :meth:`ChangeStreamMachine.next_buffered` when the fast path does not apply."""
+log = logging.getLogger("changestream.stream")
+"""Resumes are logged here (INFO), whichever shell drives the machine."""
 _RAW_ID_PREFIX = b"\x03_id\x00"
 """BSON of an embedded-document field named ``_id``: where a raw event's token starts."""
 
@@ -225,12 +230,25 @@ class ChangeStreamMachine:
         self._getmores_left: int | None = None
         self._after_kill: Action | None = None
         """What follows the in-flight killCursors; ``None`` means the resume aggregate."""
+        self._server_time: Timestamp | None = None
+        """Newest cluster time seen in a reply (see :attr:`position`)."""
+        self._resumes = 0
 
     # -- state ------------------------------------------------------------------
     @property
     def resume_token(self) -> Mapping[str, Any] | None:
         """The token a resume would use now (spec: ``getResumeToken()``)."""
         return self._token
+
+    @property
+    def position(self) -> Position:
+        """Cluster time of the resume token, newest server time seen, and the lag between them."""
+        return Position.of(self._token, self._server_time)
+
+    @property
+    def resumes(self) -> int:
+        """Resume attempts so far (each kills the old cursor, if any, and aggregates again)."""
+        return self._resumes
 
     @property
     def phase(self) -> Phase:
@@ -355,6 +373,7 @@ class ChangeStreamMachine:
         if isinstance(command, KillCursors):
             self._ready = self._after_kill_step()
             return
+        self._server_time = newest_reply_time(reply, self._server_time)
         try:
             if isinstance(command, RunAggregate):
                 self._on_aggregate_reply(command, reply, info)
@@ -537,11 +556,21 @@ class ChangeStreamMachine:
             self._phase = Phase.RESUME_PENDING
             if self._op is _Op.TRY_NEXT:
                 self._getmores_left = 0
-            return self._resume()
+            return self._resume(error.exception)
         return self._fail(error.exception)
 
-    def _resume(self) -> Action:
+    def _resume(self, cause: BaseException | None = None) -> Action:
         """Spec "Resume Process": kill the old cursor on its server, then aggregate."""
+        self._resumes += 1
+        if log.isEnabledFor(logging.INFO):
+            position = self.position
+            log.info(
+                "resuming the change stream on %s (resume %d, after %s) from %s",
+                self._namespace(), self._resumes,
+                "a client-side timeout" if cause is None else f"{type(cause).__name__}: {cause}",
+                "no token" if position.token_time is None
+                else f"the token at cluster time {position.token_time}",
+            )
         self._batch.clear()
         self._post_batch_token = None
         if self._fragments is not None:
@@ -550,6 +579,12 @@ class ChangeStreamMachine:
             return self._kill(then=None)
         self._cursor = None
         return self._aggregate(is_resume=True)
+
+    def _namespace(self) -> str:
+        spec = self._spec
+        if spec.cluster:
+            return "the cluster"
+        return spec.database if spec.collection is None else f"{spec.database}.{spec.collection}"
 
     def _after_kill_step(self) -> Action:
         then = self._after_kill

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from datetime import timedelta
 from typing import Any
 
 import pymongo
 from bson.codec_options import CodecOptions
 
-from ._machine import StreamSpec
+from ._machine import ChangeStreamMachine, StreamSpec
 from ._options import (
     ChangeStreamOptions,
     Target,
@@ -24,6 +25,7 @@ from ._options import (
     event_decoder,
     reply_codec,
 )
+from ._position import Position
 from ._pymongo import csot_context_active
 
 
@@ -91,3 +93,30 @@ def abandon(stream: Any) -> None:
         return
     with contextlib.suppress(Exception):  # at interpreter exit PyMongo may be gone
         transport.abandon(machine.abandon())
+
+
+class Progress:
+    """What both shells show of a stream's progress (read from the machine; no I/O)."""
+
+    _machine: ChangeStreamMachine
+
+    @property
+    def position(self) -> Position:
+        """Cluster time of the resume token and the newest server time seen (see :attr:`lag`)."""
+        return self._machine.position
+
+    @property
+    def lag(self) -> timedelta | None:
+        """How far the stream is behind the server, from cluster times in the server's replies.
+
+        ``server time - token time``: the newest cluster time any reply of this
+        stream carried, minus the cluster time of the last event returned (or of
+        the ``postBatchResumeToken`` once a batch is consumed). ``None`` until
+        both are known. Second resolution; see :mod:`changestream.position`.
+        """
+        return self._machine.position.lag
+
+    @property
+    def resumes(self) -> int:
+        """Automatic resumes so far (after a resumable error or a client-side timeout)."""
+        return self._machine.resumes

@@ -30,14 +30,14 @@ from ._options import (
     resolve_target,
 )
 from ._pymongo import SyncTransport
-from ._shell import abandon, call_deadline, stream_setup
+from ._shell import Progress, abandon, call_deadline, stream_setup
 
 __all__ = ["ChangeStream"]
 
 _T = TypeVar("_T")
 
 
-class ChangeStream(Generic[_T]):
+class ChangeStream(Progress, Generic[_T]):
     """A resumable change stream (same surface as ``pymongo.change_stream.ChangeStream``).
 
     Create it with :func:`changestream.watch` (or ``.watch()`` on the

@@ -38,7 +38,7 @@ from .._options import (
     resolve_target,
 )
 from .._pymongo import AsyncTransport
-from .._shell import abandon, call_deadline, stream_setup
+from .._shell import Progress, abandon, call_deadline, stream_setup
 
 __all__ = ["AsyncChangeStream", "TokenCallback", "watch"]
 
@@ -89,7 +89,7 @@ def _token_key(token: Mapping[str, Any] | None) -> bytes | None:
     return bytes(token.raw) if isinstance(token, RawBSONDocument) else bson.encode(token)
 
 
-class AsyncChangeStream(Generic[_T]):
+class AsyncChangeStream(Progress, Generic[_T]):
     """A resumable change stream for asyncio; same surface as :class:`changestream.ChangeStream`.
 
     Create it with ``await changestream.aio.watch(target)``. Iterate with

@@ -1,0 +1,87 @@
+"""The stream's position and lag, worked out by the sans-IO machine from the server's replies."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from bson.timestamp import Timestamp
+from test_machine import Driver, aggregate_reply, delivered, getmore_reply, resumable
+
+from changestream._position import Position, newest_reply_time
+
+T0 = 1_700_000_000
+
+
+def tok(seconds: int, inc: int = 1) -> dict[str, Any]:
+    """A resume token at cluster time ``Timestamp(seconds, inc)`` (KeyString 0x82 prefix)."""
+    return {"_data": f"82{seconds:08X}{inc:08X}2B0229296E04"}
+
+
+def ev(seconds: int, inc: int = 1) -> dict[str, Any]:
+    return {"_id": tok(seconds, inc), "operationType": "insert", "documentKey": {"_id": inc}}
+
+
+def with_times(reply: dict[str, Any], operation: int | None, cluster: int | None) -> dict[str, Any]:
+    if operation is not None:
+        reply["operationTime"] = Timestamp(operation, 1)
+    if cluster is not None:
+        reply["$clusterTime"] = {"clusterTime": Timestamp(cluster, 3), "signature": {}}
+    return reply
+
+
+def test_position_lag_is_server_time_minus_token_time() -> None:
+    position = Position(Timestamp(T0, 5), Timestamp(T0 + 42, 1))
+    assert position.lag == timedelta(seconds=42)
+    assert position.token_datetime == datetime.fromtimestamp(T0, tz=timezone.utc)
+    assert position.server_datetime == datetime.fromtimestamp(T0 + 42, tz=timezone.utc)
+    assert Position(None, Timestamp(T0, 1)).lag is None
+    assert Position.of(None, None) == Position(None, None)
+    # A token is the server's own: the server has reached at least its time.
+    assert Position.of(tok(T0 + 9), Timestamp(T0, 1)).lag == timedelta(0)
+    assert Position.of({"_data": "not hex"}, Timestamp(T0, 1)).token_time is None
+
+
+def test_newest_reply_time_takes_the_latest_of_operation_time_cluster_time_and_pbrt() -> None:
+    reply = with_times(getmore_reply([], tok(T0 + 7)), T0 + 3, T0 + 5)
+    assert newest_reply_time(reply, None) == Timestamp(T0 + 7, 1)
+    assert newest_reply_time(reply, Timestamp(T0 + 8, 0)) == Timestamp(T0 + 8, 0)
+    assert newest_reply_time({"operationTime": "junk", "$clusterTime": 3}, None) is None
+
+
+def test_machine_lag_grows_while_behind_and_vanishes_once_caught_up() -> None:
+    driver = Driver()
+    driver.start(with_times(aggregate_reply([], tok(T0)), T0, T0))
+    assert driver.machine.position.lag == timedelta(0)
+    # One getMore brings three events written 0, 10 and 20 s after T0; the server is at T0 + 30.
+    batch = [ev(T0), ev(T0 + 10), ev(T0 + 20)]
+    delivered(driver.next(with_times(getmore_reply(batch, tok(T0 + 20, 2)), T0 + 30, T0 + 30)))
+    assert driver.machine.position.lag == timedelta(seconds=30)
+    delivered(driver.next())
+    assert driver.machine.position.lag == timedelta(seconds=20)
+    delivered(driver.next())
+    # Last of the batch: the token is the postBatchResumeToken (T0 + 20).
+    assert driver.machine.position.token_time == Timestamp(T0 + 20, 2)
+    assert driver.machine.position.lag == timedelta(seconds=10)
+    # An empty batch moves the token to where the server is: caught up.
+    driver.try_next(with_times(getmore_reply([], tok(T0 + 31)), T0 + 31, T0 + 31))
+    assert driver.machine.position.lag == timedelta(0)
+    assert driver.machine.position.server_time == Timestamp(T0 + 31, 3)
+
+
+def test_resumes_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    driver = Driver()
+    driver.start(aggregate_reply([], tok(T0)))
+    assert driver.machine.resumes == 0
+    with caplog.at_level(logging.INFO, logger="changestream"):
+        result = driver.try_next(
+            resumable(), {"ok": 1}, aggregate_reply([ev(T0 + 1)], tok(T0 + 1))
+        )
+    assert delivered(result)["_id"] == tok(T0 + 1)
+    assert driver.machine.resumes == 1
+    [record] = [r for r in caplog.records if r.name == "changestream.stream"]
+    assert record.levelno == logging.INFO
+    assert "resuming the change stream on db.coll (resume 1" in record.getMessage()
+    assert f"cluster time Timestamp({T0}, 1)" in record.getMessage()

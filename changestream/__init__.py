@@ -26,6 +26,7 @@ from ._consume import (
     StreamInvalidatedError,
     consume,
 )
+from ._metrics import ConsumeStats
 from ._position import Position
 from ._stream import ChangeStream
 from ._token import token_cluster_time, token_from_json, token_to_json
@@ -66,6 +67,7 @@ __all__ = [
     "Collection",
     "ConsumeError",
     "ConsumeResult",
+    "ConsumeStats",
     "Database",
     "FileTokenStore",
     "HistoryLostError",

@@ -29,6 +29,7 @@ import tenacity
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from ._machine import RESUMABLE_CODES_BEFORE_4_4, RETRYABLE_READ_CODES
+from ._metrics import StatsCallback, StatsReporter
 from ._stream import ChangeStream
 from ._token import token_cluster_time, token_to_json
 from .errors import ChangeStreamError
@@ -322,6 +323,8 @@ def consume(
     backoff_initial: float = 0.5,
     backoff_max: float = 30.0,
     stop: threading.Event | None = None,
+    on_stats: StatsCallback | None = None,
+    stats_interval: float = 10.0,
 ) -> ConsumeResult:
     """Handle every change at least once, keeping the resume token in ``store``.
 
@@ -344,10 +347,16 @@ def consume(
     :class:`NotResumableError` or :class:`StreamInvalidatedError` on dead
     ends. Returns when ``stop`` is set (checked between polls, so within
     about ``max_await_time_ms``).
+
+    ``on_stats(stats)`` receives a :class:`~changestream.metrics.ConsumeStats`
+    (changes handled, events/s, lag, resumes, reopens, time of the last
+    stored token) every ``stats_interval`` seconds and when the loop ends;
+    the exporters in :mod:`changestream.exporters` are such callbacks.
     """
     check_save_options(save_every, save_interval)
     policy = RetryPolicy(retry_for, backoff_initial, backoff_max)
     progress = Progress(save_every, save_interval)
+    stats = StatsReporter(on_stats, stats_interval)
     stored = store.load()
     progress.start(stored.token if stored is not None else None)
     stop = stop if stop is not None else threading.Event()
@@ -357,6 +366,7 @@ def consume(
     def save() -> None:
         store.save(progress.token)
         progress.saved()
+        stats.on_stored(progress.token)
 
     def session() -> bool:
         """Run one stream; ``True``: it failed transiently after progress, open a new one."""
@@ -365,6 +375,9 @@ def consume(
             return False
         opened += 1
         stream = open_stream(progress.token)
+        stats.on_stream(stream)
+        if opened > 1:
+            log.info("reopened the change stream (reopen %d)", opened - 1)
         try:
             with stream:
                 if progress.on_idle(stream.resume_token):
@@ -373,6 +386,7 @@ def consume(
                 while not stop.is_set():
                     change = stream.try_next()
                     token = stream.resume_token
+                    stats.poll(progress.handled, opened - 1)
                     if change is None:
                         if not stream.alive:
                             raise invalidated(None, progress.token, token)
@@ -404,15 +418,18 @@ def consume(
             pass
     except Exception as exc:
         _flush_quietly(progress, save)
+        stats.finish(progress.handled, max(opened - 1, 0))
         dead_end = policy.dead_end(exc, progress.token, store, from_handler=exc is handler_error)
         if dead_end is not None:
             raise dead_end from exc
         raise
     except BaseException:
         _flush_quietly(progress, save)
+        stats.finish(progress.handled, max(opened - 1, 0))
         raise
     if progress.pending:
         save()
+    stats.finish(progress.handled, max(opened - 1, 0))
     return ConsumeResult(progress.handled, max(opened - 1, 0), progress.token)
 
 

@@ -27,6 +27,7 @@ from .._consume import (
     is_transient,
     log,
 )
+from .._metrics import StatsCallback, StatsReporter
 from ..stores import AsyncTokenStore, StoredToken, TokenStore
 from ._stream import AsyncChangeStream
 
@@ -51,6 +52,8 @@ async def consume(
     backoff_initial: float = 0.5,
     backoff_max: float = 30.0,
     stop: asyncio.Event | None = None,
+    on_stats: StatsCallback | None = None,
+    stats_interval: float = 10.0,
 ) -> ConsumeResult:
     """Handle every change at least once, keeping the resume token in ``store``.
 
@@ -63,6 +66,7 @@ async def consume(
     check_save_options(save_every, save_interval)
     policy = RetryPolicy(retry_for, backoff_initial, backoff_max)
     progress = Progress(save_every, save_interval)
+    stats = StatsReporter(on_stats, stats_interval)
     stored: StoredToken | None = await _call(store.load)
     progress.start(stored.token if stored is not None else None)
     stop = stop if stop is not None else asyncio.Event()
@@ -72,6 +76,7 @@ async def consume(
     async def save() -> None:
         await _call(store.save, progress.token)
         progress.saved()
+        stats.on_stored(progress.token)
 
     async def session() -> bool:
         """Run one stream; ``True``: it failed transiently after progress, open a new one."""
@@ -80,6 +85,9 @@ async def consume(
             return False
         opened += 1
         stream = await open_stream(progress.token)
+        stats.on_stream(stream)
+        if opened > 1:
+            log.info("reopened the change stream (reopen %d)", opened - 1)
         try:
             async with stream:
                 if progress.on_idle(stream.resume_token):
@@ -88,6 +96,7 @@ async def consume(
                 while not stop.is_set():
                     change = await stream.try_next()
                     token = stream.resume_token
+                    stats.poll(progress.handled, opened - 1)
                     if change is None:
                         if not stream.alive:
                             raise invalidated(None, progress.token, token)
@@ -122,15 +131,18 @@ async def consume(
             pass
     except Exception as exc:
         await _flush_quietly(progress, save)
+        stats.finish(progress.handled, max(opened - 1, 0))
         dead_end = policy.dead_end(exc, progress.token, store, from_handler=exc is handler_error)
         if dead_end is not None:
             raise dead_end from exc
         raise
     except BaseException:
         await _flush_quietly(progress, save)
+        stats.finish(progress.handled, max(opened - 1, 0))
         raise
     if progress.pending:
         await save()
+    stats.finish(progress.handled, max(opened - 1, 0))
     return ConsumeResult(progress.handled, max(opened - 1, 0), progress.token)
 
 

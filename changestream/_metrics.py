@@ -1,0 +1,131 @@
+"""Progress reports of :func:`changestream.consume` (and its async twin), for callbacks and exporters.
+
+``consume(..., on_stats=callback)`` calls ``callback(ConsumeStats)`` every
+``stats_interval`` seconds (checked after each poll, so at least every
+``max_await_time_ms``) and once when the loop ends. The exporters
+(:class:`changestream.exporters.prometheus.PrometheusExporter`,
+:class:`changestream.exporters.opentelemetry.OpenTelemetryExporter`) are such
+callbacks. A failing callback is logged and never stops the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from ._position import Position
+from ._token import token_cluster_time
+
+__all__ = ["ConsumeStats", "StatsCallback", "StatsReporter"]
+
+log = logging.getLogger("changestream.consume")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsumeStats:
+    """A snapshot of a running :func:`~changestream.consume` loop."""
+
+    handled: int
+    """Changes passed to the handler since the loop started."""
+    events_per_second: float
+    """Handled changes per second since the previous report."""
+    lag: timedelta | None
+    """How far the current stream is behind the server (see :attr:`ChangeStream.lag`)."""
+    position: Position | None
+    """The current stream's position (``None`` between streams)."""
+    resumes: int
+    """Automatic resumes of the streams (a resumable error or timeout, handled by the stream)."""
+    reopens: int
+    """Streams reopened by the loop after a failure the stream could not resume from."""
+    stored: int
+    """Tokens written to the store."""
+    last_stored_token_time: datetime | None
+    """Cluster time of the last stored token (UTC), ``None`` if none was stored or readable."""
+    elapsed: float
+    """Seconds since the loop started."""
+    final: bool = False
+    """The loop has ended; this is its last report."""
+
+
+StatsCallback = Callable[[ConsumeStats], object]
+
+
+class StatsReporter:
+    """Counts for one consume loop and the schedule of its reports (shared by sync and async)."""
+
+    def __init__(
+        self,
+        callback: StatsCallback | None,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
+            raise ValueError(f"stats_interval must be a number of seconds > 0, not {interval!r}")
+        self._callback = callback
+        self._interval = float(interval)
+        self._clock = clock
+        self._started = self._last_report = clock()
+        self._handled_at_last_report = 0
+        self._stream: Any = None
+        self._resumes_before = 0
+        """Resumes of the streams before the current one."""
+        self.stored = 0
+        self.last_stored_token_time: datetime | None = None
+
+    def on_stream(self, stream: Any) -> None:
+        """A new stream was opened (its predecessor's resumes are kept)."""
+        if self._stream is not None:
+            self._resumes_before += self._stream.resumes
+        self._stream = stream
+
+    def on_stored(self, token: Any) -> None:
+        self.stored += 1
+        cluster_time = None if token is None else token_cluster_time(token)
+        if cluster_time is not None:
+            self.last_stored_token_time = cluster_time.as_datetime()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("stored the resume token (cluster time %s)", cluster_time)
+
+    def poll(self, handled: int, reopens: int) -> None:
+        """After each poll: report if ``interval`` seconds have passed."""
+        if self._callback is not None and self._clock() - self._last_report >= self._interval:
+            self._report(handled, reopens, final=False)
+
+    def finish(self, handled: int, reopens: int) -> None:
+        """The loop ended (returned or raised): the last report."""
+        if self._callback is not None:
+            self._report(handled, reopens, final=True)
+
+    def snapshot(self, handled: int, reopens: int, *, final: bool = False) -> ConsumeStats:
+        now = self._clock()
+        seconds = now - self._last_report
+        rate = (handled - self._handled_at_last_report) / seconds if seconds > 0 else 0.0
+        stream = self._stream
+        position = None if stream is None else stream.position
+        resumes = self._resumes_before + (0 if stream is None else stream.resumes)
+        return ConsumeStats(
+            handled=handled,
+            events_per_second=rate,
+            lag=None if position is None else position.lag,
+            position=position,
+            resumes=resumes,
+            reopens=reopens,
+            stored=self.stored,
+            last_stored_token_time=self.last_stored_token_time,
+            elapsed=now - self._started,
+            final=final,
+        )
+
+    def _report(self, handled: int, reopens: int, *, final: bool) -> None:
+        stats = self.snapshot(handled, reopens, final=final)
+        self._last_report = self._clock()
+        self._handled_at_last_report = handled
+        assert self._callback is not None
+        try:
+            self._callback(stats)
+        except Exception:
+            log.exception("the on_stats callback failed (ignored)")

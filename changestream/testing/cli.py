@@ -10,6 +10,7 @@ from types import FrameType
 
 from .core.versions import DEFAULT_VERSION, VERSIONS
 from .replset import ReplicaSet
+from .storage.persist import DbPathError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
         help="memory for re-serving already built change events (default 64)",
     )
     serve.add_argument(
+        "--dbpath",
+        default=None,
+        help="keep the data, oplog and cluster time in DIR across restarts "
+        "(default: in memory only)",
+    )
+    serve.add_argument(
         "--networkMessageCompressors",
         dest="compressors",
         default=None,
@@ -74,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             event_cache_bytes=None
             if args.event_cache_mb is None
             else args.event_cache_mb * 1024 * 1024,
+            dbpath=args.dbpath,
         ).start()
+    except DbPathError as exc:
+        print(f"error: --dbpath {args.dbpath}: {exc}", file=sys.stderr)
+        return 1
     except (OSError, ValueError) as exc:
         print(
             f"error: cannot start the simulator on {args.host}:{args.port}: {exc}", file=sys.stderr

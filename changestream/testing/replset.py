@@ -11,6 +11,7 @@ emulates a failover.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable
 from types import TracebackType
@@ -35,6 +36,10 @@ class ReplicaSet:
     default: mongod's snappy, zstd, zlib, those this Python can run).
     ``event_cache_bytes`` bounds the memory kept to re-serve change events
     already built for an oplog range (default 64 MiB; output is identical).
+    ``dbpath`` keeps the data, oplog, cluster time and term in that directory
+    across restarts: :meth:`stop` writes them, the next ``ReplicaSet`` with the
+    same ``dbpath`` starts from them (a resume token taken before resumes
+    after). One deployment at a time may use a ``dbpath``.
     """
 
     def __init__(
@@ -51,6 +56,7 @@ class ReplicaSet:
         noop_interval: float = 10.0,
         compressors: Iterable[str] | str | None = None,
         event_cache_bytes: int | None = None,
+        dbpath: str | os.PathLike[str] | None = None,
     ) -> None:
         if members < 1:
             raise ValueError(f"a replica set needs at least one member, got {members}")
@@ -65,6 +71,7 @@ class ReplicaSet:
             oplog_max_bytes=oplog_max_bytes,
             compressors=compressors,
             event_cache_bytes=CACHE_BYTES if event_cache_bytes is None else event_cache_bytes,
+            dbpath=dbpath,
         )
         for member in self.deployment.members:
             member.host = host
@@ -108,6 +115,7 @@ class ReplicaSet:
             server.stop()
         if self._noop_thread is not None:
             self._noop_thread.join(5.0)
+        self.deployment.close()  # with a dbpath: write the data for the next start
 
     def __enter__(self) -> ReplicaSet:
         return self.start()

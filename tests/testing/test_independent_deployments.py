@@ -40,9 +40,9 @@ def test_versions_are_per_deployment(pair: tuple[ReplicaSet, Client, ReplicaSet,
     _, old, _, new = pair
     assert old.admin.command("buildInfo")["version"].startswith("4.4")
     assert new.admin.command("buildInfo")["version"].startswith("8.0")
-    assert old.admin.command("hello")["maxWireVersion"] < new.admin.command("hello")[
-        "maxWireVersion"
-    ]
+    assert (
+        old.admin.command("hello")["maxWireVersion"] < new.admin.command("hello")["maxWireVersion"]
+    )
 
 
 def test_a_failpoint_fails_only_its_own_deployment(
@@ -111,9 +111,10 @@ def test_change_streams_and_event_caches_are_per_deployment(
 ) -> None:
     old_rs, old, new_rs, new = pair
     assert old_rs.deployment.event_cache is not new_rs.deployment.event_cache
-    with old.db.c.watch(max_await_time_ms=50) as old_stream, new.db.c.watch(
-        max_await_time_ms=50
-    ) as new_stream:
+    with (
+        old.db.c.watch(max_await_time_ms=50) as old_stream,
+        new.db.c.watch(max_await_time_ms=50) as new_stream,
+    ):
         new.db.c.insert_one({"_id": "new"})
         old.db.c.insert_one({"_id": "old"})
         assert next(old_stream)["documentKey"] == {"_id": "old"}

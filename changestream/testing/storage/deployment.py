@@ -9,11 +9,13 @@ instantaneous in the simulator); what differs per member is its role
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import bson
@@ -30,7 +32,9 @@ from ..core.failpoints import FailPointRegistry
 from ..core.netstats import ListenerStats
 from ..core.oplog import Oplog, OplogEntry
 from ..core.versions import VersionProfile
+from . import persist
 from .catalog import Catalog
+from .persist import DbPathLock
 from .sessions import RetryableWrite, Transaction
 
 
@@ -89,6 +93,7 @@ class Deployment:
         now: Callable[[], float] = time.time,
         compressors: Iterable[str] | str | None = None,
         event_cache_bytes: int = CACHE_BYTES,
+        dbpath: str | os.PathLike[str] | None = None,
     ) -> None:
         if standalone and members != 1:
             raise ValueError("a standalone has exactly one member")
@@ -113,7 +118,36 @@ class Deployment:
         """Notified whenever a member's role or topologyVersion changes, or a member goes down."""
         self.event_cache = EventCache(event_cache_bytes)
         """Change events already built from this oplog, shared by its streams."""
-        self._initiate()
+        self.dbpath = None if dbpath is None else Path(dbpath)
+        """Where :meth:`close` keeps the data for the next start (None: in memory only)."""
+        self._dbpath_lock = None if self.dbpath is None else DbPathLock(self.dbpath)
+        try:
+            if self.dbpath is not None and persist.has_snapshot(self.dbpath):
+                self._restart()
+            else:
+                self._initiate()
+        except BaseException:
+            self.close(save=False)
+            raise
+
+    def _restart(self) -> None:
+        """Load the data kept in :attr:`dbpath`; a replica set then elects a primary (term + 1)."""
+        assert self.dbpath is not None
+        persist.restore(self, self.dbpath)
+        if not self.standalone:
+            self.term += 1
+            self.log("n", "", {"msg": "new primary"})
+
+    def close(self, *, save: bool = True) -> None:
+        """Write the data to :attr:`dbpath` (if any) and release it; idempotent."""
+        lock, self._dbpath_lock = self._dbpath_lock, None
+        if lock is None:
+            return
+        try:
+            if save and self.dbpath is not None:
+                persist.save(self, self.dbpath)
+        finally:
+            lock.release()
 
     def _initiate(self) -> None:
         """Write the "initiating set" no-op every replica set's oplog begins with."""

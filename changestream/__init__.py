@@ -17,20 +17,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._api import Client, Collection, Database, watch
-from ._consume import (
-    ConsumeError,
-    ConsumeResult,
-    HistoryLostError,
-    NotResumableError,
-    RetriesExhaustedError,
-    StreamInvalidatedError,
-    consume,
-)
+from ._consume import ConsumeResult, consume
 from ._metrics import ConsumeStats
 from ._position import Position
 from ._stream import ChangeStream
 from ._token import token_cluster_time, token_from_json, token_to_json
-from .errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
+from .errors import (
+    ChangeStreamError,
+    ConsumeError,
+    HistoryLostError,
+    MissingResumeTokenError,
+    NotResumableError,
+    RetriesExhaustedError,
+    SplitEventError,
+    StreamInvalidatedError,
+)
 from .stores import (
     AsyncMongoTokenStore,
     AsyncTokenStore,

@@ -28,11 +28,23 @@ import bson
 import tenacity
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
-from ._machine import RESUMABLE_CODES_BEFORE_4_4, RETRYABLE_READ_CODES
+from ._codes import (
+    CHANGE_STREAM_HISTORY_LOST,
+    NON_RESUMABLE_LABEL,
+    TRANSIENT_CODES,
+    TRANSIENT_LABELS,
+    UNAUTHORIZED,
+)
 from ._metrics import StatsCallback, StatsReporter
 from ._stream import ChangeStream
 from ._token import token_cluster_time, token_to_json
-from .errors import ChangeStreamError
+from .errors import (
+    ConsumeError,
+    HistoryLostError,
+    NotResumableError,
+    RetriesExhaustedError,
+    StreamInvalidatedError,
+)
 from .stores import TokenStore
 
 __all__ = [
@@ -48,49 +60,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("changestream.consume")
-
-HISTORY_LOST = 286
-UNAUTHORIZED = 13
-CURSOR_NOT_FOUND = 43
-NON_RESUMABLE_LABEL = "NonResumableChangeStreamError"
-_TRANSIENT_CODES = RESUMABLE_CODES_BEFORE_4_4 | RETRYABLE_READ_CODES | {CURSOR_NOT_FOUND}
-_TRANSIENT_LABELS = ("ResumableChangeStreamError", "RetryableError")
-
-
-# -- errors ----------------------------------------------------------------------------------
-class ConsumeError(ChangeStreamError):
-    """:func:`consume` stopped on something a retry cannot fix.
-
-    ``token`` is the token of the last handled change (also in the store
-    when the error is raised): the safe point to restart from once fixed.
-    """
-
-    def __init__(self, message: str, *, token: Any) -> None:
-        super().__init__(message)
-        self.token = token
-
-
-class HistoryLostError(ConsumeError):
-    """The token is older than the server's oplog (ChangeStreamHistoryLost, code 286)."""
-
-
-class NotResumableError(ConsumeError):
-    """The server refuses the stream itself: not authorized (13) or ``NonResumableChangeStreamError``."""
-
-
-class StreamInvalidatedError(ConsumeError):
-    """The watched collection or database was dropped or renamed (an ``invalidate`` event).
-
-    ``invalidate_token`` starts a new stream after it: ``start_after=error.invalidate_token``.
-    """
-
-    def __init__(self, message: str, *, token: Any, invalidate_token: Any) -> None:
-        super().__init__(message, token=token)
-        self.invalidate_token = invalidate_token
-
-
-class RetriesExhaustedError(ConsumeError):
-    """Transient failures went on for longer than ``retry_for`` seconds."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +87,7 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ConnectionFailure) or exc.timeout:
         return True
     if isinstance(exc, OperationFailure):
-        return exc.code in _TRANSIENT_CODES or any(map(exc.has_error_label, _TRANSIENT_LABELS))
+        return exc.code in TRANSIENT_CODES or any(map(exc.has_error_label, TRANSIENT_LABELS))
     return False
 
 
@@ -137,7 +106,7 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
     if not isinstance(exc, OperationFailure):
         return None
     where = _describe_token(token)
-    if exc.code == HISTORY_LOST:
+    if exc.code == CHANGE_STREAM_HISTORY_LOST:
         return HistoryLostError(
             f"change stream history lost (code 286): the stored {where} is older than the "
             f"oldest entry of the server's oplog, so the changes since then are gone from the "

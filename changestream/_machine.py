@@ -32,6 +32,13 @@ from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from ._codes import (
+    CURSOR_NOT_FOUND,
+    RESUMABLE_CODES_BEFORE_4_4,
+    RESUMABLE_LABEL,
+    RETRYABLE_READ_CODES,
+    RETRYABLE_READ_LABEL,
+)
 from ._options import ChangeStreamOptions
 from ._position import Position, newest_reply_time
 from ._split import SplitReassembler
@@ -39,8 +46,6 @@ from .errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
 
 __all__ = [
     "NOT_BUFFERED",
-    "RESUMABLE_CODES_BEFORE_4_4",
-    "RETRYABLE_READ_CODES",
     "Action",
     "ChangeStreamMachine",
     "Command",
@@ -56,17 +61,6 @@ __all__ = [
     "StreamSpec",
 ]
 
-CURSOR_NOT_FOUND = 43
-RESUMABLE_LABEL = "ResumableChangeStreamError"
-RESUMABLE_CODES_BEFORE_4_4 = frozenset(
-    {6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 63, 150, 13388, 234, 133}
-)
-"""Resumable server codes on connections with wire version < 9 (change-streams spec)."""
-RETRYABLE_READ_CODES = frozenset(
-    {6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436}
-)
-"""Server codes after which the retryable-reads spec retries an aggregate once."""
-RETRYABLE_READ_LABEL = "RetryableError"
 NOT_BUFFERED: Any = object()
 """Returned by :meth:`ChangeStreamMachine.next_buffered` when the fast path does not apply."""
 log = logging.getLogger("changestream.stream")

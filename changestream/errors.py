@@ -1,14 +1,44 @@
-"""Exceptions raised by the change-stream client (besides PyMongo's own errors).
+"""Exceptions raised by the change-stream client (besides PyMongo's own errors): one hierarchy.
 
 They subclass PyMongo's exceptions so code that already catches
-``pymongo.errors.PyMongoError`` around ``watch()`` keeps working unchanged.
+``pymongo.errors.PyMongoError`` around ``watch()`` keeps working unchanged::
+
+    ChangeStreamError                 the stream cannot continue for a client-side reason
+    ├── MissingResumeTokenError       an event had no _id
+    ├── SplitEventError               fragments of a split event missing or out of order
+    ├── TokenStoreError               a stored token cannot be read (changestream.stores)
+    ├── SchemaMismatchError           a document does not fit the Spark schema (spark_adapter)
+    └── ConsumeError                  a consumer stopped on a dead end; .token: where to restart
+        ├── HistoryLostError          ChangeStreamHistoryLost (286): the token left the oplog
+        ├── StreamInvalidatedError    the namespace was dropped/renamed; .invalidate_token
+        ├── NotResumableError         not authorized (13) or NonResumableChangeStreamError
+        └── RetriesExhaustedError     transient failures outlasted retry_for
+
+A consumer is :func:`changestream.consume`, its asyncio twin, or the Spark
+adapter (``foreach_batch`` and the data source). Each says in the message how
+to recover in its own terms (store, checkpoint); the classes are shared, so one
+``except changestream.HistoryLostError`` catches all of them.
+``spark_adapter.ChangeStreamHistoryLostError`` and
+``spark_adapter.ChangeStreamInvalidatedError`` are other names for
+:class:`HistoryLostError` and :class:`StreamInvalidatedError`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pymongo.errors import InvalidOperation
 
-__all__ = ["ChangeStreamError", "MissingResumeTokenError", "SplitEventError"]
+__all__ = [
+    "ChangeStreamError",
+    "ConsumeError",
+    "HistoryLostError",
+    "MissingResumeTokenError",
+    "NotResumableError",
+    "RetriesExhaustedError",
+    "SplitEventError",
+    "StreamInvalidatedError",
+]
 
 
 class ChangeStreamError(InvalidOperation):
@@ -33,3 +63,38 @@ class SplitEventError(ChangeStreamError):
     Raised instead of returning half an event; the stream is closed and its
     resume token still points before the first fragment.
     """
+
+
+class ConsumeError(ChangeStreamError):
+    """A consumer stopped on something a retry cannot fix.
+
+    ``token`` is the token of the last handled change (also in the store
+    when the error is raised): the safe point to restart from once fixed.
+    """
+
+    def __init__(self, message: str, *, token: Any) -> None:
+        super().__init__(message)
+        self.token = token
+
+
+class HistoryLostError(ConsumeError):
+    """The token is older than the server's oplog (ChangeStreamHistoryLost, code 286)."""
+
+
+class NotResumableError(ConsumeError):
+    """The server refuses the stream itself: not authorized (13) or ``NonResumableChangeStreamError``."""
+
+
+class StreamInvalidatedError(ConsumeError):
+    """The watched collection or database was dropped or renamed (an ``invalidate`` event).
+
+    ``invalidate_token`` starts a new stream after it: ``start_after=error.invalidate_token``.
+    """
+
+    def __init__(self, message: str, *, token: Any, invalidate_token: Any) -> None:
+        super().__init__(message, token=token)
+        self.invalidate_token = invalidate_token
+
+
+class RetriesExhaustedError(ConsumeError):
+    """Transient failures went on for longer than ``retry_for`` seconds."""

@@ -36,7 +36,7 @@ from .._api import watch
 from .._stream import ChangeStream
 from ._config import SourceConfig
 from ._convert import event_token, is_invalidate, raw_bytes
-from ._errors import ChangeStreamInvalidatedError
+from ._errors import invalidated
 from ._offsets import offset_watch_option, token_data
 
 __all__ = ["PART_BYTES", "ReadAhead", "Taken", "pack", "unpack"]
@@ -188,7 +188,7 @@ class ReadAhead:
 
         Waits until ``cap`` events are buffered, the server has nothing more,
         the buffer is full, or ``deadline`` passes. Raises the read-ahead
-        thread's error, or :class:`ChangeStreamInvalidatedError`, once every
+        thread's error, or :class:`~changestream.errors.StreamInvalidatedError`, once every
         event before it was taken.
         """
         since = time.monotonic()
@@ -204,7 +204,7 @@ class ReadAhead:
             self.close()  # every event before the stop is taken
             if stopped.error is not None:
                 raise stopped.error
-            raise ChangeStreamInvalidatedError(stopped.token)
+            raise invalidated(stopped.token)
         return taken
 
     def plan(self, start: dict[str, Any], end: dict[str, Any], taken: Taken) -> None:

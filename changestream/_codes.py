@@ -1,0 +1,82 @@
+"""Server error codes and error labels the client acts on, named and explained once.
+
+Every rule that looks at a code or a label (the machine's resume and retry
+rules, :func:`changestream.consume`'s dead ends and transient failures, the
+Spark adapter's errors) imports it from here. Names are the server's own
+(``src/mongo/base/error_codes.yml``); the comments say why the client cares.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CHANGE_STREAM_HISTORY_LOST",
+    "CURSOR_NOT_FOUND",
+    "NON_RESUMABLE_LABEL",
+    "RESUMABLE_CODES_BEFORE_4_4",
+    "RESUMABLE_LABEL",
+    "RETRYABLE_READ_CODES",
+    "RETRYABLE_READ_LABEL",
+    "TRANSIENT_CODES",
+    "TRANSIENT_LABELS",
+    "UNAUTHORIZED",
+]
+
+# -- single codes ---------------------------------------------------------------------------
+UNAUTHORIZED = 13
+"""The user may not run the change stream: no retry helps (consume stops with NotResumableError)."""
+CURSOR_NOT_FOUND = 43
+"""The server no longer has the cursor (killed, timed out, member restarted): always resumable."""
+CHANGE_STREAM_HISTORY_LOST = 286
+"""ChangeStreamHistoryLost: the resume point has fallen off the oplog; the changes since are gone."""
+
+# -- labels ---------------------------------------------------------------------------------
+RESUMABLE_LABEL = "ResumableChangeStreamError"
+"""On wire version >= 9 (4.4+) the server labels the errors a change stream may resume after."""
+NON_RESUMABLE_LABEL = "NonResumableChangeStreamError"
+"""The server says the stream itself is broken (e.g. a stage removed ``_id``): never retried."""
+RETRYABLE_READ_LABEL = "RetryableError"
+"""Retryable-reads spec: a failed aggregate carrying this label may be retried once."""
+
+# -- code sets ------------------------------------------------------------------------------
+RESUMABLE_CODES_BEFORE_4_4 = frozenset({
+    6,  # HostUnreachable
+    7,  # HostNotFound
+    89,  # NetworkTimeout
+    91,  # ShutdownInProgress
+    189,  # PrimarySteppedDown
+    262,  # ExceededTimeLimit
+    9001,  # SocketException
+    10107,  # NotWritablePrimary
+    11600,  # InterruptedAtShutdown
+    11602,  # InterruptedDueToReplStateChange
+    13435,  # NotPrimaryNoSecondaryOk
+    13436,  # NotPrimaryOrSecondary
+    63,  # StaleShardVersion
+    150,  # StaleEpoch
+    13388,  # StaleConfig
+    234,  # RetryChangeStream
+    133,  # FailedToSatisfyReadPreference
+})
+"""Change-streams spec: resumable server codes on connections with wire version < 9 (no labels yet)."""
+
+RETRYABLE_READ_CODES = frozenset({
+    6,  # HostUnreachable
+    7,  # HostNotFound
+    89,  # NetworkTimeout
+    91,  # ShutdownInProgress
+    134,  # ReadConcernMajorityNotAvailableYet
+    189,  # PrimarySteppedDown
+    262,  # ExceededTimeLimit
+    9001,  # SocketException
+    10107,  # NotWritablePrimary
+    11600,  # InterruptedAtShutdown
+    11602,  # InterruptedDueToReplStateChange
+    13435,  # NotPrimaryNoSecondaryOk
+    13436,  # NotPrimaryOrSecondary
+})
+"""Retryable-reads spec: server codes after which an aggregate is retried once."""
+
+TRANSIENT_CODES = RESUMABLE_CODES_BEFORE_4_4 | RETRYABLE_READ_CODES | {CURSOR_NOT_FOUND}
+"""consume(): a failure with one of these codes may pass; reopen the stream after a backoff."""
+TRANSIENT_LABELS = (RESUMABLE_LABEL, RETRYABLE_READ_LABEL)
+"""consume(): a failure with one of these labels may pass (unless also NON_RESUMABLE_LABEL)."""

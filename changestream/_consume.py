@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import bson
 import tenacity
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
@@ -37,7 +36,7 @@ from ._codes import (
 )
 from ._metrics import StatsCallback, StatsReporter
 from ._stream import ChangeStream
-from ._token import token_cluster_time, token_to_json
+from ._token import ResumeToken, token_cluster_time, token_to_json
 from .errors import (
     ConsumeError,
     HistoryLostError,
@@ -161,8 +160,8 @@ def is_invalidate(change: Any) -> bool:
 
 
 # -- the save schedule and retry settings (shared with the async loop) ------------------------
-def _key(token: Any) -> bytes | None:
-    return None if token is None else bson.encode(token)
+def _key(token: Any) -> ResumeToken | None:
+    return ResumeToken.maybe(token)
 
 
 @dataclasses.dataclass
@@ -176,7 +175,7 @@ class Progress:
     handled: int = 0
     advanced: bool = False
     """The current stream handled a change or moved its token (resets the retry budget)."""
-    _saved: bytes | None = dataclasses.field(default=None, init=False)
+    _saved: ResumeToken | None = dataclasses.field(default=None, init=False)
     _unsaved: int = dataclasses.field(default=0, init=False)
     _last_save: float = dataclasses.field(default_factory=time.monotonic, init=False)
 

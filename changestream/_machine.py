@@ -42,6 +42,7 @@ from ._codes import (
 from ._options import ChangeStreamOptions
 from ._position import Position, newest_reply_time
 from ._split import SplitReassembler
+from ._token import raw_event_token
 from .errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
 
 __all__ = [
@@ -65,8 +66,6 @@ NOT_BUFFERED: Any = object()
 """Returned by :meth:`ChangeStreamMachine.next_buffered` when the fast path does not apply."""
 log = logging.getLogger("changestream.stream")
 """Resumes are logged here (INFO), whichever shell drives the machine."""
-_RAW_ID_PREFIX = b"\x03_id\x00"
-"""BSON of an embedded-document field named ``_id``: where a raw event's token starts."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -672,12 +671,10 @@ class ChangeStreamMachine:
 def _event_token(event: Mapping[str, Any]) -> Mapping[str, Any]:
     """The event's ``_id`` (its resume token); ``KeyError`` if it has none.
 
-    For a raw event whose first field is ``_id`` (as the server sends it), the
-    token's bytes are sliced out directly instead of inflating the whole event,
-    and copied so the token does not pin the reply's buffer.
+    A raw event's token is sliced out of its bytes (:func:`raw_event_token`).
     """
     if type(event) is RawBSONDocument:
-        raw = event.raw
-        if raw[4:9] == _RAW_ID_PREFIX:
-            return RawBSONDocument(bytes(raw[9:9 + int.from_bytes(raw[9:13], "little")]))
+        token = raw_event_token(event.raw)
+        if token is not None:
+            return token
     return event["_id"]  # type: ignore[no-any-return]

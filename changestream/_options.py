@@ -46,7 +46,6 @@ __all__ = [
     "effective_codec_options",
     "effective_timeout_ms",
     "event_decoder",
-    "present_token",
     "reply_codec",
     "resolve_target",
 ]
@@ -228,30 +227,6 @@ def event_decoder(
         return document if parse is None else parse(document)
 
     return decode
-
-
-def present_token(token: Mapping[str, Any] | None, codec: CodecOptions[Any]) -> Any:
-    """A resume token as the user sees it: their document class, never custom-decoded.
-
-    A ``RawBSONDocument`` token keeps its exact bytes (key order, ``_typeBits``).
-    """
-    if token is None:
-        return None
-    if isinstance(token, RawBSONDocument):
-        if issubclass(codec.document_class, RawBSONDocument):
-            return token
-        return bson.decode(token.raw, codec.with_options(type_registry=TypeRegistry()))
-    if type(token) is dict and _flat(token):
-        return dict(token)  # the usual {_data[, _typeBits]}: a copy, 5x cheaper than deepcopy
-    return copy.deepcopy(token)
-
-
-def _flat(document: Mapping[str, Any]) -> bool:
-    """Only immutable ``str``/``bytes`` values: a shallow copy is a deep copy."""
-    for value in document.values():
-        if type(value) is not str and type(value) is not bytes:
-            return False
-    return True
 
 
 def _pipeline(pipeline: Any) -> tuple[Mapping[str, Any], ...]:

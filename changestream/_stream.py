@@ -26,11 +26,11 @@ from ._machine import (
 )
 from ._options import (
     ChangeStreamOptions,
-    present_token,
     resolve_target,
 )
 from ._pymongo import SyncTransport
 from ._shell import Progress, abandon, call_deadline, stream_setup
+from ._token import ResumeToken
 
 __all__ = ["ChangeStream"]
 
@@ -93,7 +93,7 @@ class ChangeStream(Progress, Generic[_T]):
 
         ``None`` until the stream has one (no start option and no batch yet).
         """
-        return present_token(self._machine.resume_token, self._codec)
+        return ResumeToken.present(self._machine.resume_token, self._codec)
 
     def get_resume_token(self) -> Any:
         """Same as :attr:`resume_token` (the spec's ``getResumeToken()``)."""

@@ -20,7 +20,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import bson
 from bson import json_util
 from bson.codec_options import CodecOptions
 from pymongo.asynchronous.collection import AsyncCollection
@@ -29,6 +28,7 @@ from pymongo.read_preferences import ReadPreference
 from pymongo.synchronous.collection import Collection
 from pymongo.write_concern import WriteConcern
 
+from ._token import ResumeToken
 from .errors import ChangeStreamError
 
 __all__ = [
@@ -83,11 +83,7 @@ class TokenStoreError(ChangeStreamError):
 
 def _plain_token(token: Mapping[str, Any]) -> dict[str, Any]:
     """A token as a plain dict (also from ``RawBSONDocument``), keeping its exact BSON."""
-    if not isinstance(token, Mapping):
-        raise TypeError(f"token must be a document (mapping), not {type(token).__name__}")
-    if "_data" not in token:
-        raise ValueError(f"not a resume token (no '_data' field): {dict(token)!r:.200}")
-    return bson.decode(bson.encode(token))
+    return ResumeToken.of(token).document()
 
 
 def _now() -> datetime:

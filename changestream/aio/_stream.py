@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-import bson
-from bson.raw_bson import RawBSONDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
@@ -34,11 +32,11 @@ from .._machine import (
 )
 from .._options import (
     ChangeStreamOptions,
-    present_token,
     resolve_target,
 )
 from .._pymongo import AsyncTransport
 from .._shell import Progress, abandon, call_deadline, stream_setup
+from .._token import ResumeToken
 
 __all__ = ["AsyncChangeStream", "TokenCallback", "watch"]
 
@@ -80,13 +78,6 @@ async def watch(
     )
     await stream._start()
     return stream
-
-
-def _token_key(token: Mapping[str, Any] | None) -> bytes | None:
-    """Tokens compare by their BSON bytes (each reply decodes a new object)."""
-    if token is None:
-        return None
-    return bytes(token.raw) if isinstance(token, RawBSONDocument) else bson.encode(token)
 
 
 class AsyncChangeStream(Progress, Generic[_T]):
@@ -133,7 +124,7 @@ class AsyncChangeStream(Progress, Generic[_T]):
         self._close_requested = False
         self._cleanup: asyncio.Task[None] | None = None
         self._on_token = on_resume_token_change
-        self._notified = _token_key(self._machine.resume_token)
+        self._notified = ResumeToken.maybe(self._machine.resume_token)
 
     async def _start(self) -> None:
         """Run the initial aggregate (called by :func:`watch`)."""
@@ -146,7 +137,7 @@ class AsyncChangeStream(Progress, Generic[_T]):
     @property
     def resume_token(self) -> Any:
         """The token a resume would use now: pass it as ``resume_after`` (or ``start_after``)."""
-        return present_token(self._machine.resume_token, self._codec)
+        return ResumeToken.present(self._machine.resume_token, self._codec)
 
     def get_resume_token(self) -> Any:
         """Same as :attr:`resume_token` (the spec's ``getResumeToken()``)."""
@@ -264,7 +255,7 @@ class AsyncChangeStream(Progress, Generic[_T]):
         """Call ``on_resume_token_change`` if the cached token changed since the last call."""
         if self._on_token is None:
             return
-        key = _token_key(self._machine.resume_token)
+        key = ResumeToken.maybe(self._machine.resume_token)
         if key == self._notified:
             return
         self._notified = key

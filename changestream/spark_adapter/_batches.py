@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import bson
 import pyarrow as pa
 from bson.raw_bson import RawBSONDocument
 from pyspark.sql import DataFrame, SparkSession
@@ -32,6 +31,7 @@ from pyspark.sql.types import DataType, StructType
 
 from .._api import watch
 from .._stream import ChangeStream
+from .._token import ResumeToken
 from ..stores import TokenStore
 from ._convert import EventConverter, event_token, is_invalidate, raw_bytes
 from ._errors import history_lost_as_error
@@ -437,13 +437,13 @@ class _Run:
         self.saved_at = time.monotonic()
 
     def save(self, token: Mapping[str, Any]) -> None:
-        plain = bson.decode(token.raw) if isinstance(token, RawBSONDocument) else dict(token)
+        plain = ResumeToken.of(token).document()
         self.store.save(plain, batch_id=self.batch_id)
         self.token = plain
         self.saved_at = time.monotonic()
 
     def save_if_moved(self, token: Mapping[str, Any] | None) -> None:
-        if token is not None and dict(token) != self.token:
+        if token is not None and ResumeToken.maybe(token) != ResumeToken.maybe(self.token):
             self.save(token)
         else:
             self.saved_at = time.monotonic()

@@ -30,6 +30,7 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from .._token import raw_token_bytes
 from ._errors import SchemaMismatchError
 from ._schema import ENVELOPE_COLUMNS
 
@@ -397,18 +398,12 @@ def is_invalidate(event: Event) -> bool:
     return event.get("operationType") == "invalidate"
 
 
-_ID_DOCUMENT = b"\x03_id\x00"
-"""A top-level ``_id`` of type document, as change events start (after the int32 size)."""
-
-
 def event_token(event: Event) -> Any:
     """The resume token (``_id``) of a change document; raw events decode only the token."""
     if not isinstance(event, bytes):
         return event["_id"]
-    if event[4:9] == _ID_DOCUMENT:
-        size = int.from_bytes(event[9:13], "little")
-        return bson.decode(event[9 : 9 + size])
-    return bson.decode(event)["_id"]
+    token = raw_token_bytes(event)
+    return bson.decode(token) if token is not None else bson.decode(event)["_id"]
 
 
 def _decoded(events: Sequence[Event]) -> Docs:

@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .._token import token_from_json, token_to_json
+from .._token import ResumeToken, token_from_json, token_to_json
 
 __all__ = [
     "OFFSET_VERSION",
@@ -70,7 +70,11 @@ def same_position(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def token_data(token: Mapping[str, Any]) -> str:
-    """The ``_data`` hex string of a token (the key that orders tokens)."""
+    """The ``_data`` hex string of a token, for per-event comparisons on the read-ahead path.
+
+    Upper-case hex of a KeyString orders as its bytes do, i.e. as
+    :class:`~changestream._token.ResumeToken` orders; this skips building one per event.
+    """
     data = token.get("_data")
     if not isinstance(data, str):
         raise ValueError(f"resume token without a hex string '_data': {token!r}")
@@ -78,11 +82,12 @@ def token_data(token: Mapping[str, Any]) -> str:
 
 
 def token_passed(token: Mapping[str, Any], bound: Mapping[str, Any]) -> bool:
-    """Whether ``token`` sorts strictly after ``bound``.
+    """Whether ``token`` sorts strictly after ``bound`` (:class:`ResumeToken` order).
 
-    ``_data`` is a hex KeyString, memcmp-ordered, so comparing the upper-case
-    hex strings orders tokens of the same version (clusterTime, then
-    high-water-mark before events, then txnOpIndex, ...). Used only as a
-    fallback after exact equality.
+    ``_data`` is a KeyString, memcmp-ordered: tokens of the same version order
+    by clusterTime, then high-water-mark before events, then txnOpIndex, ....
+    Used only as a fallback after exact equality.
     """
-    return token_data(token) > token_data(bound)
+    token_data(token)  # ValueError unless both are 4.0+ (hex string) tokens
+    token_data(bound)
+    return ResumeToken.of(token).key > ResumeToken.of(bound).key

@@ -25,9 +25,9 @@ from changestream._options import (
     effective_codec_options,
     effective_timeout_ms,
     event_decoder,
-    present_token,
     resolve_target,
 )
+from changestream._token import ResumeToken
 
 
 @pytest.fixture
@@ -181,10 +181,10 @@ def test_event_decoder_typed_returns_events() -> None:
 
 def test_present_token_follows_document_class() -> None:
     raw = RawBSONDocument(bson.encode({"_data": "82AA", "_typeBits": Binary(b"\x01", 0)}))
-    as_dict = present_token(raw, CodecOptions())
+    as_dict = ResumeToken.present(raw, CodecOptions())
     assert type(as_dict) is dict and bson.encode(as_dict) == raw.raw
-    assert present_token(raw, CodecOptions(document_class=RawBSONDocument)) is raw
+    assert ResumeToken.present(raw, CodecOptions(document_class=RawBSONDocument)) is raw
     user = {"_data": "82BB"}
-    copy = present_token(user, CodecOptions())
+    copy = ResumeToken.present(user, CodecOptions())
     assert copy == user and copy is not user
-    assert present_token(None, CodecOptions()) is None
+    assert ResumeToken.present(None, CodecOptions()) is None

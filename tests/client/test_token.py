@@ -67,3 +67,75 @@ def test_cluster_time_from_the_keystring_prefix(token: Any, expected: Timestamp)
 )
 def test_cluster_time_is_none_when_undecodable(token: Any) -> None:
     assert token_cluster_time(token) is None
+
+
+# -- ResumeToken: the one internal type ---------------------------------------------------------
+def test_resume_token_equality_and_hash_are_by_bson_bytes_whatever_the_mapping() -> None:
+    from bson.son import SON
+
+    from changestream._token import ResumeToken
+
+    plain = {"_data": V2_HWM}
+    forms = [plain, SON(plain), RawBSONDocument(bson.encode(plain)), token_from_json(token_to_json(plain))]
+    tokens = {ResumeToken.of(form) for form in forms}
+    assert len(tokens) == 1
+    with_type_bits = ResumeToken.of({"_data": V2_HWM, "_typeBits": Binary(b"\x01", 0)})
+    assert with_type_bits != ResumeToken.of(plain)
+    assert ResumeToken.of(plain) != plain  # a token is not a mapping: no accidental equality
+
+
+def test_resume_token_orders_by_keystring_bytes_and_reads_cluster_time() -> None:
+    from changestream._token import ResumeToken
+
+    older = ResumeToken.of({"_data": "82" + "00000001" + "00000005" + "04"})
+    newer = ResumeToken.of({"_data": "82" + "00000002" + "00000001" + "04"})
+    lower_case = ResumeToken.of({"_data": ("82" + "00000002" + "00000001" + "04").lower()})
+    assert older < newer and newer > older and older <= older and newer >= lower_case >= newer
+    assert sorted([newer, older]) == [older, newer]
+    assert newer.cluster_time == Timestamp(2, 1)
+    assert ResumeToken.of({"_data": V1_INSERT}).cluster_time == token_cluster_time({"_data": V1_INSERT})
+    assert ResumeToken.of({"_data": Binary(bytes.fromhex(V2_HWM), 0)}).cluster_time == (
+        token_cluster_time({"_data": V2_HWM})
+    )
+    assert ResumeToken.of({"_data": 5}).cluster_time is None
+
+
+def test_resume_token_json_round_trip_and_documents() -> None:
+    from changestream._token import ResumeToken
+
+    original = {"_data": V1_INSERT, "_typeBits": Binary(b"\x82\x00\x01", 0)}
+    token = ResumeToken.of(original)
+    assert ResumeToken.from_json(token.to_json()) == token
+    assert ResumeToken.from_json(token.to_json(canonical=True)) == token
+    assert bson.encode(token.document()) == bson.encode(original)
+    assert token.data == V1_INSERT
+
+
+def test_resume_token_rejects_what_is_not_a_token() -> None:
+    from changestream._token import ResumeToken
+
+    with pytest.raises(TypeError, match="mapping"):
+        ResumeToken.of("82AB")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="_data"):
+        ResumeToken.of({"x": 1})
+    with pytest.raises(ValueError, match="resume token"):
+        ResumeToken.from_json('{"x": 1}')
+    assert ResumeToken.maybe(None) is None
+    assert ResumeToken.maybe({"x": 1}) == ResumeToken.maybe({"x": 1})  # comparable, unchecked
+
+
+def test_resume_token_present_gives_the_users_mapping() -> None:
+    from bson.codec_options import CodecOptions
+    from bson.son import SON
+
+    from changestream._token import ResumeToken
+
+    raw = RawBSONDocument(bson.encode({"_data": V2_HWM}))
+    assert ResumeToken.present(raw, CodecOptions(document_class=RawBSONDocument)) is raw
+    assert ResumeToken.present(raw, CodecOptions()) == {"_data": V2_HWM}
+    plain = {"_data": V2_HWM}
+    copy = ResumeToken.present(plain, CodecOptions())
+    assert copy == plain and copy is not plain
+    son = SON([("_data", V2_HWM)])
+    assert type(ResumeToken.present(son, CodecOptions(document_class=SON))) is SON
+    assert ResumeToken.present(None, CodecOptions()) is None

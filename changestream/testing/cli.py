@@ -53,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         "(default: in memory only)",
     )
     serve.add_argument(
+        "--auth",
+        action="append",
+        default=[],
+        metavar="USER:PASSWORD",
+        help="require authentication (SCRAM) and create this user in admin; repeatable",
+    )
+    serve.add_argument(
         "--networkMessageCompressors",
         dest="compressors",
         default=None,
@@ -68,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.standalone and args.members != 1:
         print("error: --standalone runs exactly one member", file=sys.stderr)
         return 2
+    users: dict[str, str] = {}
+    for spec in args.auth:
+        user, sep, password = spec.partition(":")
+        if not sep or not user or not password:
+            print("error: --auth takes USER:PASSWORD (both non-empty)", file=sys.stderr)
+            return 2
+        users[user] = password
     try:
         rs = ReplicaSet(
             args.version,
@@ -82,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.event_cache_mb is None
             else args.event_cache_mb * 1024 * 1024,
             dbpath=args.dbpath,
+            users=users,
         ).start()
     except DbPathError as exc:
         print(f"error: --dbpath {args.dbpath}: {exc}", file=sys.stderr)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 
 from .core.event_cache import CACHE_BYTES
@@ -39,7 +39,10 @@ class ReplicaSet:
     ``dbpath`` keeps the data, oplog, cluster time and term in that directory
     across restarts: :meth:`stop` writes them, the next ``ReplicaSet`` with the
     same ``dbpath`` starts from them (a resume token taken before resumes
-    after). One deployment at a time may use a ``dbpath``.
+    after). One deployment at a time may use a ``dbpath``. ``users``
+    (``{"app": "secret"}``, users of ``admin``) turns authentication on, as
+    mongod's ``--auth``: commands other than the handshake need a client
+    authenticated with SCRAM-SHA-256 or SCRAM-SHA-1.
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class ReplicaSet:
         compressors: Iterable[str] | str | None = None,
         event_cache_bytes: int | None = None,
         dbpath: str | os.PathLike[str] | None = None,
+        users: Mapping[str, str] | None = None,
     ) -> None:
         if members < 1:
             raise ValueError(f"a replica set needs at least one member, got {members}")
@@ -72,6 +76,7 @@ class ReplicaSet:
             compressors=compressors,
             event_cache_bytes=CACHE_BYTES if event_cache_bytes is None else event_cache_bytes,
             dbpath=dbpath,
+            users=users,
         )
         for member in self.deployment.members:
             member.host = host

@@ -7,6 +7,7 @@ condition awaitable hellos wait on belong to the deployment
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -24,6 +25,7 @@ from ..core.errors import CommandError
 from ..core.topology import elect_next, topology_version
 from ..storage import type_name
 from ..storage.sessions import abort_all_sessions, abort_session, session_uuid
+from .auth import sasl_start
 from .spec import command
 
 if TYPE_CHECKING:
@@ -88,8 +90,8 @@ def _op_time(deployment: Deployment) -> dict[str, Any]:
     return {"ts": deployment.last_applied(), "t": Int64(deployment.term)}
 
 
-@command("isMaster", "ismaster", locks=False, any_member=True, handshake=True)
-@command("hello", locks=False, any_member=True, handshake=True)
+@command("isMaster", "ismaster", locks=False, any_member=True, handshake=True, auth=False)
+@command("hello", locks=False, any_member=True, handshake=True, auth=False)
 def hello(ctx: CommandContext) -> dict[str, Any]:
     """The handshake and SDAM monitoring reply, awaitable on 4.4+ (``replication_info.cpp``).
 
@@ -171,7 +173,32 @@ def hello(ctx: CommandContext) -> dict[str, Any]:
         conn.compressors = member.compressors.negotiate(offered)
     if conn.compressors:
         reply["compression"] = list(conn.compressors)
+    reply.update(_auth_fields(ctx))
     return reply
+
+
+def _auth_fields(ctx: CommandContext) -> dict[str, Any]:
+    """``saslSupportedMechs`` (the user's mechanisms, absent for no such user) and 4.4+'s
+    ``speculativeAuthenticate`` (a ``saslStart`` run with the hello; absent when it fails)."""
+    out: dict[str, Any] = {}
+    asked = ctx.body.get("saslSupportedMechs")
+    if asked is not None:
+        if not isinstance(asked, str) or "." not in asked:
+            raise CommandError(2, "UserName must contain a '.' separated database.user pair")
+        db, _, user = asked.partition(".")
+        mechanisms = ctx.deployment.users.mechanisms(db, user)
+        if mechanisms is not None:
+            out["saslSupportedMechs"] = mechanisms
+    speculative = ctx.body.get("speculativeAuthenticate")
+    if (
+        isinstance(speculative, dict)
+        and "saslStart" in speculative
+        and isinstance(speculative.get("db"), str)
+        and ctx.deployment.profile.major_minor >= (4, 4)
+    ):
+        with contextlib.suppress(CommandError):
+            out["speculativeAuthenticate"] = sasl_start(ctx, speculative, speculative["db"])
+    return out
 
 
 def _compression_offer(ctx: CommandContext) -> list[str] | None:
@@ -202,7 +229,7 @@ def _compression_offer(ctx: CommandContext) -> list[str] | None:
 # -- build and server information ------------------------------------------------------------
 
 
-@command("buildInfo", "buildinfo", locks=False, any_member=True)
+@command("buildInfo", "buildinfo", locks=False, any_member=True, auth=False)
 def build_info(ctx: CommandContext) -> dict[str, Any]:
     profile = ctx.deployment.profile
     return {
@@ -220,7 +247,7 @@ def build_info(ctx: CommandContext) -> dict[str, Any]:
     }
 
 
-@command("ping", locks=False, any_member=True)
+@command("ping", locks=False, any_member=True, auth=False)
 def ping(ctx: CommandContext) -> dict[str, Any]:
     return {}
 
@@ -330,15 +357,19 @@ def host_info(ctx: CommandContext) -> dict[str, Any]:
     }
 
 
-@command("connectionStatus", locks=False, any_member=True)
+@command("connectionStatus", locks=False, any_member=True, auth=False)
 def connection_status(ctx: CommandContext) -> dict[str, Any]:
-    auth: dict[str, Any] = {"authenticatedUsers": [], "authenticatedUserRoles": []}
+    user = ctx.connection.user
+    auth: dict[str, Any] = {
+        "authenticatedUsers": [] if user is None else [{"user": user[0], "db": user[1]}],
+        "authenticatedUserRoles": [] if user is None else [{"role": "root", "db": "admin"}],
+    }
     if ctx.body.get("showPrivileges"):
         auth["authenticatedUserPrivileges"] = []
     return {"authInfo": auth}
 
 
-@command("whatsmyuri", locks=False, any_member=True)
+@command("whatsmyuri", locks=False, any_member=True, auth=False)
 def whats_my_uri(ctx: CommandContext) -> dict[str, Any]:
     host, port = ctx.connection.peer[:2]
     return {"you": f"{host}:{port}"}

@@ -12,6 +12,7 @@ from types import MappingProxyType, ModuleType
 from . import (
     admin,
     aggregate,
+    auth,
     bulk_write,
     crud,
     cursors,
@@ -25,6 +26,7 @@ from .spec import CommandSpec, specs_of
 
 MODULES: tuple[ModuleType, ...] = (
     admin,
+    auth,
     crud,
     bulk_write,
     ddl,

@@ -38,7 +38,10 @@ class CommandSpec:
     """Runs on a secondary whatever the read preference (mongod's
     ``AllowedOnSecondary::kAlways``: hello, getMore, killCursors, ...)."""
     handshake: bool = False
-    """Allowed over OP_QUERY on 5.1+ (hello/isMaster) and before auth."""
+    """Allowed over OP_QUERY on 5.1+ (hello/isMaster)."""
+    auth: bool = True
+    """Needs an authenticated connection when the deployment has users (mongod's
+    ``requiresAuth``; else Unauthorized 13)."""
     requires: str | None = None
     """A :class:`~changestream.testing.versions.VersionProfile` flag the command needs;
     without it the command does not exist (CommandNotFound, as on older servers)."""

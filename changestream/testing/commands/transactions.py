@@ -66,7 +66,7 @@ def commit_transaction(ctx: CommandContext) -> dict[str, Any]:
             "c",
             "admin.$cmd",
             {"applyOps": apply_ops},
-            lsid=full_lsid(txn.lsid),
+            lsid=full_lsid(txn.lsid, ctx.connection.user),
             txn_number=Int64(txn.txn_number),
             txn_ops=inner,
             ts=ts,

@@ -20,6 +20,7 @@ from .errors import ClientDisconnected
 
 if TYPE_CHECKING:
     from ..storage.deployment import Deployment, Member
+    from .auth import ScramConversation
 
 
 CLIENT_CHECK_SECONDS = 0.25
@@ -39,6 +40,10 @@ class ConnectionInfo:
     """The compressors ``hello`` negotiated on this connection (client's order)."""
     sock: socket.socket | None = field(default=None, repr=False)
     """The server's end (None: a context made without a connection, e.g. in unit tests)."""
+    user: tuple[str, str] | None = None
+    """``(user, db)`` this connection authenticated as (None: not authenticated)."""
+    sasl: ScramConversation | None = field(default=None, repr=False)
+    """The SCRAM exchange in progress on this connection (``saslStart`` .. ``saslContinue``)."""
     _closed: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
 
     @property

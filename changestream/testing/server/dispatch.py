@@ -151,6 +151,9 @@ class Dispatcher:
             ctx = self._context(conn, db, name, body)
             if spec.admin_only and db != "admin":
                 raise CommandError(13, f"{name} may only be run against the admin database.")
+            if spec.auth and conn.user is None and self.deployment.users.enabled:
+                command = "Command" if self.deployment.profile.major_minor >= (8, 0) else "command"
+                raise CommandError(13, f"{command} {spec.name} requires authentication")
             if self.deployment.standalone:
                 if not spec.standalone_ok:
                     raise CommandError(76, "not running with --replSet")

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from bson.codec_options import CodecOptions
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
+from ..core.auth import Users
 from ..core.clock import ClusterClock
 from ..core.compression import CompressorSet, resolve
 from ..core.cursors import CursorManager
@@ -94,6 +95,7 @@ class Deployment:
         compressors: Iterable[str] | str | None = None,
         event_cache_bytes: int = CACHE_BYTES,
         dbpath: str | os.PathLike[str] | None = None,
+        users: Mapping[str, str] | None = None,
     ) -> None:
         if standalone and members != 1:
             raise ValueError("a standalone has exactly one member")
@@ -118,6 +120,8 @@ class Deployment:
         """Notified whenever a member's role or topologyVersion changes, or a member goes down."""
         self.event_cache = EventCache(event_cache_bytes)
         """Change events already built from this oplog, shared by its streams."""
+        self.users = Users(users)
+        """Who may authenticate; with any user, commands need authentication (``--auth``)."""
         self.dbpath = None if dbpath is None else Path(dbpath)
         """Where :meth:`close` keeps the data for the next start (None: in memory only)."""
         self._dbpath_lock = None if self.dbpath is None else DbPathLock(self.dbpath)

@@ -34,7 +34,7 @@ from bson.int64 import Int64
 from ..core.context import CommandContext
 from ..core.errors import CloseConnection, CommandError
 
-NO_AUTH_UID = Binary(hashlib.sha256(b"").digest(), 0)
+NO_AUTH_UID: Binary = Binary(hashlib.sha256(b"").digest(), 0)
 """``lsid.uid`` of sessions when auth is disabled: SHA-256 of the empty user name."""
 
 DDL_IN_TRANSACTION = frozenset({"create", "createIndexes"})
@@ -341,7 +341,7 @@ class WriteUnit:
             o2=o2,
             pre_image=pre_image,
             post_image=post_image,
-            lsid=full_lsid(retry.lsid) if retry is not None else None,
+            lsid=full_lsid(retry.lsid, self.ctx.connection.user) if retry is not None else None,
             txn_number=Int64(retry.txn_number) if retry is not None else None,
             stmt_id=self.stmt_id if retry is not None else None,
         )
@@ -358,6 +358,14 @@ class WriteUnit:
             self.txn.abort()
 
 
-def full_lsid(lsid: dict[str, Any]) -> dict[str, Any]:
-    """``{id, uid}`` as mongod writes a session id into the oplog (auth disabled)."""
-    return {"id": lsid["id"], "uid": lsid.get("uid", NO_AUTH_UID)}
+def session_uid(user: tuple[str, str] | None) -> Binary:
+    """``lsid.uid``: SHA-256 of the authenticated ``user@db`` (of "" without authentication)."""
+    if user is None:
+        return NO_AUTH_UID
+    uid: Binary = Binary(hashlib.sha256(f"{user[0]}@{user[1]}".encode()).digest(), 0)
+    return uid
+
+
+def full_lsid(lsid: dict[str, Any], user: tuple[str, str] | None = None) -> dict[str, Any]:
+    """``{id, uid}`` as mongod writes a session id into the oplog."""
+    return {"id": lsid["id"], "uid": lsid.get("uid", session_uid(user))}

@@ -282,3 +282,15 @@ def test_serve_auth_and_watch_never_print_the_password(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+def test_a_sessions_uid_is_the_users_digest(secured: ReplicaSet, clients: Clients) -> None:
+    """mongod writes ``lsid.uid`` = SHA-256 of ``user@db`` for an authenticated session."""
+    client = clients(secured.uri, username="app", password=PASSWORD)
+    coll = client.shop.orders
+    coll.insert_one({"_id": 0})
+    with coll.watch() as stream:
+        with client.start_session() as session, session.start_transaction():
+            coll.insert_one({"_id": 1}, session=session)
+        event = next(stream)
+    assert event["lsid"]["uid"] == hashlib.sha256(b"app@admin").digest()

@@ -10,6 +10,8 @@ import each other in a cycle.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -270,3 +272,22 @@ def test_module_state_is_found(tmp_path: Path) -> None:
         },
     )
     assert sorted(module_state(root, "pkg")) == ["pkg.m._cache", "pkg.m._ids", "pkg.m._lock"]
+
+
+def test_a_command_module_that_fails_to_import_fails_the_registry() -> None:
+    """No optional command module: a missing one is an error, not a smaller registry."""
+    code = (
+        "import sys\n"
+        "sys.modules['changestream.testing.commands.listing'] = None\n"
+        "import changestream.testing.commands\n"
+    )
+    env_path = str(ROOT.parents[1])
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "ModuleNotFoundError" in result.stderr and "commands.listing" in result.stderr

@@ -994,7 +994,7 @@ def _datetime_from_millis(millis: int) -> datetime.datetime | DatetimeMS:
 def decode_key(key: bytes, type_bits: bytes | TypeBitsReader = b"") -> list[Any]:
     """Values of an ascending KeyString (up to kEnd), typed by ``type_bits``.
 
-    Raises :class:`~changestream.testing.errors.CommandError` with mongod's
+    Raises :class:`~changestream.testing.core.errors.CommandError` with mongod's
     codes for malformed input.
     """
     reader = type_bits if isinstance(type_bits, TypeBitsReader) else TypeBitsReader(type_bits)

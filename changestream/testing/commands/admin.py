@@ -40,7 +40,7 @@ def _await_topology_change(
 ) -> None:
     """Block until ``member``'s topologyVersion differs from ``client_tv`` or time runs out.
 
-    Ends with :class:`~changestream.testing.errors.ClientDisconnected` when the
+    Ends with :class:`~changestream.testing.core.errors.ClientDisconnected` when the
     connection goes first (mongod marks hello "kill on client disconnect").
     """
     if not isinstance(client_tv, dict) or not isinstance(client_tv.get("processId"), ObjectId):

@@ -43,7 +43,7 @@ class CommandSpec:
     """Needs an authenticated connection when the deployment has users (mongod's
     ``requiresAuth``; else Unauthorized 13)."""
     requires: str | None = None
-    """A :class:`~changestream.testing.versions.VersionProfile` flag the command needs;
+    """A :class:`~changestream.testing.core.versions.VersionProfile` flag the command needs;
     without it the command does not exist (CommandNotFound, as on older servers)."""
 
 

@@ -8,7 +8,7 @@ A connection's thread ends, and closes its socket, as soon as the client
 closes its end: between requests the read sees EOF; an operation that waits
 (awaitable hello, a getMore waiting for events, failCommand's
 ``blockConnection``, waitForFailPoint) checks the client as mongod does and
-ends with :class:`~changestream.testing.errors.ClientDisconnected`.
+ends with :class:`~changestream.testing.core.errors.ClientDisconnected`.
 """
 
 from __future__ import annotations

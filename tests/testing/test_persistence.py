@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from changestream.testing import ReplicaSet
 from changestream.testing.storage.persist import DbPathError
@@ -177,3 +177,28 @@ def test_serve_keeps_its_data_in_dbpath_across_ctrl_c(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_standalone_keeps_its_data(tmp_path: Path, start_rs: StartRs, clients: Clients) -> None:
+    first = start_rs("8.0", standalone=True, dbpath=tmp_path)
+    clients(first.uri).db.c.insert_many([{"_id": 1}, {"_id": 2}])
+    first.stop()
+    second = start_rs("8.0", standalone=True, dbpath=tmp_path)
+    assert [d["_id"] for d in clients(second.uri).db.c.find()] == [1, 2]
+
+
+def test_history_lost_stays_lost_after_a_restart(
+    tmp_path: Path, start_rs: StartRs, clients: Clients
+) -> None:
+    first = start_rs("8.0", dbpath=tmp_path, oplog_max_entries=5)
+    client = clients(first.uri)
+    with client.db.c.watch() as stream:
+        client.db.c.insert_one({"_id": 0})
+        next(stream)
+        old_token = stream.resume_token
+    client.db.c.insert_many([{"_id": i} for i in range(1, 10)])
+    first.stop()
+    second = start_rs("8.0", dbpath=tmp_path, oplog_max_entries=5)
+    with pytest.raises(OperationFailure) as exc:
+        clients(second.uri).db.c.watch(resume_after=old_token).try_next()
+    assert exc.value.code == 286

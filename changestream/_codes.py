@@ -38,7 +38,7 @@ RETRYABLE_READ_LABEL = "RetryableError"
 """Retryable-reads spec: a failed aggregate carrying this label may be retried once."""
 
 # -- code sets ------------------------------------------------------------------------------
-RESUMABLE_CODES_BEFORE_4_4 = frozenset({
+_UNAVAILABLE = frozenset({
     6,  # HostUnreachable
     7,  # HostNotFound
     89,  # NetworkTimeout
@@ -51,29 +51,21 @@ RESUMABLE_CODES_BEFORE_4_4 = frozenset({
     11602,  # InterruptedDueToReplStateChange
     13435,  # NotPrimaryNoSecondaryOk
     13436,  # NotPrimaryOrSecondary
+})
+"""The member is unreachable, shutting down or no longer primary: another one may answer."""
+
+RESUMABLE_CODES_BEFORE_4_4 = _UNAVAILABLE | {
     63,  # StaleShardVersion
     150,  # StaleEpoch
     13388,  # StaleConfig
     234,  # RetryChangeStream
     133,  # FailedToSatisfyReadPreference
-})
+}
 """Change-streams spec: resumable server codes on connections with wire version < 9 (no labels yet)."""
 
-RETRYABLE_READ_CODES = frozenset({
-    6,  # HostUnreachable
-    7,  # HostNotFound
-    89,  # NetworkTimeout
-    91,  # ShutdownInProgress
+RETRYABLE_READ_CODES = _UNAVAILABLE | {
     134,  # ReadConcernMajorityNotAvailableYet
-    189,  # PrimarySteppedDown
-    262,  # ExceededTimeLimit
-    9001,  # SocketException
-    10107,  # NotWritablePrimary
-    11600,  # InterruptedAtShutdown
-    11602,  # InterruptedDueToReplStateChange
-    13435,  # NotPrimaryNoSecondaryOk
-    13436,  # NotPrimaryOrSecondary
-})
+}
 """Retryable-reads spec: server codes after which an aggregate is retried once."""
 
 TRANSIENT_CODES = RESUMABLE_CODES_BEFORE_4_4 | RETRYABLE_READ_CODES | {CURSOR_NOT_FOUND}

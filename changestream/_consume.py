@@ -44,7 +44,7 @@ from .errors import (
     RetriesExhaustedError,
     StreamInvalidatedError,
 )
-from .stores import TokenStore
+from .stores import StoredToken, TokenStore
 
 __all__ = [
     "ConsumeError",
@@ -279,6 +279,117 @@ def check_save_options(save_every: int, save_interval: float | None) -> None:
         raise ValueError(f"save_interval must be >= 0 or None, not {save_interval!r}")
 
 
+# -- one run, without its I/O (shared with the async loop) ------------------------------------
+HANDLE = "handle"
+"""A change came: call the handler, then :meth:`Run.handled`."""
+SAVE = "save"
+"""Store the token now."""
+NOTHING = "nothing"
+
+
+class Run:
+    """Everything :func:`consume` and :func:`changestream.aio.consume` decide, in one place.
+
+    The two loops only do the I/O in between (open the stream, ``try_next``,
+    call the handler, save the token, sleep), awaited or not; each decision
+    (what to save and when, what ends the run, when to reopen, which error
+    to raise) is a method here, so a fix lands once.
+    """
+
+    def __init__(
+        self,
+        store: object,
+        *,
+        save_every: int,
+        save_interval: float | None,
+        retry_for: float | None,
+        backoff_initial: float,
+        backoff_max: float,
+        stats: StatsReporter,
+    ) -> None:
+        check_save_options(save_every, save_interval)
+        self.policy = RetryPolicy(retry_for, backoff_initial, backoff_max)
+        self.progress = Progress(save_every, save_interval)
+        self.store = store
+        self.stats = stats
+        self.opened = 0
+        self.handler_error: BaseException | None = None
+
+    def loaded(self, stored: StoredToken | None) -> None:
+        """What the store held when the run began."""
+        self.progress.start(stored.token if stored is not None else None)
+
+    @property
+    def token(self) -> Any:
+        """The token to save (last handled change or empty batch) and to reopen from."""
+        return self.progress.token
+
+    def opening(self) -> Any:
+        """A stream is about to open: the token to open it from."""
+        self.opened += 1
+        return self.progress.token
+
+    def started(self, stream: Any) -> str:
+        """``stream`` opened: :data:`SAVE` if its token moved the position."""
+        self.stats.on_stream(stream)
+        if self.opened > 1:
+            log.info("reopened the change stream (reopen %d)", self.opened - 1)
+        due = self.progress.on_idle(stream.resume_token)
+        self.progress.advanced = False
+        return SAVE if due else NOTHING
+
+    def polled(self, change: Any, token: Any, alive: bool) -> str:
+        """``try_next`` returned ``change`` and left ``token``; raise at the stream's end."""
+        progress = self.progress
+        self.stats.poll(progress.handled, self.opened - 1)
+        if change is None:
+            if not alive:
+                raise invalidated(None, progress.token, token)
+            return SAVE if progress.on_idle(token) else NOTHING
+        if is_invalidate(change):
+            raise invalidated(change, progress.token, token)
+        return HANDLE
+
+    def handled(self, token: Any) -> str:
+        """The handler returned for the change that left ``token``."""
+        return SAVE if self.progress.on_change(token) else NOTHING
+
+    def saved(self) -> None:
+        self.progress.saved()
+        self.stats.on_stored(self.progress.token)
+
+    @property
+    def pending(self) -> bool:
+        """A token not yet in the store."""
+        return self.progress.pending
+
+    def reopen_after(self, exc: BaseException) -> bool:
+        """The stream failed with ``exc``: reopen at once (it had made progress) or not."""
+        if self.progress.advanced and is_transient(exc):
+            log.warning("change stream failed after progress (%s: %s); reopening",
+                        type(exc).__name__, exc)
+            return True
+        return False
+
+    def retrying(self) -> dict[str, Any]:
+        """Keyword arguments for ``tenacity.Retrying`` / ``AsyncRetrying`` (plus ``sleep``)."""
+        return self.policy.arguments()
+
+    def dead_end(self, exc: BaseException) -> ConsumeError | None:
+        """What the run raises for ``exc`` that ended it (``None``: ``exc`` itself)."""
+        return self.policy.dead_end(exc, self.progress.token, self.store,
+                                    from_handler=exc is self.handler_error)
+
+    def finished(self) -> None:
+        """The run ends (returns or raises): the last statistics."""
+        self.stats.finish(self.progress.handled, max(self.opened - 1, 0))
+
+    def result(self) -> ConsumeResult:
+        """How a run that was stopped ended."""
+        self.finished()
+        return ConsumeResult(self.progress.handled, max(self.opened - 1, 0), self.progress.token)
+
+
 # -- the synchronous loop ------------------------------------------------------------------
 def consume(
     open_stream: Callable[[Any], ChangeStream[Any]],
@@ -321,59 +432,40 @@ def consume(
     stored token) every ``stats_interval`` seconds and when the loop ends;
     the exporters in :mod:`changestream.exporters` are such callbacks.
     """
-    check_save_options(save_every, save_interval)
-    policy = RetryPolicy(retry_for, backoff_initial, backoff_max)
-    progress = Progress(save_every, save_interval)
-    stats = StatsReporter(on_stats, stats_interval)
-    stored = store.load()
-    progress.start(stored.token if stored is not None else None)
+    run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
+              backoff_initial=backoff_initial, backoff_max=backoff_max,
+              stats=StatsReporter(on_stats, stats_interval))
+    run.loaded(store.load())
     stop = stop if stop is not None else threading.Event()
-    opened = 0
-    handler_error: BaseException | None = None
 
     def save() -> None:
-        store.save(progress.token)
-        progress.saved()
-        stats.on_stored(progress.token)
+        store.save(run.token)
+        run.saved()
 
     def session() -> bool:
         """Run one stream; ``True``: it failed transiently after progress, open a new one."""
-        nonlocal opened, handler_error
         if stop.is_set():
             return False
-        opened += 1
-        stream = open_stream(progress.token)
-        stats.on_stream(stream)
-        if opened > 1:
-            log.info("reopened the change stream (reopen %d)", opened - 1)
+        stream = open_stream(run.opening())
         try:
             with stream:
-                if progress.on_idle(stream.resume_token):
+                if run.started(stream) is SAVE:
                     save()
-                progress.advanced = False
                 while not stop.is_set():
                     change = stream.try_next()
                     token = stream.resume_token
-                    stats.poll(progress.handled, opened - 1)
-                    if change is None:
-                        if not stream.alive:
-                            raise invalidated(None, progress.token, token)
-                        if progress.on_idle(token):
-                            save()
-                    elif is_invalidate(change):
-                        raise invalidated(change, progress.token, token)
-                    else:
+                    step = run.polled(change, token, stream.alive)
+                    if step is HANDLE:
                         try:
                             handler(change)
                         except Exception as exc:
-                            handler_error = exc
+                            run.handler_error = exc
                             raise
-                        if progress.on_change(token):
-                            save()
+                        step = run.handled(token)
+                    if step is SAVE:
+                        save()
         except Exception as exc:
-            if progress.advanced and is_transient(exc):
-                log.warning("change stream failed after progress (%s: %s); reopening",
-                            type(exc).__name__, exc)
+            if run.reopen_after(exc):
                 return True
             raise
         return False
@@ -382,28 +474,27 @@ def consume(
         stop.wait(seconds)
 
     try:
-        while tenacity.Retrying(sleep=sleep, **policy.arguments())(session):
+        while tenacity.Retrying(sleep=sleep, **run.retrying())(session):
             pass
     except Exception as exc:
-        _flush_quietly(progress, save)
-        stats.finish(progress.handled, max(opened - 1, 0))
-        dead_end = policy.dead_end(exc, progress.token, store, from_handler=exc is handler_error)
+        _flush_quietly(run, save)
+        run.finished()
+        dead_end = run.dead_end(exc)
         if dead_end is not None:
             raise dead_end from exc
         raise
     except BaseException:
-        _flush_quietly(progress, save)
-        stats.finish(progress.handled, max(opened - 1, 0))
+        _flush_quietly(run, save)
+        run.finished()
         raise
-    if progress.pending:
+    if run.pending:
         save()
-    stats.finish(progress.handled, max(opened - 1, 0))
-    return ConsumeResult(progress.handled, max(opened - 1, 0), progress.token)
+    return run.result()
 
 
-def _flush_quietly(progress: Progress, save: Callable[[], None]) -> None:
+def _flush_quietly(run: Run, save: Callable[[], None]) -> None:
     """Store the last handled token on the way out; the original error matters more."""
-    if progress.pending:
+    if run.pending:
         try:
             save()
         except Exception:

@@ -209,7 +209,48 @@ def _abandon(client: Any, session: Any, owns_session: bool, kill: KillCursors | 
         session._end_implicit_session()
 
 
-class SyncTransport:
+class _Transport:
+    """What both transports share: the stream's session, command routing, outcomes, cleanup.
+
+    Only the I/O (server selection, checkout, the command, ending the session)
+    is written twice, in :class:`SyncTransport` and :class:`AsyncTransport`,
+    because one awaits it; every decision around it lives here.
+    """
+
+    def __init__(self, client: Any, session: Any, reply_codec: CodecOptions[Any]) -> None:
+        self._client = client
+        self._reply_codec = reply_codec
+        self._owns_session = session is None
+        self._session = session if session is not None else client._ensure_session()
+
+    def _command_kwargs(self, route: _Route, effective_read_preference: Any) -> dict[str, Any]:
+        """Keyword arguments of ``Connection.command`` for ``route`` (replies always raw)."""
+        return {
+            "read_preference": route.read_preference(effective_read_preference),
+            "codec_options": _RAW,
+            "read_concern": route.read_concern,
+            "session": self._session,
+            "client": self._client,
+        }
+
+    def _reply(self, reply: Mapping[str, Any], server: Any, wire_version: int) -> Outcome:
+        return _decoded(reply, self._reply_codec), ReplyInfo(server.description.address,
+                                                             wire_version)
+
+    def _end_owned_session(self) -> Any:
+        """The implicit session to end now (a caller's session is left alone), or ``None``."""
+        if self._owns_session and self._session is not None:
+            session, self._session = self._session, None
+            return session
+        return None
+
+    def abandon(self, kill: KillCursors | None) -> None:
+        """The stream was dropped unclosed: clean up later, without I/O (or awaiting) now."""
+        session, self._session = self._session, None
+        _abandon(self._client, session, self._owns_session, kill)
+
+
+class SyncTransport(_Transport):
     """Runs commands for one stream on a ``MongoClient`` with the stream's single session."""
 
     def __init__(
@@ -218,14 +259,11 @@ class SyncTransport:
         session: ClientSession | None,
         reply_codec: CodecOptions[Any] = _RAW,
     ) -> None:
-        self._client = client
-        self._reply_codec = reply_codec
-        self._owns_session = session is None
-        self._session = session if session is not None else client._ensure_session()
+        super().__init__(client, session, reply_codec)
 
     @property
     def session(self) -> ClientSession | None:
-        return self._session
+        return self._session  # type: ignore[no-any-return]
 
     def run(self, command: Command) -> Outcome:
         """Run one command; PyMongo (and other ``Exception``) failures come back as ``ErrorInfo``."""
@@ -241,35 +279,22 @@ class SyncTransport:
             ):
                 wire_version = conn.max_wire_version
                 try:
-                    reply = conn.command(
-                        command.database,
-                        route.spec,
-                        read_preference=route.read_preference(effective_read_preference),
-                        codec_options=_RAW,
-                        read_concern=route.read_concern,
-                        session=self._session,
-                        client=self._client,
-                    )
+                    reply = conn.command(command.database, route.spec,
+                                         **self._command_kwargs(route, effective_read_preference))
                 except (OperationFailure, NotPrimaryError) as exc:
                     raise _with_dict_details(exc, wire_version) from exc
-            return _decoded(reply, self._reply_codec), ReplyInfo(server.description.address,
-                                                                 wire_version)
+            return self._reply(reply, server, conn.max_wire_version)
         except Exception as exc:
             return describe_error(exc, wire_version)
 
     def close(self) -> None:
         """End the implicit session (a caller's session is left alone)."""
-        if self._owns_session and self._session is not None:
-            session, self._session = self._session, None
+        session = self._end_owned_session()
+        if session is not None:
             session.end_session()
 
-    def abandon(self, kill: KillCursors | None) -> None:
-        """The stream was dropped unclosed: clean up later, without I/O now."""
-        session, self._session = self._session, None
-        _abandon(self._client, session, self._owns_session, kill)
 
-
-class AsyncTransport:
+class AsyncTransport(_Transport):
     """:class:`SyncTransport` for an ``AsyncMongoClient``: the same routing, awaited."""
 
     def __init__(
@@ -278,14 +303,11 @@ class AsyncTransport:
         session: AsyncClientSession | None,
         reply_codec: CodecOptions[Any] = _RAW,
     ) -> None:
-        self._client = client
-        self._reply_codec = reply_codec
-        self._owns_session = session is None
-        self._session = session if session is not None else client._ensure_session()
+        super().__init__(client, session, reply_codec)
 
     @property
     def session(self) -> AsyncClientSession | None:
-        return self._session
+        return self._session  # type: ignore[no-any-return]
 
     async def run(self, command: Command) -> Outcome:
         """Run one command; PyMongo (and other ``Exception``) failures come back as ``ErrorInfo``.
@@ -305,28 +327,16 @@ class AsyncTransport:
                 wire_version = conn.max_wire_version
                 try:
                     reply = await conn.command(
-                        command.database,
-                        route.spec,
-                        read_preference=route.read_preference(effective_read_preference),
-                        codec_options=_RAW,
-                        read_concern=route.read_concern,
-                        session=self._session,
-                        client=self._client,
-                    )
+                        command.database, route.spec,
+                        **self._command_kwargs(route, effective_read_preference))
                 except (OperationFailure, NotPrimaryError) as exc:
                     raise _with_dict_details(exc, wire_version) from exc
-            return _decoded(reply, self._reply_codec), ReplyInfo(server.description.address,
-                                                                 wire_version)
+            return self._reply(reply, server, conn.max_wire_version)
         except Exception as exc:
             return describe_error(exc, wire_version)
 
     async def close(self) -> None:
         """End the implicit session (a caller's session is left alone)."""
-        if self._owns_session and self._session is not None:
-            session, self._session = self._session, None
+        session = self._end_owned_session()
+        if session is not None:
             await session.end_session()
-
-    def abandon(self, kill: KillCursors | None) -> None:
-        """The stream was dropped unclosed: clean up later, without I/O (or awaiting) now."""
-        session, self._session = self._session, None
-        _abandon(self._client, session, self._owns_session, kill)

@@ -1,21 +1,25 @@
-"""What the sync and async shells share: a stream's one-time setup and its per-call deadline.
+"""What the sync and async shells share: everything but the await points.
 
-Both shells drive the same :class:`~changestream.machine.ChangeStreamMachine`;
-this module makes sure they also configure it identically (target scope,
-read preference and concern, timeouts, codecs) and apply CSOT the same way.
+Both shells drive the same :class:`~changestream._machine.ChangeStreamMachine`;
+:class:`StreamShell` makes sure they also configure it identically (target
+scope, read preference and concern, timeouts, codecs), present the token and
+feed outcomes the same way, and apply CSOT the same way. A shell adds only
+the I/O: running commands (awaited or not), its lock, and, for asyncio,
+cancellation and the token callback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pymongo
 from bson.codec_options import CodecOptions
 
-from ._machine import ChangeStreamMachine, StreamSpec
+from ._machine import ChangeStreamMachine, ErrorInfo, StreamSpec
 from ._options import (
     ChangeStreamOptions,
     Target,
@@ -26,7 +30,8 @@ from ._options import (
     reply_codec,
 )
 from ._position import Position
-from ._pymongo import csot_context_active
+from ._pymongo import Outcome, csot_context_active
+from ._token import ResumeToken
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,3 +125,55 @@ class Progress:
     def resumes(self) -> int:
         """Automatic resumes so far (after a resumable error or a client-side timeout)."""
         return self._machine.resumes
+
+
+class StreamShell(Progress):
+    """The I/O-free half of :class:`~changestream.ChangeStream` and its asyncio twin."""
+
+    def __init__(
+        self, target: Target, options: ChangeStreamOptions, transport: Callable[..., Any]
+    ) -> None:
+        """``transport(client, session, reply_codec)`` builds the shell's transport."""
+        self._setup = stream_setup(target, options)
+        self._codec = self._setup.codec
+        self._transport = transport(target.client, options.session, self._setup.wire)
+        self._machine = ChangeStreamMachine(self._setup.spec)
+        self._close_requested = False
+
+    @property
+    def resume_token(self) -> Any:
+        """The token a resume would use now: pass it as ``resume_after`` (or ``start_after``).
+
+        ``None`` until the stream has one (no start option and no batch yet).
+        """
+        return ResumeToken.present(self._machine.resume_token, self._codec)
+
+    def get_resume_token(self) -> Any:
+        """Same as :attr:`resume_token` (the spec's ``getResumeToken()``)."""
+        return self.resume_token
+
+    @property
+    def alive(self) -> bool:
+        """False once closed, cancelled or invalidated; ``True`` does not promise a next change."""
+        return self._machine.alive
+
+    def __del__(self) -> None:
+        """Dropped without ``close()``: see :func:`abandon`."""
+        abandon(self)
+
+    def _deadline(self) -> contextlib.AbstractContextManager[None]:
+        """The per-call CSOT budget (see :func:`call_deadline`)."""
+        return call_deadline(self._setup)
+
+    def _feed(self, outcome: Outcome) -> None:
+        """Hand a command's outcome to the machine."""
+        if isinstance(outcome, ErrorInfo):
+            self._machine.receive_error(outcome)
+        else:
+            self._machine.receive_reply(*outcome)
+
+    @property
+    def _finished(self) -> bool:
+        """Closed and idle: time to end the session."""
+        machine = self._machine
+        return not machine.alive and not machine.busy

@@ -1,14 +1,14 @@
 """The synchronous :class:`ChangeStream`: a thin shell driving the state machine over PyMongo.
 
-All spec logic lives in :mod:`changestream.machine`; this module only runs
+All spec logic lives in :mod:`changestream._machine`, and everything the two
+shells share in :class:`changestream._shell.StreamShell`; this module only runs
 the commands the machine asks for (through :mod:`changestream._pymongo`),
-applies the per-call client-side timeout, serialises callers and turns the
-machine's verdicts into return values and exceptions.
+serialises callers with a lock and turns the machine's verdicts into return
+values and exceptions.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Iterator
 from types import TracebackType
@@ -18,9 +18,7 @@ from pymongo.synchronous.mongo_client import MongoClient
 
 from ._machine import (
     NOT_BUFFERED,
-    ChangeStreamMachine,
     Deliver,
-    ErrorInfo,
     NoDocument,
     Raise,
 )
@@ -29,15 +27,14 @@ from ._options import (
     resolve_target,
 )
 from ._pymongo import SyncTransport
-from ._shell import Progress, abandon, call_deadline, stream_setup
-from ._token import ResumeToken
+from ._shell import StreamShell
 
 __all__ = ["ChangeStream"]
 
 _T = TypeVar("_T")
 
 
-class ChangeStream(Progress, Generic[_T]):
+class ChangeStream(StreamShell, Generic[_T]):
     """A resumable change stream (same surface as ``pymongo.change_stream.ChangeStream``).
 
     Create it with :func:`changestream.watch` (or ``.watch()`` on the
@@ -76,34 +73,14 @@ class ChangeStream(Progress, Generic[_T]):
         resolved = resolve_target(target)
         if not isinstance(resolved.client, MongoClient):
             raise TypeError("ChangeStream needs a synchronous pymongo MongoClient target")
-        self._setup = stream_setup(resolved, options)
-        self._codec = self._setup.codec
-        self._transport = SyncTransport(resolved.client, options.session, self._setup.wire)
-        self._machine = ChangeStreamMachine(self._setup.spec)
+        super().__init__(resolved, options, SyncTransport)
+        self._transport: SyncTransport
         self._lock = threading.RLock()
-        self._close_requested = False
         with self._lock, self._deadline():
             self._machine.start()
             self._run(interruptible=False)
 
-    # -- public surface ---------------------------------------------------------
-    @property
-    def resume_token(self) -> Any:
-        """The token a resume would use now: pass it as ``resume_after`` (or ``start_after``).
-
-        ``None`` until the stream has one (no start option and no batch yet).
-        """
-        return ResumeToken.present(self._machine.resume_token, self._codec)
-
-    def get_resume_token(self) -> Any:
-        """Same as :attr:`resume_token` (the spec's ``getResumeToken()``)."""
-        return self.resume_token
-
-    @property
-    def alive(self) -> bool:
-        """False once closed or invalidated; ``True`` does not promise a next change."""
-        return self._machine.alive
-
+    # -- public surface (resume_token, alive: StreamShell) --------------------------
     def next(self) -> _T:
         """Block until the next change; raise ``StopIteration`` once the stream is closed."""
         lock = self._lock
@@ -158,10 +135,6 @@ class ChangeStream(Progress, Generic[_T]):
     def __iter__(self) -> Iterator[_T]:
         return self
 
-    def __del__(self) -> None:
-        """Dropped without ``close()``: see :func:`changestream.shell.abandon`."""
-        abandon(self)
-
     def __enter__(self) -> ChangeStream[_T]:
         return self
 
@@ -174,10 +147,6 @@ class ChangeStream(Progress, Generic[_T]):
         self.close()
 
     # -- the driving loop ------------------------------------------------------
-    def _deadline(self) -> contextlib.AbstractContextManager[None]:
-        """The per-call CSOT budget (see :func:`changestream.shell.call_deadline`)."""
-        return call_deadline(self._setup)
-
     def _run(self, *, interruptible: bool) -> Any:
         """Pump the machine until the current operation ends."""
         machine = self._machine
@@ -199,10 +168,7 @@ class ChangeStream(Progress, Generic[_T]):
                     machine.abort()
                     self._run(interruptible=False)
                     raise
-                if isinstance(outcome, ErrorInfo):
-                    machine.receive_error(outcome)
-                else:
-                    machine.receive_reply(*outcome)
+                self._feed(outcome)
         finally:
-            if not machine.alive and not machine.busy:
+            if self._finished:
                 self._transport.close()

@@ -1,7 +1,8 @@
 """asyncio twin of :func:`changestream.consume`: the same policy, awaited.
 
-The classification, save schedule and retry settings come from
-:mod:`changestream.consume`; only the loop is written again with ``await``.
+Every decision (save schedule, dead ends, reopening, retry settings) is
+:class:`changestream._consume.Run`'s; only the I/O between them is written
+again here, with ``await``.
 Stores may be :class:`~changestream.stores.AsyncTokenStore` (awaited) or
 plain :class:`~changestream.stores.TokenStore` (run in a worker thread, since
 a file store fsyncs).
@@ -17,18 +18,9 @@ from typing import Any
 
 import tenacity
 
-from .._consume import (
-    ConsumeResult,
-    Progress,
-    RetryPolicy,
-    check_save_options,
-    invalidated,
-    is_invalidate,
-    is_transient,
-    log,
-)
+from .._consume import HANDLE, SAVE, ConsumeResult, Run, log
 from .._metrics import StatsCallback, StatsReporter
-from ..stores import AsyncTokenStore, StoredToken, TokenStore
+from ..stores import AsyncTokenStore, TokenStore
 from ._stream import AsyncChangeStream
 
 __all__ = ["consume"]
@@ -63,61 +55,42 @@ async def consume(
     ``handler`` a function or coroutine function. Returns when ``stop`` is
     set; cancelling the task stores the last handled token and re-raises.
     """
-    check_save_options(save_every, save_interval)
-    policy = RetryPolicy(retry_for, backoff_initial, backoff_max)
-    progress = Progress(save_every, save_interval)
-    stats = StatsReporter(on_stats, stats_interval)
-    stored: StoredToken | None = await _call(store.load)
-    progress.start(stored.token if stored is not None else None)
+    run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
+              backoff_initial=backoff_initial, backoff_max=backoff_max,
+              stats=StatsReporter(on_stats, stats_interval))
+    run.loaded(await _call(store.load))
     stop = stop if stop is not None else asyncio.Event()
-    opened = 0
-    handler_error: BaseException | None = None
 
     async def save() -> None:
-        await _call(store.save, progress.token)
-        progress.saved()
-        stats.on_stored(progress.token)
+        await _call(store.save, run.token)
+        run.saved()
 
     async def session() -> bool:
         """Run one stream; ``True``: it failed transiently after progress, open a new one."""
-        nonlocal opened, handler_error
         if stop.is_set():
             return False
-        opened += 1
-        stream = await open_stream(progress.token)
-        stats.on_stream(stream)
-        if opened > 1:
-            log.info("reopened the change stream (reopen %d)", opened - 1)
+        stream = await open_stream(run.opening())
         try:
             async with stream:
-                if progress.on_idle(stream.resume_token):
+                if run.started(stream) is SAVE:
                     await save()
-                progress.advanced = False
                 while not stop.is_set():
                     change = await stream.try_next()
                     token = stream.resume_token
-                    stats.poll(progress.handled, opened - 1)
-                    if change is None:
-                        if not stream.alive:
-                            raise invalidated(None, progress.token, token)
-                        if progress.on_idle(token):
-                            await save()
-                    elif is_invalidate(change):
-                        raise invalidated(change, progress.token, token)
-                    else:
+                    step = run.polled(change, token, stream.alive)
+                    if step is HANDLE:
                         try:
                             result = handler(change)
                             if inspect.isawaitable(result):
                                 await result
                         except Exception as exc:
-                            handler_error = exc
+                            run.handler_error = exc
                             raise
-                        if progress.on_change(token):
-                            await save()
+                        step = run.handled(token)
+                    if step is SAVE:
+                        await save()
         except Exception as exc:
-            if progress.advanced and is_transient(exc):
-                log.warning("change stream failed after progress (%s: %s); reopening",
-                            type(exc).__name__, exc)
+            if run.reopen_after(exc):
                 return True
             raise
         return False
@@ -127,28 +100,27 @@ async def consume(
             await asyncio.wait_for(stop.wait(), seconds)
 
     try:
-        while await tenacity.AsyncRetrying(sleep=sleep, **policy.arguments())(session):
+        while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):
             pass
     except Exception as exc:
-        await _flush_quietly(progress, save)
-        stats.finish(progress.handled, max(opened - 1, 0))
-        dead_end = policy.dead_end(exc, progress.token, store, from_handler=exc is handler_error)
+        await _flush_quietly(run, save)
+        run.finished()
+        dead_end = run.dead_end(exc)
         if dead_end is not None:
             raise dead_end from exc
         raise
     except BaseException:
-        await _flush_quietly(progress, save)
-        stats.finish(progress.handled, max(opened - 1, 0))
+        await _flush_quietly(run, save)
+        run.finished()
         raise
-    if progress.pending:
+    if run.pending:
         await save()
-    stats.finish(progress.handled, max(opened - 1, 0))
-    return ConsumeResult(progress.handled, max(opened - 1, 0), progress.token)
+    return run.result()
 
 
-async def _flush_quietly(progress: Progress, save: Callable[[], Awaitable[None]]) -> None:
+async def _flush_quietly(run: Run, save: Callable[[], Awaitable[None]]) -> None:
     """Store the last handled token on the way out; the original error matters more."""
-    if progress.pending:
+    if run.pending:
         try:
             await save()
         except Exception:

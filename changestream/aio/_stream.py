@@ -1,18 +1,18 @@
 """The asyncio :class:`AsyncChangeStream`: the sync shell's twin over ``AsyncMongoClient``.
 
-All spec logic lives in :mod:`changestream.machine`; like
-:mod:`changestream.stream`, this module only runs the commands the machine
-asks for (through :class:`changestream._pymongo.AsyncTransport`), applies the
-per-call client-side timeout, serialises callers and turns the machine's
-verdicts into return values and exceptions. Two things are async-only:
-cancellation (the server cursor is killed in the background) and the optional
-``on_resume_token_change`` callback (the spec allows it only in async drivers).
+All spec logic lives in :mod:`changestream._machine`, and everything the two
+shells share in :class:`changestream._shell.StreamShell`; like
+:mod:`changestream._stream`, this module only runs the commands the machine
+asks for (through :class:`changestream._pymongo.AsyncTransport`), serialises
+callers and turns the machine's verdicts into return values and exceptions.
+Two things are async-only: cancellation (the server cursor is killed in the
+background) and the optional ``on_resume_token_change`` callback (the spec
+allows it only in async drivers).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -24,9 +24,7 @@ from pymongo.asynchronous.mongo_client import AsyncMongoClient
 from .._machine import (
     NOT_BUFFERED,
     Action,
-    ChangeStreamMachine,
     Deliver,
-    ErrorInfo,
     NoDocument,
     Raise,
 )
@@ -35,7 +33,7 @@ from .._options import (
     resolve_target,
 )
 from .._pymongo import AsyncTransport
-from .._shell import Progress, abandon, call_deadline, stream_setup
+from .._shell import StreamShell
 from .._token import ResumeToken
 
 __all__ = ["AsyncChangeStream", "TokenCallback", "watch"]
@@ -80,7 +78,7 @@ async def watch(
     return stream
 
 
-class AsyncChangeStream(Progress, Generic[_T]):
+class AsyncChangeStream(StreamShell, Generic[_T]):
     """A resumable change stream for asyncio; same surface as :class:`changestream.ChangeStream`.
 
     Create it with ``await changestream.aio.watch(target)``. Iterate with
@@ -116,12 +114,9 @@ class AsyncChangeStream(Progress, Generic[_T]):
             raise TypeError("session must be an AsyncClientSession for an async change stream")
         if on_resume_token_change is not None and not callable(on_resume_token_change):
             raise TypeError("on_resume_token_change must be callable")
-        self._setup = stream_setup(resolved, options)
-        self._codec = self._setup.codec
-        self._transport = AsyncTransport(resolved.client, options.session, self._setup.wire)
-        self._machine = ChangeStreamMachine(self._setup.spec)
+        super().__init__(resolved, options, AsyncTransport)
+        self._transport: AsyncTransport
         self._lock = asyncio.Lock()
-        self._close_requested = False
         self._cleanup: asyncio.Task[None] | None = None
         self._on_token = on_resume_token_change
         self._notified = ResumeToken.maybe(self._machine.resume_token)
@@ -133,21 +128,7 @@ class AsyncChangeStream(Progress, Generic[_T]):
                 self._machine.start()
                 await self._run(interruptible=False)
 
-    # -- public surface ---------------------------------------------------------
-    @property
-    def resume_token(self) -> Any:
-        """The token a resume would use now: pass it as ``resume_after`` (or ``start_after``)."""
-        return ResumeToken.present(self._machine.resume_token, self._codec)
-
-    def get_resume_token(self) -> Any:
-        """Same as :attr:`resume_token` (the spec's ``getResumeToken()``)."""
-        return self.resume_token
-
-    @property
-    def alive(self) -> bool:
-        """False once closed, cancelled or invalidated; ``True`` does not promise a next change."""
-        return self._machine.alive
-
+    # -- public surface (resume_token, alive: StreamShell) --------------------------
     async def next(self) -> _T:
         """Wait for the next change; raise ``StopAsyncIteration`` once the stream is closed."""
         async with self._lock:
@@ -190,10 +171,6 @@ class AsyncChangeStream(Progress, Generic[_T]):
     def __aiter__(self) -> AsyncChangeStream[_T]:
         return self
 
-    def __del__(self) -> None:
-        """Dropped without ``close()``: see :func:`changestream.shell.abandon`."""
-        abandon(self)
-
     async def __aenter__(self) -> AsyncChangeStream[_T]:
         return self
 
@@ -206,10 +183,6 @@ class AsyncChangeStream(Progress, Generic[_T]):
         await self.close()
 
     # -- the driving loop ------------------------------------------------------
-    def _deadline(self) -> contextlib.AbstractContextManager[None]:
-        """The per-call CSOT budget (see :func:`changestream.shell.call_deadline`)."""
-        return call_deadline(self._setup)
-
     async def _run(self, *, interruptible: bool) -> Any:
         """Pump the machine until the current operation ends."""
         machine = self._machine
@@ -226,18 +199,14 @@ class AsyncChangeStream(Progress, Generic[_T]):
                     if isinstance(action, Deliver):
                         await self._notify()
                         return action.document
-                    outcome = await self._transport.run(action)
-                    if isinstance(outcome, ErrorInfo):
-                        machine.receive_error(outcome)
-                    else:
-                        machine.receive_reply(*outcome)
+                    self._feed(await self._transport.run(action))
                     await self._notify()
                 except BaseException:
                     # Cancelled (or the callback failed): close now, kill the cursor later.
                     self._interrupted()
                     raise
         finally:
-            if not machine.alive and not machine.busy:
+            if self._finished:
                 await self._transport.close()
 
     async def _next_buffered(self) -> Any:
@@ -285,10 +254,7 @@ class AsyncChangeStream(Progress, Generic[_T]):
                     machine.abort()
                     machine.next_action()
                     raise
-                if isinstance(outcome, ErrorInfo):
-                    machine.receive_error(outcome)
-                else:
-                    machine.receive_reply(*outcome)
+                self._feed(outcome)
                 action = machine.next_action()
         finally:
             await self._transport.close()

@@ -1,0 +1,123 @@
+"""The sync and async twins cannot drift: each sync routine is its async twin minus ``await``.
+
+Every decision lives in shared code (``_shell.StreamShell``, ``_consume.Run``,
+``_pymongo._Transport``, the machine); what is left in the twins is the I/O
+skeleton. This test unasyncs the async skeleton (as PyMongo's ``synchro.py``
+does to generate its sync code: ``async def``/``async with``/``await`` dropped,
+``Async*`` names mapped) and requires the sync one to be the same code, so a
+fix made on one side only fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from typing import Any
+
+import pytest
+
+from changestream import _consume, _pymongo, _stream
+from changestream.aio import _consume as aio_consume
+from changestream.aio import _stream as aio_stream
+
+_NAMES = {
+    "AsyncRetrying": "Retrying",
+    "AsyncTransport": "SyncTransport",
+    "AsyncChangeStream": "ChangeStream",
+    "StopAsyncIteration": "StopIteration",
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
+    "__anext__": "__next__",
+    "__aiter__": "__iter__",
+}
+
+
+class _Unasync(ast.NodeTransformer):
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> Any:
+        node.name = _NAMES.get(node.name, node.name)
+        return self.generic_visit(ast.FunctionDef(**{f: getattr(node, f) for f in node._fields}))
+
+    def visit_AsyncWith(self, node: ast.AsyncWith) -> Any:
+        return self.generic_visit(ast.With(**{f: getattr(node, f) for f in node._fields}))
+
+    def visit_AsyncFor(self, node: ast.AsyncFor) -> Any:
+        return self.generic_visit(ast.For(**{f: getattr(node, f) for f in node._fields}))
+
+    def visit_Await(self, node: ast.Await) -> Any:
+        return self.visit(node.value)
+
+    def visit_Name(self, node: ast.Name) -> Any:
+        node.id = _NAMES.get(node.id, node.id)
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> Any:
+        node.attr = _NAMES.get(node.attr, node.attr)
+        return self.generic_visit(node)
+
+
+class _Normalise(ast.NodeTransformer):
+    """Drop docstrings and annotations: prose and types may differ, the code may not."""
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> Any:
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        node.body = body or [ast.Pass()]
+        node.returns = None
+        for arg in [*node.args.args, *node.args.kwonlyargs]:
+            arg.annotation = None
+        return self.generic_visit(node)
+
+
+def _code(function: Any, *, unasync: bool = False) -> str:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    if unasync:
+        tree = _Unasync().visit(tree)
+    return ast.dump(_Normalise().visit(tree))
+
+
+@pytest.mark.parametrize(
+    ("sync", "asynchronous"),
+    [
+        (_pymongo.SyncTransport.run, _pymongo.AsyncTransport.run),
+        (_pymongo.SyncTransport.close, _pymongo.AsyncTransport.close),
+        (_stream.ChangeStream.__exit__, aio_stream.AsyncChangeStream.__aexit__),
+        (_stream.ChangeStream.__enter__, aio_stream.AsyncChangeStream.__aenter__),
+        (_consume._flush_quietly, aio_consume._flush_quietly),
+    ],
+    ids=lambda f: f.__qualname__,
+)
+def test_sync_code_is_the_async_code_without_await(sync: Any, asynchronous: Any) -> None:
+    assert _code(sync) == _code(asynchronous, unasync=True)
+
+
+def _session_loop(function: Any, *, unasync: bool = False) -> str:
+    """The ``session()`` loop of a consume(), with the one async-only step made sync.
+
+    An async handler may return an awaitable: ``result = handler(change)`` plus
+    ``if inspect.isawaitable(result): await result`` is, without asyncio, ``handler(change)``.
+    """
+    source = textwrap.dedent(inspect.getsource(function))
+    source = source.replace(
+        "result = handler(change)\n" + " " * 28 + "if inspect.isawaitable(result):\n"
+        + " " * 32 + "await result\n",
+        "handler(change)\n",
+    )
+    tree = ast.parse(source)
+    if unasync:
+        tree = _Unasync().visit(tree)
+    session = next(
+        node for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "session"
+    )
+    return ast.dump(_Normalise().visit(session))
+
+
+def test_consume_loops_are_one_loop() -> None:
+    assert _session_loop(_consume.consume) == _session_loop(aio_consume.consume, unasync=True)
+
+
+def test_the_check_notices_drift() -> None:
+    assert _code(_pymongo.SyncTransport.run) != _code(_pymongo.AsyncTransport.close, unasync=True)
+    assert _session_loop(_consume.consume) != _session_loop(aio_consume.consume)

@@ -1,6 +1,15 @@
 """Client-side throughput and memory of change-stream consumers, against one server.
 
     python -m benchmarks.bench_client [--events N] [--memory-events M] [--uri URI] [--json F]
+    python -m benchmarks.bench_client --canned [--runs 5] [--events N] [--memory-events M]
+
+``--canned`` replaces the server by :mod:`benchmarks.canned_server`, a tiny wire
+server (separate process) answering every ``getMore`` with the same pre-encoded
+batch of 1,000 realistic insert events (~490 bytes: nested documents, arrays,
+dates, ObjectIds), so no server work is in the numbers; the consumer reads what
+an application reads of each event: its type, key, cluster time, namespace and
+one field of the full document (a RawBSONDocument consumer forwards the bytes). Rounds are interleaved and the table reports
+medians as well as the best run.
 
 Without ``--uri`` the simulator runs in a *separate process* (so it does not
 share the client's GIL). N small inserts are preloaded, then every mode reads
@@ -47,6 +56,7 @@ from pymongo import MongoClient
 from pymongo.collection import Collection
 
 import changestream
+from changestream.events import ChangeEvent
 
 DATABASE = "changestream_bench"
 INSERT_BATCH = 10_000
@@ -62,6 +72,12 @@ class Workload:
     collection: Collection[Any]
     start: Timestamp
     batch_size: int | None
+    period: int | None = None
+    """Canned server: the events repeat every ``period`` (``fullDocument.i`` restarts at 0)."""
+
+    def expected(self, count: int) -> int:
+        """``fullDocument.i`` of the ``count``-th event (0-based)."""
+        return count if self.period is None else count % self.period
 
 
 Consumer = Callable[[Workload], Generator[Any, None, None]]
@@ -128,6 +144,31 @@ def sequence_number(change: Any) -> int:
     return int(full_document["i"])
 
 
+def read_like_an_application(change: Any) -> int | None:
+    """Type, key, time and namespace of the event, and ``fullDocument.i``; returns ``i``.
+
+    A ``RawBSONDocument`` consumer forwards the event's bytes, as to a queue or a
+    file (why one asks for raw events), and reads nothing; ``None`` then (the run
+    still checks the last event).
+    """
+    if type(change) is RawBSONDocument:
+        if len(change.raw) < 5:
+            raise RuntimeError(f"empty event {change!r:.200}")
+        return None
+    if isinstance(change, ChangeEvent):
+        if (change.operation_type is None or change.document_key is None
+                or change.cluster_time is None or change.ns is None):
+            raise RuntimeError(f"incomplete event {change!r:.200}")
+        full_document = change.full_document
+    else:
+        if (change["operationType"] is None or change["documentKey"] is None
+                or change["clusterTime"] is None or change["ns"] is None):
+            raise RuntimeError(f"incomplete event {change!r:.200}")
+        full_document = change["fullDocument"]
+    assert full_document is not None
+    return int(full_document["i"])
+
+
 # ------------------------------------------------------------------------------ measuring
 @dataclasses.dataclass
 class Run:
@@ -165,11 +206,12 @@ def timed_run(consume: Consumer, work: Workload, limit: int, server: ServerClock
     stream = consume(work)
     gc.collect()
     server_cpu = server.seconds()
+    reader = read_like_an_application if work.period is not None else sequence_number
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         for change in stream:
             last = change
-            if read and sequence_number(change) != count:
+            if read and reader(change) not in (work.expected(count), None):
                 raise RuntimeError(f"event {count} is {change!r:.200}")
             count += 1
             if count == limit:
@@ -178,7 +220,7 @@ def timed_run(consume: Consumer, work: Workload, limit: int, server: ServerClock
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         server_end = server.seconds()
         stream.close()
-    if count != limit or sequence_number(last) != limit - 1:
+    if count != limit or sequence_number(last) != work.expected(limit - 1):
         raise RuntimeError(f"read {count} events ending at {last!r:.200}; expected {limit}")
     if server_cpu is not None and server_end is not None:
         return Run(wall, cpu, server_end - server_cpu)
@@ -239,7 +281,7 @@ def memory_profile(work: Workload, mode: str, events: int) -> list[dict[str, flo
                       " MB)", flush=True)
             if count == events:
                 break
-        if count != events or sequence_number(last) != events - 1:
+        if count != events or sequence_number(last) != work.expected(events - 1):
             raise RuntimeError(f"memory run read {count} events; expected {events}")
     finally:
         stream.close()
@@ -270,6 +312,25 @@ def simulator(version: str) -> Iterator[tuple[str, int | None]]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def canned_server(events_per_batch: int) -> Iterator[tuple[str, int | None, float]]:
+    """``python -m benchmarks.canned_server`` in a child process; yields URI, pid, event size."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.canned_server",
+         "--events-per-batch", str(events_per_batch)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert process.stdout is not None
+        uri, size = [*process.stdout.readline().split(), "", ""][:2]
+        if not uri.startswith("mongodb://"):
+            raise RuntimeError(f"the canned server did not start (exit code {process.poll()})")
+        yield uri, process.pid, float(size)
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 def preload(client: MongoClient[Any], count: int, batch_size: int | None) -> Workload:
@@ -316,6 +377,11 @@ def summarise(results: dict[str, list[Run]], events: int) -> list[dict[str, Any]
             if base in best:
                 row[f"wall_vs_{base}"] = round(best[base][0] / wall, 3)
                 row[f"cpu_vs_{base}"] = round(best[base][1] / cpu, 3)
+                row[f"cpu_vs_{base}_median"] = round(
+                    statistics.median(r.cpu for r in results[base])
+                    / statistics.median(r.cpu for r in results[mode]), 3)
+                row[f"cpu_vs_{base}_per_round"] = [
+                    round(b.cpu / r.cpu, 3) for b, r in zip(results[base], results[mode], strict=True)]
         rows.append(row)
     return rows
 
@@ -335,6 +401,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{row['cpu_events_per_s']:>10,} {ratios} "
               f"{'-' if server is None else f'{server:.1f}':>13}")
     print("best of the runs (median in brackets); ratios of the best > 1: faster than (a) / (b).")
+    if any("cpu_vs_b_median" in row for row in rows):
+        print("CPU vs (b) PyMongo watch(), median of the rounds and each round:")
+        for row in rows:
+            rounds = " ".join(f"{ratio:.2f}" for ratio in row.get("cpu_vs_b_per_round", []))
+            print(f"  ({row['mode']}) {row['name']:<30} median {row['cpu_vs_b_median']:.2f}x"
+                  f"  rounds: {rounds}")
     print("CPU: the client process's CPU time (the server runs elsewhere); server: the server "
           "process's CPU time over the same run (simulator only)")
 
@@ -374,6 +446,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--read", action="store_true",
                         help="the consumer reads fullDocument.i of every event instead of "
                         "only counting (shows the cost of decoding on access)")
+    parser.add_argument("--canned", action="store_true",
+                        help="replay one realistic batch from benchmarks.canned_server (no "
+                        "server cost); the consumer reads type, key, time, namespace and "
+                        "fullDocument.i of every event")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if args.events < 1 or args.runs < 1 or args.memory_events < 0 or args.batch_size < 0:
@@ -396,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"command: {command}")
     print("versions: " + ", ".join(f"{k}={v}" for k, v in versions.items()))
+    if args.canned:
+        return main_canned(args, command, versions)
     server = contextlib.nullcontext((args.uri, None)) if args.uri else simulator(args.version)
     with server as (uri, pid):
         print(f"server: {redact(uri)}" + ("" if args.uri else
@@ -430,6 +508,40 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"command": command, "versions": versions,
                        "server": "uri" if args.uri else f"simulator {args.version}",
                        "events": args.events, "batch_size": args.batch_size or None,
+                       "runs": args.runs, "throughput": rows,
+                       "memory": {"mode": args.memory_mode, "samples": memory,
+                                  **memory_summary}}, out, indent=2)
+    return 0
+
+
+def main_canned(args: argparse.Namespace, command: str, versions: dict[str, Any]) -> int:
+    """``--canned``: every mode against the canned wire server, medians of interleaved rounds."""
+    per_batch = 1000
+    with canned_server(per_batch) as (uri, pid, event_bytes):
+        print(f"server: canned ({per_batch} realistic insert events of {event_bytes:.0f} bytes "
+              "on average, replayed; separate process)")
+        client: MongoClient[Any]
+        with MongoClient(uri) as client:
+            work = Workload(client["shop"]["orders"], Timestamp(1, 1), per_batch, per_batch)
+            print(f"throughput: {args.events:,} events per run, {args.runs} interleaved rounds, "
+                  "consumer reads type, key, time, namespace and fullDocument.i")
+            results = measure(work, list(args.modes), args.events, args.runs, ServerClock(pid),
+                              read=True)
+            rows = summarise(results, args.events)
+            memory: list[dict[str, float]] = []
+            if args.memory_events:
+                print(f"memory: streaming {args.memory_events:,} events with mode "
+                      f"({args.memory_mode}) {MODES[args.memory_mode][0]} under tracemalloc")
+                memory = memory_profile(work, args.memory_mode, args.memory_events)
+    print()
+    print(f"command: {command}")
+    print("versions: " + ", ".join(f"{k}={v}" for k, v in versions.items()))
+    print_table(rows)
+    memory_summary = print_memory(memory) if memory else {}
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"command": command, "versions": versions, "server": "canned",
+                       "event_bytes": event_bytes, "events": args.events,
                        "runs": args.runs, "throughput": rows,
                        "memory": {"mode": args.memory_mode, "samples": memory,
                                   **memory_summary}}, out, indent=2)

@@ -135,12 +135,9 @@ class ResumeToken:
         """The cluster time the token points at, or ``None`` if it cannot be decoded."""
         try:
             data = self.data
-            key = bytes.fromhex(data[:18]) if isinstance(data, str) else bytes(data[:9])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError):
             return None
-        if len(key) < 9 or key[0] != _KEYSTRING_TIMESTAMP:
-            return None
-        return Timestamp(int.from_bytes(key[1:5], "big"), int.from_bytes(key[5:9], "big"))
+        return _keystring_time(data)
 
     def to_json(self, *, canonical: bool = False) -> str:
         """Extended JSON (relaxed by default, or canonical); keeps ``_typeBits`` exact."""
@@ -237,7 +234,23 @@ def token_cluster_time(token: Mapping[str, Any]) -> Timestamp | None:
 
     Works for hex-string tokens (4.0+) and BinData tokens (3.6).
     """
+    if isinstance(token, ResumeToken):
+        return token.cluster_time
+    data = token.get("_data") if isinstance(token, Mapping) else None
+    return _keystring_time(data)  # read in place: called per batch (lag), no BSON round trip
+
+
+def _keystring_time(data: Any) -> Timestamp | None:
+    """The timestamp a ``_data`` KeyString (hex string or bytes) starts with, if any."""
     try:
-        return ResumeToken.of(token).cluster_time
-    except (TypeError, ValueError, bson.errors.BSONError):
+        if isinstance(data, str):
+            key = bytes.fromhex(data[:18])
+        elif isinstance(data, (bytes, bytearray)):
+            key = bytes(data[:9])
+        else:
+            return None
+    except ValueError:
         return None
+    if len(key) < 9 or key[0] != _KEYSTRING_TIMESTAMP:
+        return None
+    return Timestamp(int.from_bytes(key[1:5], "big"), int.from_bytes(key[5:9], "big"))

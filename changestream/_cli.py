@@ -15,15 +15,18 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
+import pymongo
 from bson import json_util
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from ._api import watch
+from ._cli_progress import StatusLine, WatchProgress, parse_operation_time
 from ._consume import ConsumeError, StreamInvalidatedError, consume
 from ._stream import ChangeStream
 from ._token import token_from_json, token_to_json
@@ -34,24 +37,54 @@ __all__ = ["main"]
 _RELAXED = json_util.RELAXED_JSON_OPTIONS
 
 
+def _version() -> str:
+    from . import __version__
+
+    return f"changestream {__version__} (PyMongo {pymongo.version})"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="changestream",
         description="MongoDB change streams from the command line.",
     )
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     watch_parser = sub.add_parser(
         "watch",
         help="print changes as JSON lines, resuming from a token file",
         description="Print every change as one line of relaxed Extended JSON. Without --db the "
-        "whole deployment is watched; --db alone watches a database.",
+        "whole deployment is watched; --db alone watches a database. On a terminal, a status "
+        "line on stderr shows events, rate and lag.",
     )
+    watch_parser.add_argument("--version", action="version", version=_version())
     watch_parser.add_argument("uri", metavar="URI", help="MongoDB connection string")
     watch_parser.add_argument("--db", help="database to watch (default: every database)")
     watch_parser.add_argument("--coll", help="collection to watch (needs --db)")
     watch_parser.add_argument(
         "--pipeline", default="[]", metavar="JSON",
-        help='stages after $changeStream, e.g. \'[{"$match": {"operationType": "insert"}}]\'',
+        help='stages after $changeStream, e.g. \'[{"$match": {"operationType": "insert"}}]\' '
+        "(default %(default)s)",
     )
     watch_parser.add_argument(
         "--full-document", metavar="MODE",
@@ -64,13 +97,50 @@ def _parser() -> argparse.ArgumentParser:
         "--token-file", metavar="F",
         help="keep the resume token in F: resume from it, save after every change",
     )
-    watch_parser.add_argument(
+    start = watch_parser.add_mutually_exclusive_group()
+    start.add_argument(
         "--start-after", metavar="TOKEN_JSON",
         help="start after this token (e.g. an invalidate token), replacing the token file's",
     )
+    start.add_argument(
+        "--resume-after", metavar="TOKEN_JSON",
+        help="resume after this token (resumeAfter), replacing the token file's",
+    )
+    start.add_argument(
+        "--start-at-operation-time", metavar="TIME",
+        help="start at this cluster time when there is no token to resume from: SECONDS, "
+        "SECONDS:INCREMENT or ISO-8601 (e.g. 2026-11-26T02:00:00Z)",
+    )
     watch_parser.add_argument(
         "--max-await-ms", type=int, default=1000, metavar="MS",
-        help="how long each getMore waits for changes (default 1000)",
+        help="how long each getMore waits for changes (default %(default)s)",
+    )
+    watch_parser.add_argument(
+        "--batch-size", type=_positive_int, metavar="N",
+        help="changes per batch (default: the server's)",
+    )
+    watch_parser.add_argument(
+        "--show-expanded-events", action="store_true",
+        help="also report DDL events (create, createIndexes, modify, ...; MongoDB 6.0+)",
+    )
+    watch_parser.add_argument(
+        "--limit", type=_positive_int, metavar="N", help="exit (status 0) after N changes"
+    )
+    watch_parser.add_argument(
+        "--until-idle", type=_seconds, metavar="SECONDS",
+        help="exit (status 0) once no change arrived for SECONDS",
+    )
+    watch_parser.add_argument(
+        "--no-status", dest="status", action="store_false",
+        help="no status line, even on a terminal",
+    )
+    watch_parser.add_argument(
+        "-v", "--verbose", action="count", default=0,
+        help="more log records on stderr: -v for INFO (resumes, reopens), -vv for DEBUG",
+    )
+    watch_parser.add_argument(
+        "--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper,
+        help="log level of the 'changestream' logger (overrides -v; default WARNING)",
     )
     sub.add_parser(
         "serve", add_help=False,
@@ -86,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if arguments[:1] == ["serve"]:
         from .testing.cli import main as serve
 
-        return serve(arguments)
+        return serve(arguments, prog="changestream")
     if arguments[:1] == ["demo"]:
         from ._demo import main as demo
 
@@ -102,11 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(pipeline, list):
         parser.error("--pipeline must be a JSON array of stages")
     start_after = None
-    if args.start_after is not None:
+    given = args.start_after if args.start_after is not None else args.resume_after
+    if given is not None:
+        option = "--start-after" if args.start_after is not None else "--resume-after"
         try:
-            start_after = token_from_json(args.start_after)
+            start_after = token_from_json(given)
         except ValueError as exc:
-            parser.error(f"--start-after: {exc}")
+            parser.error(f"{option}: {exc}")
+    if args.start_at_operation_time is not None:
+        try:
+            args.start_at_operation_time = parse_operation_time(args.start_at_operation_time)
+        except ValueError as exc:
+            parser.error(f"--start-at-operation-time: {exc}")
     return _watch(args, pipeline, start_after)
 
 
@@ -119,8 +196,20 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def _log_level(args: argparse.Namespace) -> int:
+    if args.log_level is not None:
+        return int(getattr(logging, args.log_level))
+    return {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+
+
 def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> int:
     logging.basicConfig(level=logging.WARNING, format="changestream: %(message)s")
+    logging.getLogger("changestream").setLevel(_log_level(args))
+    stop = threading.Event()
+    status = StatusLine(sys.stderr) if args.status and sys.stderr.isatty() else None
+    progress = WatchProgress(stop, status, args.until_idle)
+    for handler in logging.getLogger().handlers:
+        progress.attach(handler)
     # Also when started in the background, where SIGINT is inherited as ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -132,6 +221,12 @@ def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> i
         options["full_document"] = args.full_document
     if args.full_document_before_change is not None:
         options["full_document_before_change"] = args.full_document_before_change
+    if args.batch_size is not None:
+        options["batch_size"] = args.batch_size
+    if args.show_expanded_events:
+        options["show_expanded_events"] = True
+    # With --resume-after, stored tokens are passed as resumeAfter; else as startAfter.
+    token_key = "resume_after" if args.resume_after is not None else "start_after"
     namespace = ".".join(part for part in (args.db, args.coll) if part) or "the deployment"
     client: MongoClient[dict[str, Any]] = MongoClient(args.uri)
     target: Any = client
@@ -142,27 +237,39 @@ def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> i
 
     def open_stream(token: Mapping[str, Any] | None) -> ChangeStream[Any]:
         # startAfter also accepts an invalidate token; otherwise it acts as resumeAfter.
-        start = {} if token is None else {"start_after": token}
+        start: dict[str, Any] = {} if token is None else {token_key: token}
+        if token is None and args.start_at_operation_time is not None:
+            start["start_at_operation_time"] = args.start_at_operation_time
         stream: ChangeStream[Any] = watch(target, pipeline, **start, **options)
         if not opened:
             opened.append(True)
             where = (
-                "from now" if token is None
+                f"from cluster time {args.start_at_operation_time}"
+                if token is None and args.start_at_operation_time is not None
+                else "from now" if token is None
                 else f"after the token in {args.token_file}" if args.token_file
                 else "after the given token"
             )
             _say(f"watching {namespace} {where}; Ctrl-C to stop")
         return stream
 
+    printed = 0
+
     def print_change(change: Any) -> None:
+        nonlocal printed
         sys.stdout.write(json_util.dumps(change, json_options=_RELAXED) + "\n")
         sys.stdout.flush()
+        printed += 1
+        if args.limit is not None and printed >= args.limit:
+            stop.set()
 
     try:
         if start_after is not None:
             store.save(start_after)
-        consume(open_stream, print_change, store)
+        consume(open_stream, print_change, store, stop=stop, on_stats=progress,
+                stats_interval=progress.interval)
     except KeyboardInterrupt:
+        progress.clear()
         _say("stopped" + (f"; the token is in {args.token_file}" if args.token_file else ""))
         return 0
     except BrokenPipeError:
@@ -177,5 +284,8 @@ def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> i
         _say(str(exc))
         return 1
     finally:
+        progress.clear()
         client.close()
+    if progress.idle_stop:
+        _say(f"no change for {args.until_idle:g} s; stopped after {printed} changes")
     return 0

@@ -13,24 +13,30 @@ from .replset import ReplicaSet
 from .storage.persist import DbPathError
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m changestream.testing",
+        prog=prog,
         description="A wire-level MongoDB replica-set simulator for tests.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a simulated deployment and print its URI")
+    serve = sub.add_parser(
+        "serve",
+        help="serve a simulated deployment and print its URI",
+        description="Serve a simulated MongoDB deployment until Ctrl-C or SIGTERM. The URI is "
+        "the first line on stdout; a banner and a ready line go to stderr.",
+    )
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
     )
     serve.add_argument(
-        "--port", type=int, default=27017, help="first member's port (0: free ports)"
+        "--port", type=int, default=27017,
+        help="first member's port; the others follow (0: free ports) (default %(default)s)",
     )
     serve.add_argument(
         "--version",
         default=DEFAULT_VERSION,
         choices=sorted(VERSIONS),
-        help="emulated server version",
+        help="emulated server version (default %(default)s)",
     )
     serve.add_argument("--members", type=int, default=1, help="replica-set members (default 1)")
     serve.add_argument(
@@ -38,7 +44,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--set-name", default="rs0", help="replica-set name (default rs0)")
     serve.add_argument(
-        "--oplog-max-entries", type=int, default=None, help="truncate the oplog beyond N entries"
+        "--oplog-max-entries", type=int, default=None,
+        help="truncate the oplog beyond N entries (default: no limit)",
+    )
+    serve.add_argument(
+        "--oplog-mb", type=float, default=None, metavar="MB",
+        help="truncate the oplog beyond MB megabytes, like mongod's --oplogSize "
+        "(default: no limit)",
+    )
+    serve.add_argument(
+        "--noop-interval", type=float, default=10.0, metavar="SECONDS",
+        help="write a no-op oplog entry every SECONDS while idle, as mongod does, so idle "
+        "streams advance (0: never) (default %(default)s)",
     )
     serve.add_argument(
         "--event-cache-mb",
@@ -49,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--dbpath",
         default=None,
+        metavar="DIR",
         help="keep the data, oplog and cluster time in DIR across restarts "
         "(default: in memory only)",
     )
@@ -69,19 +87,49 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` and serve until Ctrl-C or SIGTERM; return the exit status."""
-    args = _parser().parse_args(argv)
+def _banner(rs: ReplicaSet, args: argparse.Namespace) -> str:
+    kind = (
+        "standalone mongod" if args.standalone
+        else f"replica set {args.set_name!r}, {args.members} member"
+        + ("s" if args.members != 1 else "")
+    )
+    oplog = (
+        f"oplog {args.oplog_mb:g} MB" if args.oplog_mb is not None
+        else f"oplog {args.oplog_max_entries} entries" if args.oplog_max_entries is not None
+        else "oplog unbounded"
+    )
+    noop = (
+        "no periodic no-ops" if args.noop_interval <= 0 or args.standalone
+        else f"no-op every {args.noop_interval:g} s"
+    )
+    data = "in memory" if args.dbpath is None else f"data in {args.dbpath}"
+    auth = f"; authentication on ({len(args.auth)} user{'s' if len(args.auth) != 1 else ''})"
+    return (
+        f"changestream simulator: MongoDB {args.version} {kind}; {oplog}; {noop}; {data}"
+        + (auth if args.auth else "")
+    )
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m changestream.testing") -> int:
+    """Parse ``argv`` and serve until Ctrl-C or SIGTERM; return the exit status.
+
+    ``prog`` is the command as the user typed it (``changestream`` when run as
+    ``changestream serve``), for ``--help`` and error messages.
+    """
+    parser = _parser(prog)
+    args = parser.parse_args(argv)
     if args.standalone and args.members != 1:
-        print("error: --standalone runs exactly one member", file=sys.stderr)
-        return 2
+        parser.error("--standalone runs exactly one member")
     users: dict[str, str] = {}
     for spec in args.auth:
         user, sep, password = spec.partition(":")
         if not sep or not user or not password:
-            print("error: --auth takes USER:PASSWORD (both non-empty)", file=sys.stderr)
-            return 2
+            parser.error("--auth takes USER:PASSWORD (both non-empty)")
         users[user] = password
+    if args.oplog_mb is not None and not args.oplog_mb > 0:
+        parser.error(f"--oplog-mb must be > 0, not {args.oplog_mb:g}")
+    if not args.noop_interval >= 0 or args.noop_interval == float("inf"):
+        parser.error(f"--noop-interval must be a number of seconds >= 0, not {args.noop_interval}")
     try:
         rs = ReplicaSet(
             args.version,
@@ -91,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             host=args.host,
             oplog_max_entries=args.oplog_max_entries,
+            oplog_max_bytes=None if args.oplog_mb is None else int(args.oplog_mb * 1024 * 1024),
+            noop_interval=args.noop_interval,
             compressors=args.compressors,
             event_cache_bytes=None
             if args.event_cache_mb is None
@@ -115,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_signal)
     try:
+        print(_banner(rs, args), file=sys.stderr, flush=True)
         print(rs.uri, flush=True)
+        print(
+            f"ready: listening on {', '.join(rs.members)}; Ctrl-C to stop",
+            file=sys.stderr, flush=True,
+        )
         while not done.wait(0.5):
             pass
     except KeyboardInterrupt:

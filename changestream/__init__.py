@@ -22,6 +22,7 @@ from ._metrics import ConsumeStats
 from ._position import Position
 from ._stream import ChangeStream
 from ._token import token_cluster_time, token_from_json, token_to_json
+from ._watch_types import AsyncWatchOptions, WatchOptions
 from .errors import (
     ChangeStreamError,
     ConsumeError,
@@ -62,6 +63,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AsyncMongoTokenStore",
     "AsyncTokenStore",
+    "AsyncWatchOptions",
     "ChangeStream",
     "ChangeStreamError",
     "Client",
@@ -83,6 +85,7 @@ __all__ = [
     "StreamInvalidatedError",
     "TokenStore",
     "TokenStoreError",
+    "WatchOptions",
     "__version__",
     "aio",
     "consume",

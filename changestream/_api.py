@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 from pymongo.synchronous.collection import Collection as PyMongoCollection
 from pymongo.synchronous.database import Database as PyMongoDatabase
@@ -17,11 +17,47 @@ from pymongo.synchronous.mongo_client import MongoClient
 from ._options import ChangeStreamOptions
 from ._stream import ChangeStream
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from ._watch_types import WatchOptions
+    from .events import ChangeEvent
+
 __all__ = ["Client", "Collection", "Database", "watch"]
 
+_D = TypeVar("_D")
+Pipeline = list[Mapping[str, Any]]
 
+
+# The event type follows ``typed`` and ``document_class``: typed events, the given class,
+# else mappings (the target's document class). Only the types differ between overloads.
+@overload
 def watch(
-    target: Any, pipeline: list[Mapping[str, Any]] | None = None, **options: Any
+    target: Any, pipeline: Pipeline | None = None, *, typed: Literal[True],
+    document_class: type[Any] | None = None, **options: Unpack[WatchOptions],
+) -> ChangeStream[ChangeEvent]: ...
+@overload
+def watch(
+    target: Any, pipeline: Pipeline | None = None, *, typed: Literal[False] = False,
+    document_class: type[_D], **options: Unpack[WatchOptions],
+) -> ChangeStream[_D]: ...
+@overload
+def watch(
+    target: Any, pipeline: Pipeline | None = None, *, typed: Literal[False] = False,
+    document_class: None = None, **options: Unpack[WatchOptions],
+) -> ChangeStream[Mapping[str, Any]]: ...
+@overload
+def watch(
+    target: Any, pipeline: Pipeline | None = None, *, typed: bool = False,
+    document_class: type[Any] | None = None, **options: Unpack[WatchOptions],
+) -> ChangeStream[Any]: ...
+def watch(
+    target: Any,
+    pipeline: Pipeline | None = None,
+    *,
+    typed: bool = False,
+    document_class: type[Any] | None = None,
+    **options: Any,
 ) -> ChangeStream[Any]:
     """Open a change stream on a PyMongo ``MongoClient``, ``Database`` or ``Collection``.
 
@@ -38,7 +74,34 @@ def watch(
     """
     if isinstance(target, (Client, Database, Collection)):
         target = target.pymongo
+    options.update(typed=typed, document_class=document_class)
     return ChangeStream(target, ChangeStreamOptions.from_kwargs(pipeline, **options))
+
+
+class _BoundWatch(Protocol):
+    """The type of ``Client.watch``, ``Database.watch`` and ``Collection.watch``: :func:`watch`
+    with its target bound (same overloads)."""
+
+    @overload
+    def __call__(
+        self, pipeline: Pipeline | None = None, *, typed: Literal[True],
+        document_class: type[Any] | None = None, **options: Unpack[WatchOptions],
+    ) -> ChangeStream[ChangeEvent]: ...
+    @overload
+    def __call__(
+        self, pipeline: Pipeline | None = None, *, typed: Literal[False] = False,
+        document_class: type[_D], **options: Unpack[WatchOptions],
+    ) -> ChangeStream[_D]: ...
+    @overload
+    def __call__(
+        self, pipeline: Pipeline | None = None, *, typed: Literal[False] = False,
+        document_class: None = None, **options: Unpack[WatchOptions],
+    ) -> ChangeStream[Mapping[str, Any]]: ...
+    @overload
+    def __call__(
+        self, pipeline: Pipeline | None = None, *, typed: bool = False,
+        document_class: type[Any] | None = None, **options: Unpack[WatchOptions],
+    ) -> ChangeStream[Any]: ...
 
 
 class Collection:
@@ -58,11 +121,13 @@ class Collection:
     def name(self) -> str:
         return self._collection.name
 
-    def watch(
-        self, pipeline: list[Mapping[str, Any]] | None = None, **options: Any
-    ) -> ChangeStream[Any]:
-        """Watch this collection (see :func:`watch`)."""
-        return watch(self._collection, pipeline, **options)
+    if TYPE_CHECKING:
+        watch: _BoundWatch  # :func:`watch`'s overloads, target bound
+    else:
+
+        def watch(self, pipeline=None, **options):
+            """Watch this collection (see :func:`watch`)."""
+            return watch(self._collection, pipeline, **options)
 
     def __repr__(self) -> str:
         return f"changestream.Collection({self._collection.full_name!r})"
@@ -93,11 +158,13 @@ class Database:
             raise AttributeError(name)
         return self[name]
 
-    def watch(
-        self, pipeline: list[Mapping[str, Any]] | None = None, **options: Any
-    ) -> ChangeStream[Any]:
-        """Watch every collection of this database (see :func:`watch`)."""
-        return watch(self._database, pipeline, **options)
+    if TYPE_CHECKING:
+        watch: _BoundWatch  # :func:`watch`'s overloads, target bound
+    else:
+
+        def watch(self, pipeline=None, **options):
+            """Watch every collection of this database (see :func:`watch`)."""
+            return watch(self._database, pipeline, **options)
 
     def __repr__(self) -> str:
         return f"changestream.Database({self._database.name!r})"
@@ -129,11 +196,13 @@ class Client:
             raise AttributeError(name)
         return self[name]
 
-    def watch(
-        self, pipeline: list[Mapping[str, Any]] | None = None, **options: Any
-    ) -> ChangeStream[Any]:
-        """Watch every database of the cluster (see :func:`watch`)."""
-        return watch(self._client, pipeline, **options)
+    if TYPE_CHECKING:
+        watch: _BoundWatch  # :func:`watch`'s overloads, target bound
+    else:
+
+        def watch(self, pipeline=None, **options):
+            """Watch every database of the cluster (see :func:`watch`)."""
+            return watch(self._client, pipeline, **options)
 
     def close(self) -> None:
         """Close the PyMongo client if this wrapper created it."""

@@ -16,7 +16,7 @@ import asyncio
 import inspect
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
@@ -36,9 +36,16 @@ from .._pymongo import AsyncTransport
 from .._shell import StreamShell
 from .._token import ResumeToken
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .._watch_types import AsyncWatchOptions
+    from ..events import ChangeEvent
+
 __all__ = ["AsyncChangeStream", "TokenCallback", "watch"]
 
 _T = TypeVar("_T")
+_D = TypeVar("_D")
 
 TokenCallback = Callable[[Any], Any]
 """``on_resume_token_change(token)``: a function or a coroutine function."""
@@ -47,10 +54,37 @@ _BACKGROUND: set[asyncio.Task[None]] = set()
 """Strong references to background cursor kills (the event loop keeps only weak ones)."""
 
 
+# As changestream.watch: the event type follows ``typed`` and ``document_class``.
+@overload
+async def watch(
+    target: Any, pipeline: list[Mapping[str, Any]] | None = None, *, typed: Literal[True],
+    document_class: type[Any] | None = None, on_resume_token_change: TokenCallback | None = None,
+    **options: Unpack[AsyncWatchOptions],
+) -> AsyncChangeStream[ChangeEvent]: ...
+@overload
+async def watch(
+    target: Any, pipeline: list[Mapping[str, Any]] | None = None, *,
+    typed: Literal[False] = False, document_class: type[_D],
+    on_resume_token_change: TokenCallback | None = None, **options: Unpack[AsyncWatchOptions],
+) -> AsyncChangeStream[_D]: ...
+@overload
+async def watch(
+    target: Any, pipeline: list[Mapping[str, Any]] | None = None, *,
+    typed: Literal[False] = False, document_class: None = None,
+    on_resume_token_change: TokenCallback | None = None, **options: Unpack[AsyncWatchOptions],
+) -> AsyncChangeStream[Mapping[str, Any]]: ...
+@overload
+async def watch(
+    target: Any, pipeline: list[Mapping[str, Any]] | None = None, *, typed: bool = False,
+    document_class: type[Any] | None = None, on_resume_token_change: TokenCallback | None = None,
+    **options: Unpack[AsyncWatchOptions],
+) -> AsyncChangeStream[Any]: ...
 async def watch(
     target: Any,
     pipeline: list[Mapping[str, Any]] | None = None,
     *,
+    typed: bool = False,
+    document_class: type[Any] | None = None,
     on_resume_token_change: TokenCallback | None = None,
     **options: Any,
 ) -> AsyncChangeStream[Any]:
@@ -69,6 +103,7 @@ async def watch(
     returned) and for each new ``postBatchResumeToken`` of an empty batch,
     even while :meth:`AsyncChangeStream.next` keeps waiting.
     """
+    options.update(typed=typed, document_class=document_class)
     stream: AsyncChangeStream[Any] = AsyncChangeStream(
         target,
         ChangeStreamOptions.from_kwargs(pipeline, **options),

@@ -35,9 +35,9 @@ class EventFields(SphinxDirective):
     has_content = False
 
     def run(self) -> list[nodes.Node]:
-        from changestream import events
+        from changestream import _event_build, events
 
-        server_keys = {attr: field.key for attr, field in events._EVENT_FIELDS.items()}
+        server_keys = {attr: field.key for attr, field in _event_build._EVENT_FIELDS.items()}
         server_keys.setdefault("operation_type", "operationType")
         classes = [events.ChangeEvent, *events._EVENT_CLASSES.values(), events.UnknownEvent]
         operations = {cls: op.value for op, cls in events._EVENT_CLASSES.items()}

@@ -26,6 +26,7 @@ from ..core.topology import elect_next, topology_version
 from ..storage import type_name
 from ..storage.sessions import abort_all_sessions, abort_session, session_uuid
 from .auth import sasl_start
+from .common import GENERIC_ARGS
 from .spec import command
 
 if TYPE_CHECKING:
@@ -260,6 +261,7 @@ def _parameters(deployment: Deployment) -> dict[str, Any]:
         "featureCompatibilityVersion": {"version": f"{major}.{minor}"},
         "logLevel": 0,
         "maxTransactionLockRequestTimeoutMillis": 5,
+        "minSnapshotHistoryWindowInSeconds": deployment.history.window_seconds,
         "notablescan": False,
         "periodicNoopIntervalSecs": 10,
         "quiet": False,
@@ -277,6 +279,42 @@ def get_parameter(ctx: CommandContext) -> dict[str, Any]:
     if not found:
         raise CommandError(72, "no option found to get")
     return found
+
+
+def _set_snapshot_window(deployment: Deployment, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise CommandError(
+            2, f"Invalid value for minSnapshotHistoryWindowInSeconds: {value!r} (an integer >= 0)"
+        )
+    if value < 0:
+        raise CommandError(
+            2,
+            f"Bad value for parameter \"minSnapshotHistoryWindowInSeconds\": {int(value)} is "
+            "not greater than or equal to 0",
+        )
+    old = deployment.history.window_seconds
+    deployment.history.window_seconds = int(value)
+    return old
+
+
+_SETTABLE = frozenset({"minSnapshotHistoryWindowInSeconds"})
+
+
+@command("setParameter", admin_only=True, locks=True, any_member=True)
+def set_parameter(ctx: CommandContext) -> dict[str, Any]:
+    """Only the parameters the simulator implements; others fail as unknown ones do."""
+    names = [n for n in ctx.body if n != "setParameter" and n not in GENERIC_ARGS]
+    if not names:
+        raise CommandError(72, "no option found to set, use help:true to see options ")
+    unknown = [n for n in names if n not in _SETTABLE]
+    if unknown:
+        raise CommandError(
+            72, f"attempted to set unrecognized parameter [{unknown[0]}], use help:true to see options "
+        )
+    reply: dict[str, Any] = {}
+    for name in names:
+        reply["was"] = _set_snapshot_window(ctx.deployment, ctx.body[name])
+    return reply
 
 
 def _repl_info(deployment: Deployment, member: Member) -> dict[str, Any]:

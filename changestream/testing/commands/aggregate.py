@@ -28,6 +28,7 @@ from ..changestreams.stage import (
 from ..core.context import CommandContext
 from ..core.cursors import CursorBatch, cursor_reply
 from ..core.errors import CommandError
+from .snapshot_reads import SnapshotCursor, aggregate_source, reply_first_batch, snapshot_read
 from .spec import command
 
 if TYPE_CHECKING:
@@ -213,12 +214,20 @@ def _plain(
         raise CommandError(
             73, f"{{aggregate: 1}} is not valid for '{first}'; a collection is required."
         )
-    docs, view_pipeline = _source(ctx.deployment, ctx.db, coll)
-    for name, spec in lite_parse(ctx.deployment.profile, view_pipeline) + stages:
+    snapshot = snapshot_read(ctx)
+    if snapshot is not None:
+        docs, stages, state = aggregate_source(ctx, snapshot, coll, stages)
+    else:
+        docs, view_pipeline = _source(ctx.deployment, ctx.db, coll)
+        stages = lite_parse(ctx.deployment.profile, view_pipeline) + stages
+    for name, spec in stages:
         docs = _run_stage(docs, name, spec)
     ns = f"{ctx.db}.{coll}"
     cursor = _ResultCursor(ns, docs[batch_size:], _session_id(ctx))
     batch = CursorBatch(docs[:batch_size], exhausted=not cursor.remaining)
+    if snapshot is not None:
+        pinned = SnapshotCursor(cursor, ns, cursor.lsid_id, snapshot, state)
+        return reply_first_batch(ctx, pinned, batch)
     cid = 0 if batch.exhausted else ctx.deployment.cursors.register(cursor, ctx.member.name)
     return cursor_reply(cid, ns, batch, first=True)
 

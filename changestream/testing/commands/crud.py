@@ -35,8 +35,15 @@ from ..storage import (
 )
 from ..storage.sessions import NOT_EXECUTED, WriteUnit, transaction_for
 from ..update import Outcome, Update, UpdateEnv, project
-from .common import batch_size_arg, collection_arg, open_cursor
+from .common import ListCursor, batch_size_arg, collection_arg, lsid_bytes, open_cursor
 from .ddl import ensure_collection
+from .snapshot_reads import (
+    SnapshotCursor,
+    find_documents,
+    reply_first_batch,
+    snapshot_read,
+    sort_by_id,
+)
 from .spec import command
 
 _WRITABLE_SYSTEM_COLLECTIONS = frozenset({"system.js"})
@@ -640,7 +647,15 @@ def find(ctx: CommandContext) -> dict[str, Any]:
     limit = _non_negative(body.get("limit"), "limit")
     batch_size = batch_size_arg(body.get("batchSize"), "find", 101)
     single_batch = bool(body.get("singleBatch", False))
-    docs = _sorted(_read_documents(ctx, coll, query), sort)
+    snapshot = snapshot_read(ctx)
+    if snapshot is not None:
+        found, state = find_documents(ctx, snapshot, coll, query)
+        if list(sort) == ["_id"] and sort["_id"] in (1, -1) and not isinstance(sort["_id"], bool):
+            docs = sort_by_id(found, descending=sort["_id"] == -1)
+        else:
+            docs = _sorted(found, sort)
+    else:
+        docs = _sorted(_read_documents(ctx, coll, query), sort)
     docs = docs[skip:]
     if limit:
         docs = docs[:limit]
@@ -650,7 +665,12 @@ def find(ctx: CommandContext) -> dict[str, Any]:
         docs = [project(doc, projection, query=query) for doc in docs]
     else:
         docs = [copy_value(doc) for doc in docs]
-    return open_cursor(ctx, f"{ctx.db}.{coll}", docs, batch_size, single_batch=single_batch)
+    ns = f"{ctx.db}.{coll}"
+    if snapshot is not None:
+        inner = ListCursor(ns, docs, lsid_bytes(ctx))
+        cursor = SnapshotCursor(inner, ns, inner.lsid_id, snapshot, state)
+        return reply_first_batch(ctx, cursor, inner.next_batch(batch_size), single_batch=single_batch)
+    return open_cursor(ctx, ns, docs, batch_size, single_batch=single_batch)
 
 
 @command("count")

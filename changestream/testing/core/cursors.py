@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bson.int64 import Int64
+from bson.timestamp import Timestamp
 
 from .errors import CommandError
 
@@ -31,6 +32,8 @@ class CursorBatch:
     post_batch_resume_token: dict[str, Any] | None = None
     invalidated: bool = False
     """Add ``invalidated: true`` (change stream closed by an invalidate, 7.0+)."""
+    at_cluster_time: Timestamp | None = None
+    """The read time of a snapshot read (``atClusterTime``, in every reply of its cursor)."""
 
 
 class ServerCursor(Protocol):
@@ -158,12 +161,14 @@ class CursorManager:
 def cursor_reply(cid: int, ns: str, batch: CursorBatch, *, first: bool) -> dict[str, Any]:
     """The ``{"cursor": {...}}`` reply body in mongod's field order.
 
-    ``firstBatch``/``nextBatch``, ``postBatchResumeToken``, ``invalidated``,
-    ``id``, ``ns``.
+    ``firstBatch``/``nextBatch``, ``postBatchResumeToken``, ``atClusterTime``,
+    ``invalidated``, ``id``, ``ns``.
     """
     cur: dict[str, Any] = {("firstBatch" if first else "nextBatch"): batch.documents}
     if batch.post_batch_resume_token is not None:
         cur["postBatchResumeToken"] = batch.post_batch_resume_token
+    if batch.at_cluster_time is not None:
+        cur["atClusterTime"] = batch.at_cluster_time
     if batch.invalidated:
         cur["invalidated"] = True
     cur["id"] = Int64(0 if batch.exhausted else cid)

@@ -19,6 +19,7 @@ from .order import copy_value, id_key
 
 if TYPE_CHECKING:
     from .deployment import Deployment
+    from .history import History
 
 class CollectionState:
     """One collection (or view): options, UUID, indexes and documents."""
@@ -77,6 +78,10 @@ class CollectionState:
         """The stored documents without a snapshot: do not write while iterating."""
         return iter(self._docs.values())
 
+    def stored_items(self) -> Iterator[tuple[Hashable, dict[str, Any]]]:
+        """``(id key, stored document)`` pairs without a snapshot: do not write while iterating."""
+        return iter(self._docs.items())
+
     def lookup(self, key: Hashable) -> dict[str, Any] | None:
         """The stored document with ``_id`` key ``key`` (never mutate it)."""
         return self._docs.get(key)
@@ -92,6 +97,7 @@ class CollectionState:
             raise self._duplicate(self.indexes[0], {"_id": doc["_id"]})
         if self._unique:
             self._index_doc(doc, key)
+        self._catalog.history.record(self.uuid, key, None)
         self._docs[key] = doc
         return key
 
@@ -105,6 +111,7 @@ class CollectionState:
             except DuplicateKey:
                 self._index_doc(old, key)
                 raise
+        self._catalog.history.record(self.uuid, key, old)
         self._docs[key] = doc
         return old
 
@@ -113,6 +120,7 @@ class CollectionState:
         old = self._docs.pop(key)
         if self._unique:
             self._unindex_doc(old, key)
+        self._catalog.history.record(self.uuid, key, old)
         return old
 
     def add_index(self, spec: dict[str, Any]) -> None:
@@ -198,6 +206,11 @@ class Catalog:
     @property
     def profile_major_minor(self) -> tuple[int, int]:
         return self._deployment.profile.major_minor
+
+    @property
+    def history(self) -> History:
+        """Old document versions, for point-in-time reads."""
+        return self._deployment.history
 
     # -- the public read API the change-stream engine relies on -----------------
     def get(self, db: str, coll: str) -> CollectionState | None:

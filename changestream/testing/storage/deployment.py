@@ -35,6 +35,7 @@ from ..core.oplog import Oplog, OplogEntry
 from ..core.versions import VersionProfile
 from . import persist
 from .catalog import Catalog
+from .history import History
 from .persist import DbPathLock
 from .sessions import RetryableWrite, Transaction
 
@@ -106,6 +107,8 @@ class Deployment:
         self.clock = ClusterClock(now)
         self.oplog = Oplog(max_entries=oplog_max_entries, max_bytes=oplog_max_bytes)
         self.cursors = CursorManager()
+        self.history = History(now)
+        """Old document versions for point-in-time (snapshot) reads."""
         self.term = 1
         self.set_version = 1
         self.network_compressors = resolve(compressors)
@@ -198,6 +201,7 @@ class Deployment:
             post_image=post_image,
         )
         entry.size = _approx_size(entry)
+        self.history.mark(entry.ts, catalog_change=_catalog_change(entry))
         if not self.standalone:
             self.oplog.append(entry)
         return entry
@@ -205,6 +209,13 @@ class Deployment:
     def last_applied(self) -> Timestamp:
         """The optime of the latest write (the read timestamp of a new read)."""
         return self.oplog.last_ts or self.clock.current()
+
+
+def _catalog_change(entry: OplogEntry) -> uuid.UUID | None:
+    """The collection an entry creates or renames (snapshot reads before it are refused)."""
+    if entry.op == "c" and ("create" in entry.o or "renameCollection" in entry.o):
+        return entry.ui
+    return None
 
 
 _SIZE_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(

@@ -1,0 +1,302 @@
+"""Point-in-time reads outside transactions: ``readConcern: {level: "snapshot"[, atClusterTime]}``.
+
+MongoDB 5.0+ runs ``find`` and ``aggregate`` at one cluster time: the given
+``atClusterTime``, or one the server picks (its last applied optime) and
+reports. Every reply of the cursor, getMores included, carries
+``atClusterTime``; the getMores read at the same time. A time older than the
+history window (``minSnapshotHistoryWindowInSeconds``) fails with
+SnapshotTooOld (239), also when a getMore comes after the time has left the
+window. Dropping or renaming the collection kills the cursor
+(QueryPlanKilled, 175). Servers before 5.0 allow snapshot reads only inside
+transactions.
+
+Documents come from :class:`~changestream.testing.history.History`; a
+leading ``$match`` on ``_id`` ranges and ``$sort: {_id: 1}`` (what range
+copies send) run without the general matcher.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
+
+from ..core.context import CommandContext
+from ..core.cursors import CursorBatch, cursor_reply
+from ..core.errors import CommandError
+from ..storage import CollectionState, compile_query, copy_value, id_equality, id_key, sort_key
+
+if TYPE_CHECKING:
+    from ..storage.deployment import Deployment
+
+INVALID_OPTIONS = 72
+QUERY_PLAN_KILLED = 175
+SNAPSHOT_UNAVAILABLE = 246
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRead:
+    """A read at ``at``: it sees the writes up to write number ``point``."""
+
+    at: Timestamp
+    point: int
+
+
+def snapshot_read(ctx: CommandContext) -> SnapshotRead | None:
+    """The command's point-in-time read, or None (not a snapshot read, or in a transaction)."""
+    concern = ctx.body.get("readConcern")
+    if not isinstance(concern, dict):
+        return None
+    at = concern.get("atClusterTime")
+    level = concern.get("level")
+    if level != "snapshot":
+        if at is not None:
+            raise CommandError(
+                INVALID_OPTIONS,
+                "readConcern level 'snapshot' or 'majority' is required when 'atClusterTime' is "
+                "specified" if level is None else
+                f"'atClusterTime' is only compatible with readConcern level 'snapshot', not "
+                f"'{level}'",
+            )
+        return None
+    if ctx.autocommit is not None:
+        return None  # a transaction's snapshot
+    deployment = ctx.deployment
+    if deployment.profile.major_minor < (5, 0):
+        if at is not None:
+            raise CommandError(INVALID_OPTIONS, "atClusterTime is only used for testing")
+        raise CommandError(
+            INVALID_OPTIONS,
+            "readConcern level snapshot is only valid in multi-statement transactions",
+        )
+    if at is None:
+        at = deployment.last_applied()
+    elif not isinstance(at, Timestamp):
+        raise CommandError(
+            14,
+            f"BSON field 'atClusterTime' is the wrong type '{type(at).__name__}', expected type "
+            "'timestamp'",
+        )
+    elif at == Timestamp(0, 0):
+        raise CommandError(
+            INVALID_OPTIONS, "readConcern atClusterTime cannot be the null timestamp"
+        )
+    else:
+        current = deployment.clock.current()
+        if (at.time, at.inc) > (current.time, current.inc):
+            raise CommandError(
+                INVALID_OPTIONS,
+                "readConcern atClusterTime value must not be greater than the current "
+                f"clusterTime. Requested clusterTime: {_ts(at)}; current clusterTime: "
+                f"{_ts(current)}",
+            )
+    return SnapshotRead(at, deployment.history.read_point(at))
+
+
+def _ts(ts: Timestamp) -> str:
+    return f"{{ ts: Timestamp({ts.time}, {ts.inc}) }}"
+
+
+# -- documents as they were -----------------------------------------------------------------
+def collection_at(
+    ctx: CommandContext, read: SnapshotRead, coll: str
+) -> CollectionState | None:
+    """The collection ``coll`` names, if it existed (as now) at the read time."""
+    deployment = ctx.deployment
+    state = deployment.catalog.get(ctx.db, coll)
+    if state is None:
+        return None
+    if state.is_view:
+        raise CommandError(
+            115, f"The simulator does not implement snapshot reads of views ({state.ns})"
+        )
+    changed = deployment.history.created_after(state.uuid, read.at)
+    if changed is None:
+        return state
+    if deployment.profile.major_minor < (7, 0):
+        raise CommandError(
+            SNAPSHOT_UNAVAILABLE,
+            "Unable to read from a snapshot due to pending collection catalog changes; please "
+            f"retry the operation. Snapshot timestamp is Timestamp({read.at.time}, "
+            f"{read.at.inc}). Collection minimum is Timestamp({changed.time}, {changed.inc})",
+        )
+    return None  # 7.0+ looks the namespace up as of the read time: it did not exist yet
+
+
+def documents_at(state: CollectionState | None, read: SnapshotRead, deployment: Deployment) -> list[dict[str, Any]]:
+    """The stored documents of ``state`` at the read time (read-only objects)."""
+    if state is None:
+        return []
+    return deployment.history.versions_at(state.uuid, state.stored_items(), read.point)
+
+
+def find_documents(
+    ctx: CommandContext, read: SnapshotRead, coll: str, query: dict[str, Any]
+) -> tuple[list[dict[str, Any]], CollectionState | None]:
+    """``find``'s matching documents at the read time (stored objects: read-only)."""
+    state = collection_at(ctx, read, coll)
+    docs = documents_at(state, read, ctx.deployment)
+    if not query:
+        return docs, state
+    exact, value = id_equality(query)
+    if exact:
+        key = id_key(value)
+        return [d for d in docs if id_key(d["_id"]) == key], state
+    fast = _id_range_filter(query, docs)
+    if fast is not None:
+        return fast, state
+    match = compile_query(query)
+    return [d for d in docs if match(d)], state
+
+
+def aggregate_source(
+    ctx: CommandContext, read: SnapshotRead, coll: str, stages: list[tuple[str, Any]]
+) -> tuple[list[dict[str, Any]], list[tuple[str, Any]], CollectionState | None]:
+    """Copies of the documents after the leading ``_id`` stages, and the stages left to run."""
+    state = collection_at(ctx, read, coll)
+    docs = documents_at(state, read, ctx.deployment)
+    i = 0
+    while i < len(stages):
+        name, spec = stages[i]
+        if name == "$match" and isinstance(spec, dict):
+            fast = _id_range_filter(spec, docs)
+            if fast is None:
+                break
+            docs = fast
+        elif name == "$sort" and isinstance(spec, dict) and list(spec) == ["_id"]:
+            if spec["_id"] not in (1, -1) or isinstance(spec["_id"], bool):
+                break
+            docs = sort_by_id(docs, descending=spec["_id"] == -1)
+        else:
+            break
+        i += 1
+    return [copy_value(d) for d in docs], stages[i:], state
+
+
+_NATIVE = (int, float, str, ObjectId)
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "$gt": operator.gt,
+    "$gte": operator.ge,
+    "$lt": operator.lt,
+    "$lte": operator.le,
+}
+
+
+def _native_kind(value: Any) -> type | None:
+    """``int`` for every number Python orders natively, else the type if natively ordered."""
+    typ = type(value)
+    if typ is bool:
+        return None
+    if isinstance(value, (int, float)):
+        return int if value == value else None
+    if typ in (str, ObjectId):
+        return typ
+    return None
+
+
+def _id_range_filter(
+    query: dict[str, Any], docs: list[dict[str, Any]]
+) -> list[dict[str, Any]] | None:
+    """``{_id: {$gt/$gte/$lt/$lte: v}}`` applied with native comparisons, or None.
+
+    Only when every bound and every ``_id`` are of one natively ordered kind
+    (numbers, strings or ObjectIds), where BSON order and type bracketing
+    agree with Python's.
+    """
+    if list(query) != ["_id"] or not isinstance(query["_id"], dict) or not query["_id"]:
+        return None
+    cond = query["_id"]
+    if not all(op in _OPS for op in cond):
+        return None
+    kinds = {_native_kind(v) for v in cond.values()}
+    if len(kinds) != 1 or None in kinds:
+        return None
+    kind = kinds.pop()
+    if not all(_native_kind(d["_id"]) is kind for d in docs):
+        return None
+    checks = [(_OPS[op], bound) for op, bound in cond.items()]
+    return [d for d in docs if all(check(d["_id"], bound) for check, bound in checks)]
+
+
+def sort_by_id(docs: list[dict[str, Any]], *, descending: bool = False) -> list[dict[str, Any]]:
+    """``docs`` in ``_id`` order (native keys when the ids are of one ordered kind)."""
+    kinds = {_native_kind(d["_id"]) for d in docs}
+    if len(kinds) <= 1 and None not in kinds:
+        return sorted(docs, key=operator.itemgetter("_id"), reverse=descending)
+    return sorted(docs, key=lambda d: sort_key(d["_id"]), reverse=descending)
+
+
+# -- the cursor --------------------------------------------------------------------------------
+class _Inner(Protocol):
+    def get_more(
+        self, ctx: CommandContext, batch_size: int | None, max_time_ms: int | None
+    ) -> CursorBatch: ...
+
+    def close(self) -> None: ...
+
+
+class SnapshotCursor:
+    """A cursor reading at one cluster time: every batch reports it; it dies with its collection."""
+
+    tailable_await = False
+
+    def __init__(
+        self,
+        inner: _Inner,
+        ns: str,
+        lsid_id: bytes | None,
+        read: SnapshotRead,
+        state: CollectionState | None,
+    ) -> None:
+        self._inner = inner
+        self.ns = ns
+        self.lsid_id = lsid_id
+        self.read = read
+        self._state = state
+        self._source_ns = state.ns if state is not None else None
+
+    def get_more(
+        self, ctx: CommandContext, batch_size: int | None, max_time_ms: int | None
+    ) -> CursorBatch:
+        self.check_alive(ctx.deployment)
+        ctx.deployment.history.check(self.read.at)
+        batch = self._inner.get_more(ctx, batch_size, max_time_ms)
+        batch.at_cluster_time = self.read.at
+        return batch
+
+    def check_alive(self, deployment: Deployment) -> None:
+        """QueryPlanKilled (175) once the collection was dropped or renamed."""
+        state = self._state
+        if state is None:
+            return
+        if deployment.catalog.get(state.db, state.name) is not state:
+            raise CommandError(
+                QUERY_PLAN_KILLED,
+                f"Executor error during getMore :: caused by :: collection dropped. UUID {state.uuid}",
+            )
+        if state.ns != self._source_ns:
+            raise CommandError(
+                QUERY_PLAN_KILLED,
+                f"Executor error during getMore :: caused by :: collection renamed from "
+                f"'{self._source_ns}' to '{state.ns}'. UUID {state.uuid}",
+            )
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def reply_first_batch(
+    ctx: CommandContext, cursor: SnapshotCursor, batch: CursorBatch, *, single_batch: bool = False
+) -> dict[str, Any]:
+    """The first reply: the batch with ``atClusterTime``; the cursor registered if not done."""
+    batch.at_cluster_time = cursor.read.at
+    if single_batch:
+        batch.exhausted = True
+    cid = 0 if batch.exhausted else ctx.deployment.cursors.register(cursor, ctx.member.name)
+    if batch.exhausted:
+        cursor.close()
+    return cursor_reply(cid, cursor.ns, batch, first=True)

@@ -20,6 +20,8 @@ from ._api import Client, Collection, Database, watch
 from ._consume import ConsumeResult, consume
 from ._metrics import ConsumeStats
 from ._position import Position
+from ._snapshot import SnapshotError
+from ._snapshot_watch import SnapshotThenWatch, snapshot_then_watch
 from ._stream import ChangeStream
 from ._token import token_cluster_time, token_from_json, token_to_json
 from ._watch_types import AsyncWatchOptions, WatchOptions
@@ -80,6 +82,8 @@ __all__ = [
     "NotResumableError",
     "Position",
     "RetriesExhaustedError",
+    "SnapshotError",
+    "SnapshotThenWatch",
     "SplitEventError",
     "StoredToken",
     "StreamInvalidatedError",
@@ -89,6 +93,7 @@ __all__ = [
     "__version__",
     "aio",
     "consume",
+    "snapshot_then_watch",
     "spark_adapter",
     "token_cluster_time",
     "token_from_json",

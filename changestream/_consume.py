@@ -35,6 +35,7 @@ from ._codes import (
     UNAUTHORIZED,
 )
 from ._metrics import StatsCallback, StatsReporter
+from ._snapshot_watch import stream_opener
 from ._stream import ChangeStream
 from ._token import ResumeToken, token_cluster_time, token_to_json
 from .errors import (
@@ -392,10 +393,13 @@ class Run:
 
 # -- the synchronous loop ------------------------------------------------------------------
 def consume(
-    open_stream: Callable[[Any], ChangeStream[Any]],
+    open_stream: Callable[[Any], ChangeStream[Any]] | Any,
     handler: Callable[[Any], object],
     store: TokenStore,
     *,
+    initial_snapshot: bool = False,
+    pipeline: list[Mapping[str, Any]] | None = None,
+    watch_options: Mapping[str, Any] | None = None,
     save_every: int = 1,
     save_interval: float | None = None,
     retry_for: float | None = 300.0,
@@ -431,7 +435,18 @@ def consume(
     (changes handled, events/s, lag, resumes, reopens, time of the last
     stored token) every ``stats_interval`` seconds and when the loop ends;
     the exporters in :mod:`changestream.exporters` are such callbacks.
+
+    ``open_stream`` may also be a collection: then ``consume`` opens the
+    stream itself (``pipeline`` and ``watch_options`` are ``watch()``'s), and
+    with ``initial_snapshot=True`` first hands every document of the
+    collection to the handler as a snapshot record (see
+    :func:`changestream.snapshot_then_watch`); the store then keeps the copy's
+    progress, so a restart continues the copy where it stopped.
     """
+    open_stream = stream_opener(
+        open_stream, initial_snapshot=initial_snapshot, pipeline=pipeline,
+        watch_options=watch_options,
+    )
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,
               stats=StatsReporter(on_stats, stats_interval))

@@ -9,6 +9,14 @@ at-least-once loop.
 from __future__ import annotations
 
 from ._consume import consume
+from ._snapshot_watch import AsyncSnapshotThenWatch, snapshot_then_watch
 from ._stream import AsyncChangeStream, TokenCallback, watch
 
-__all__ = ["AsyncChangeStream", "TokenCallback", "consume", "watch"]
+__all__ = [
+    "AsyncChangeStream",
+    "AsyncSnapshotThenWatch",
+    "TokenCallback",
+    "consume",
+    "snapshot_then_watch",
+    "watch",
+]

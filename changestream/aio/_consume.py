@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import tenacity
@@ -21,6 +21,7 @@ import tenacity
 from .._consume import HANDLE, SAVE, ConsumeResult, Run, log
 from .._metrics import StatsCallback, StatsReporter
 from ..stores import AsyncTokenStore, TokenStore
+from ._snapshot_watch import stream_opener
 from ._stream import AsyncChangeStream
 
 __all__ = ["consume"]
@@ -34,10 +35,13 @@ async def _call(method: Callable[..., Any], *args: Any) -> Any:
 
 
 async def consume(
-    open_stream: Callable[[Any], Awaitable[AsyncChangeStream[Any]]],
+    open_stream: Callable[[Any], Awaitable[AsyncChangeStream[Any]]] | Any,
     handler: Callable[[Any], Any],
     store: TokenStore | AsyncTokenStore,
     *,
+    initial_snapshot: bool = False,
+    pipeline: list[Mapping[str, Any]] | None = None,
+    watch_options: Mapping[str, Any] | None = None,
     save_every: int = 1,
     save_interval: float | None = None,
     retry_for: float | None = 300.0,
@@ -54,7 +58,13 @@ async def consume(
     ``lambda token: changestream.aio.watch(coll, resume_after=token)``) and
     ``handler`` a function or coroutine function. Returns when ``stop`` is
     set; cancelling the task stores the last handled token and re-raises.
+    ``open_stream`` may also be an ``AsyncCollection`` (with ``pipeline``,
+    ``watch_options`` and ``initial_snapshot`` as in the sync ``consume``).
     """
+    open_stream = stream_opener(
+        open_stream, initial_snapshot=initial_snapshot, pipeline=pipeline,
+        watch_options=watch_options,
+    )
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,
               stats=StatsReporter(on_stats, stats_interval))

@@ -28,7 +28,17 @@ from bson.timestamp import Timestamp
 from ..core.context import CommandContext
 from ..core.cursors import CursorBatch, cursor_reply
 from ..core.errors import CommandError
-from ..storage import CollectionState, compile_query, copy_value, id_equality, id_key, sort_key
+from ..storage import (
+    CollectionState,
+    canonical_type,
+    compare_values,
+    compile_query,
+    copy_value,
+    id_equality,
+    id_key,
+    sort_key,
+    values_equal,
+)
 
 if TYPE_CHECKING:
     from ..storage.deployment import Deployment
@@ -149,6 +159,9 @@ def find_documents(
     fast = _id_range_filter(query, docs)
     if fast is not None:
         return fast, state
+    on_id = id_predicate(query)
+    if on_id is not None:
+        return [d for d in docs if on_id(d["_id"])], state
     match = compile_query(query)
     return [d for d in docs if match(d)], state
 
@@ -165,7 +178,10 @@ def aggregate_source(
         if name == "$match" and isinstance(spec, dict):
             fast = _id_range_filter(spec, docs)
             if fast is None:
-                break
+                on_id = id_predicate(spec)
+                if on_id is None:
+                    break
+                fast = [d for d in docs if on_id(d["_id"])]
             docs = fast
         elif name == "$sort" and isinstance(spec, dict) and list(spec) == ["_id"]:
             if spec["_id"] not in (1, -1) or isinstance(spec["_id"], bool):
@@ -220,6 +236,68 @@ def _id_range_filter(
         return None
     checks = [(_OPS[op], bound) for op, bound in cond.items()]
     return [d for d in docs if all(check(d["_id"], bound) for check, bound in checks)]
+
+
+_TYPE_ALIASES: dict[str, int] = {
+    "minKey": -1, "null": 5, "undefined": 5, "double": 10, "int": 10, "long": 10,
+    "decimal": 10, "number": 10, "string": 15, "symbol": 15, "object": 20, "array": 25,
+    "binData": 30, "objectId": 35, "bool": 40, "date": 45, "timestamp": 47, "regex": 50,
+    "dbPointer": 55, "javascript": 60, "javascriptWithScope": 65, "maxKey": 127,
+}
+"""``$type`` aliases by canonical rank (numbers are matched as one rank: enough for ``_id`` ranges)."""
+
+
+def id_predicate(query: Any) -> Callable[[Any], bool] | None:
+    """A test on ``_id`` alone for filters made only of ``_id`` comparisons, ``$type``,
+    ``$or`` and ``$and`` (what range copies send), with mongod's type bracketing; else None."""
+    if not isinstance(query, dict) or not query:
+        return None
+    tests: list[Callable[[Any], bool]] = []
+    for name, value in query.items():
+        if name in ("$or", "$and") and isinstance(value, list) and value:
+            parts = [id_predicate(q) for q in value]
+            if any(p is None for p in parts):
+                return None
+            checks = [p for p in parts if p is not None]
+            if name == "$or":
+                tests.append(lambda v, cs=checks: any(c(v) for c in cs))  # type: ignore[misc]
+            else:
+                tests.append(lambda v, cs=checks: all(c(v) for c in cs))  # type: ignore[misc]
+        elif name == "_id":
+            cond = _id_condition(value)
+            if cond is None:
+                return None
+            tests.append(cond)
+        else:
+            return None
+    return lambda v: all(t(v) for t in tests)
+
+
+def _id_condition(cond: Any) -> Callable[[Any], bool] | None:
+    if not isinstance(cond, dict) or not any(k.startswith("$") for k in cond):
+        return lambda v: values_equal(v, cond)
+    tests: list[Callable[[Any], bool]] = []
+    for op, bound in cond.items():
+        if op == "$type":
+            names = bound if isinstance(bound, list) else [bound]
+            if not all(isinstance(n, str) and n in _TYPE_ALIASES for n in names):
+                return None
+            ranks = {_TYPE_ALIASES[n] for n in names}
+            tests.append(lambda v, rs=ranks: canonical_type(v) in rs)  # type: ignore[misc]
+        elif op in _OPS or op == "$eq":
+            sign = {"$gt": (1,), "$gte": (0, 1), "$lt": (-1,), "$lte": (-1, 0), "$eq": (0,)}[op]
+            rank = canonical_type(bound)
+            tests.append(
+                lambda v, b=bound, r=rank, ok=sign: canonical_type(v) == r  # type: ignore[misc]
+                and _sign(compare_values(v, b)) in ok
+            )
+        else:
+            return None
+    return lambda v: all(t(v) for t in tests)
+
+
+def _sign(n: int) -> int:
+    return (n > 0) - (n < 0)
 
 
 def sort_by_id(docs: list[dict[str, Any]], *, descending: bool = False) -> list[dict[str, Any]]:

@@ -1,0 +1,205 @@
+"""``snapshot_then_watch``: the synchronous shell over :class:`changestream._snapshot.SnapshotRun`.
+
+It runs the commands the run asks for (in one session, so getMores find
+their cursor), hands out its records, then opens :func:`changestream.watch`
+where the run says and hands out the stream's changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from types import TracebackType
+from typing import Any
+
+from pymongo.errors import OperationFailure
+from pymongo.synchronous.collection import Collection as PyMongoCollection
+
+from ._api import Collection, watch
+from ._snapshot import (
+    DEFAULT_COPY_BATCH,
+    DeliverRecord,
+    RunCommand,
+    SnapshotRun,
+    check_watch_options,
+    opener_arguments_error,
+    opens_snapshot,
+)
+from ._stream import ChangeStream
+
+__all__ = ["SnapshotThenWatch", "snapshot_then_watch"]
+
+
+def snapshot_then_watch(
+    target: Any,
+    pipeline: list[Mapping[str, Any]] | None = None,
+    *,
+    resume_after: Mapping[str, Any] | None = None,
+    copy_batch_size: int = DEFAULT_COPY_BATCH,
+    **watch_options: Any,
+) -> SnapshotThenWatch:
+    """Every document of a collection as it was at one cluster time T, then its changes after T.
+
+    First yields one insert-shaped record per document (``operationType:
+    "insert"``, ``fullDocument``, ``documentKey``, and ``snapshot:
+    {atClusterTime, streamAfter, eventsMayRepeat}``) in ``_id`` order, read with
+    ``readConcern: {level: "snapshot", atClusterTime: T}`` (MongoDB 5.0+);
+    then the change stream from ``Timestamp(T.time, T.inc + 1)``. ``pipeline``
+    applies to both. :attr:`SnapshotThenWatch.resume_token` is always the
+    position after the last returned record or change: pass it back as
+    ``resume_after`` to continue (the copy from the next ``_id`` at the same
+    T, or the stream). ``watch_options`` are :func:`changestream.watch`'s,
+    except the start options. See ``docs/snapshot.md`` for the guarantees.
+    """
+    if isinstance(target, Collection):
+        target = target.pymongo
+    if not isinstance(target, PyMongoCollection):
+        raise TypeError(
+            "snapshot_then_watch() needs a pymongo Collection (a snapshot copies one collection), "
+            f"not {type(target).__name__}"
+        )
+    check_watch_options(watch_options)
+    return SnapshotThenWatch(target, pipeline, resume_after, copy_batch_size, watch_options)
+
+
+class SnapshotThenWatch:
+    """Iterator over snapshot records, then changes (same polling surface as :class:`ChangeStream`)."""
+
+    def __init__(
+        self,
+        collection: PyMongoCollection[Any],
+        pipeline: list[Mapping[str, Any]] | None,
+        resume_after: Mapping[str, Any] | None,
+        copy_batch_size: int,
+        watch_options: dict[str, Any],
+    ) -> None:
+        self._collection = collection
+        self._pipeline = list(pipeline or [])
+        self._options = watch_options
+        self._run = SnapshotRun(
+            collection.database.name, collection.name, self._pipeline, resume_after,
+            copy_batch_size=copy_batch_size,
+        )
+        self._session = collection.database.client.start_session(causal_consistency=False)
+        self._stream: ChangeStream[Any] | None = None
+        self._closed = False
+
+    @property
+    def resume_token(self) -> Any:
+        """The position after the last returned record or change (``None`` before the first command)."""
+        if self._stream is not None and self._stream.resume_token is not None:
+            return self._stream.resume_token
+        return self._run.token
+
+    @property
+    def copying(self) -> bool:
+        """Still in the copy phase."""
+        return self._run.copying
+
+    @property
+    def position(self) -> Any:
+        """The change stream's position once streaming (``None`` during the copy)."""
+        return None if self._stream is None else self._stream.position
+
+    @property
+    def resumes(self) -> int:
+        """Resumes of the change stream (the copy has none)."""
+        return 0 if self._stream is None else self._stream.resumes
+
+    @property
+    def alive(self) -> bool:
+        if self._closed:
+            return False
+        return self._stream.alive if self._stream is not None else True
+
+    def try_next(self) -> Any:
+        """The next record or change; ``None`` when the stream had nothing (at most one getMore)."""
+        if self._closed:
+            return None
+        run, database = self._run, self._collection.database
+        while True:
+            action = run.next_action()
+            if isinstance(action, DeliverRecord):
+                return action.record
+            if isinstance(action, RunCommand):
+                try:
+                    reply = database.command(
+                        action.command.body, session=self._session,
+                        codec_options=self._collection.codec_options,
+                    )
+                except OperationFailure as exc:
+                    if not run.on_error(exc.code, str(exc)):
+                        raise
+                else:
+                    run.on_reply(reply)
+                continue
+            if self._stream is None:
+                self._end_session()
+                self._stream = watch(self._collection, self._pipeline, **action.start, **self._options)
+            return self._stream.try_next()
+
+    def next(self) -> Any:
+        """Block until the next record or change; ``StopIteration`` once closed or invalidated."""
+        while self.alive:
+            change = self.try_next()
+            if change is not None:
+                return change
+        raise StopIteration
+
+    __next__ = next
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def close(self) -> None:
+        """Kill an open copy cursor, end the session, close the stream (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        kill = self._run.kill_command()
+        if kill is not None:
+            with contextlib.suppress(Exception):
+                self._collection.database.command(kill.body, session=self._session)
+        self._end_session()
+        if self._stream is not None:
+            self._stream.close()
+
+    def _end_session(self) -> None:
+        with contextlib.suppress(Exception):
+            self._session.end_session()
+
+    def __enter__(self) -> SnapshotThenWatch:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def stream_opener(
+    source: Any,
+    *,
+    initial_snapshot: bool,
+    pipeline: list[Mapping[str, Any]] | None,
+    watch_options: Mapping[str, Any] | None,
+) -> Any:
+    """``consume``'s ``open_stream``: ``source`` itself, or one built for a collection."""
+    is_collection = isinstance(source, (PyMongoCollection, Collection))
+    problem = opener_arguments_error(is_collection, initial_snapshot, pipeline, watch_options)
+    if problem is not None:
+        raise TypeError(problem)
+    if not is_collection:
+        return source
+    collection = source.pymongo if isinstance(source, Collection) else source
+    options = dict(watch_options or {})
+
+    def open_stream(token: Any) -> Any:
+        if opens_snapshot(token, initial_snapshot):
+            return snapshot_then_watch(collection, pipeline, resume_after=token, **options)
+        return watch(collection, pipeline, resume_after=token, **options)
+
+    return open_stream

@@ -1,0 +1,190 @@
+"""asyncio twin of :func:`changestream.snapshot_then_watch`: the same run, awaited.
+
+All decisions are :class:`changestream._snapshot.SnapshotRun`'s; this shell
+only awaits the commands it asks for and the stream it opens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import OperationFailure
+
+from .._snapshot import (
+    DEFAULT_COPY_BATCH,
+    DeliverRecord,
+    RunCommand,
+    SnapshotRun,
+    check_watch_options,
+    opener_arguments_error,
+    opens_snapshot,
+)
+from ._stream import AsyncChangeStream, watch
+
+__all__ = ["AsyncSnapshotThenWatch", "snapshot_then_watch"]
+
+
+async def snapshot_then_watch(
+    target: Any,
+    pipeline: list[Mapping[str, Any]] | None = None,
+    *,
+    resume_after: Mapping[str, Any] | None = None,
+    copy_batch_size: int = DEFAULT_COPY_BATCH,
+    **watch_options: Any,
+) -> AsyncSnapshotThenWatch:
+    """Same contract as :func:`changestream.snapshot_then_watch`, on an ``AsyncCollection``."""
+    if not isinstance(target, AsyncCollection):
+        raise TypeError(
+            "snapshot_then_watch() needs a pymongo AsyncCollection (a snapshot copies one "
+            f"collection), not {type(target).__name__}"
+        )
+    check_watch_options(watch_options)
+    return AsyncSnapshotThenWatch(target, pipeline, resume_after, copy_batch_size, watch_options)
+
+
+class AsyncSnapshotThenWatch:
+    """Async iterator over snapshot records, then changes (polling surface of :class:`AsyncChangeStream`)."""
+
+    def __init__(
+        self,
+        collection: AsyncCollection[Any],
+        pipeline: list[Mapping[str, Any]] | None,
+        resume_after: Mapping[str, Any] | None,
+        copy_batch_size: int,
+        watch_options: dict[str, Any],
+    ) -> None:
+        self._collection = collection
+        self._pipeline = list(pipeline or [])
+        self._options = watch_options
+        self._run = SnapshotRun(
+            collection.database.name, collection.name, self._pipeline, resume_after,
+            copy_batch_size=copy_batch_size,
+        )
+        self._session = collection.database.client.start_session(causal_consistency=False)
+        self._stream: AsyncChangeStream[Any] | None = None
+        self._closed = False
+
+    @property
+    def resume_token(self) -> Any:
+        """The position after the last returned record or change."""
+        if self._stream is not None and self._stream.resume_token is not None:
+            return self._stream.resume_token
+        return self._run.token
+
+    @property
+    def copying(self) -> bool:
+        return self._run.copying
+
+    @property
+    def position(self) -> Any:
+        """The change stream's position once streaming (``None`` during the copy)."""
+        return None if self._stream is None else self._stream.position
+
+    @property
+    def resumes(self) -> int:
+        """Resumes of the change stream (the copy has none)."""
+        return 0 if self._stream is None else self._stream.resumes
+
+    @property
+    def alive(self) -> bool:
+        if self._closed:
+            return False
+        return self._stream.alive if self._stream is not None else True
+
+    async def try_next(self) -> Any:
+        """The next record or change; ``None`` when the stream had nothing (at most one getMore)."""
+        if self._closed:
+            return None
+        run, database = self._run, self._collection.database
+        while True:
+            action = run.next_action()
+            if isinstance(action, DeliverRecord):
+                return action.record
+            if isinstance(action, RunCommand):
+                try:
+                    reply = await database.command(
+                        action.command.body, session=self._session,
+                        codec_options=self._collection.codec_options,
+                    )
+                except OperationFailure as exc:
+                    if not run.on_error(exc.code, str(exc)):
+                        raise
+                else:
+                    run.on_reply(reply)
+                continue
+            if self._stream is None:
+                await self._end_session()
+                self._stream = await watch(
+                    self._collection, self._pipeline, **action.start, **self._options
+                )
+            return await self._stream.try_next()
+
+    async def next(self) -> Any:
+        """Wait for the next record or change; ``StopAsyncIteration`` once closed or invalidated."""
+        while self.alive:
+            change = await self.try_next()
+            if change is not None:
+                return change
+        raise StopAsyncIteration
+
+    def __aiter__(self) -> AsyncSnapshotThenWatch:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self.next()
+
+    async def close(self) -> None:
+        """Kill an open copy cursor, end the session, close the stream (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        kill = self._run.kill_command()
+        if kill is not None:
+            with contextlib.suppress(Exception):
+                await self._collection.database.command(kill.body, session=self._session)
+        await self._end_session()
+        if self._stream is not None:
+            await self._stream.close()
+
+    async def _end_session(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._session.end_session()
+
+    async def __aenter__(self) -> AsyncSnapshotThenWatch:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def stream_opener(
+    source: Any,
+    *,
+    initial_snapshot: bool,
+    pipeline: list[Mapping[str, Any]] | None,
+    watch_options: Mapping[str, Any] | None,
+) -> Any:
+    """``consume``'s ``open_stream``: ``source`` itself, or one built for an ``AsyncCollection``."""
+    is_collection = isinstance(source, AsyncCollection)
+    problem = opener_arguments_error(is_collection, initial_snapshot, pipeline, watch_options)
+    if problem is not None:
+        raise TypeError(problem)
+    if not is_collection:
+        return source
+    options = dict(watch_options or {})
+
+    async def open_stream(token: Any) -> Any:
+        if opens_snapshot(token, initial_snapshot):
+            return await snapshot_then_watch(source, pipeline, resume_after=token, **options)
+        return await watch(source, pipeline, resume_after=token, **options)
+
+    return open_stream

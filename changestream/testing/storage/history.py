@@ -178,6 +178,10 @@ class History:
     # -- pruning -------------------------------------------------------------------
     def _oldest_locked(self) -> _Key:
         by_window = (max(int(self._now()) - self.window_seconds, 0), 0)
+        if self._mark_start < len(self._mark_ts):
+            # as mongod's oldest timestamp trails the stable (last written) one, the latest
+            # write stays readable however long ago it was
+            by_window = min(by_window, self._mark_ts[-1])
         return max(by_window, self._forced_oldest, self._pruned_to)
 
     def _prune_locked(self) -> None:

@@ -235,10 +235,14 @@ def copy_pipeline(
     *,
     upper: Any = None,
     has_upper: bool = False,
+    lower_inclusive: bool = False,
 ) -> list[dict[str, Any]]:
     """``$match`` (after ``lastId``, before ``upper``), ``$sort: {_id: 1}``, the record, the user's stages."""
     stages: list[dict[str, Any]] = []
-    match = range_filter(position.last_id, upper, has_lower=position.has_last, has_upper=has_upper)
+    match = range_filter(
+        position.last_id, upper, has_lower=position.has_last, has_upper=has_upper,
+        lower_inclusive=lower_inclusive,
+    )
     if match:
         stages.append({"$match": match})
     stages.append({"$sort": {"_id": 1}})

@@ -19,7 +19,7 @@ from .._token import token_from_json
 
 __all__ = ["STARTUP_MODES", "SourceConfig"]
 
-STARTUP_MODES = ("latest", "timestamp", "token")
+STARTUP_MODES = ("latest", "timestamp", "token", "snapshot")
 
 _SPLIT_STAGE = "$changeStreamSplitLargeEvent"
 
@@ -48,6 +48,13 @@ class SourceConfig:
     arrow_batch_rows: int = 10_000
     prefetch_rows: int = 50_000
     prefetch_mb: int = 64
+    snapshot_partitions: int = 4
+    """``_id`` ranges a copy is split into (read in parallel by the executors)."""
+    snapshot_ranges_per_batch: int | None = None
+    """Ranges per micro-batch during ``startup_mode=snapshot`` (None: all in the first batch)."""
+    at_cluster_time: Timestamp | None = None
+    """Batch read: the cluster time to read at (None: the server picks one, reported in
+    the rows' ``cluster_time``)."""
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SourceConfig:
@@ -83,6 +90,11 @@ class SourceConfig:
             raise ValueError("option 'start_at_operation_time' needs startup_mode=timestamp")
         if mode != "token" and start_after is not None:
             raise ValueError("option 'start_after' needs startup_mode=token")
+        if mode == "snapshot" and not (opts.get("database") and opts.get("collection")):
+            raise ValueError(
+                "startup_mode=snapshot copies one collection: options 'database' and "
+                "'collection' are required"
+            )
         publish = _bool("publish_full_document_only", opts.get("publish_full_document_only"))
         full_document = opts.get("full_document")
         if publish and full_document is None:
@@ -114,6 +126,15 @@ class SourceConfig:
             ),
             prefetch_rows=_int("prefetch_rows", opts.get("prefetch_rows"), 1, cls.prefetch_rows),
             prefetch_mb=_int("prefetch_mb", opts.get("prefetch_mb"), 1, cls.prefetch_mb),
+            snapshot_partitions=_int(
+                "snapshot_partitions", opts.get("snapshot_partitions"), 1, cls.snapshot_partitions
+            ),
+            snapshot_ranges_per_batch=_int(
+                "snapshot_ranges_per_batch", opts.get("snapshot_ranges_per_batch"), 1, None
+            ),
+            at_cluster_time=(
+                _timestamp(opts["at_cluster_time"], "at_cluster_time") if "at_cluster_time" in opts else None
+            ),
         )
 
     def connect(self) -> MongoClient[dict[str, Any]]:
@@ -176,7 +197,7 @@ def _float(name: str, text: str | None, default: float) -> float:
     return value
 
 
-def _timestamp(text: str) -> Timestamp:
+def _timestamp(text: str, name: str = "start_at_operation_time") -> Timestamp:
     """Epoch seconds (``1700000000``) or Extended JSON ``{"$timestamp": {"t": .., "i": ..}}``."""
     stripped = text.strip()
     if stripped.isdigit():
@@ -187,7 +208,7 @@ def _timestamp(text: str) -> Timestamp:
         value = None
     if not isinstance(value, Timestamp):
         raise ValueError(
-            "option 'start_at_operation_time' must be epoch seconds or "
+            f"option '{name}' must be epoch seconds or "
             f'{{"$timestamp": {{"t": <seconds>, "i": <increment>}}}}, not {text!r}'
         )
     return value

@@ -25,7 +25,12 @@ from typing import Any
 
 import pyarrow as pa
 from bson.raw_bson import RawBSONDocument
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -36,6 +41,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from .._api import watch
+from .._snapshot import stream_start
 from .._stream import ChangeStream
 from ..errors import ChangeStreamError
 from ._config import SourceConfig
@@ -51,8 +57,15 @@ from ._offsets import (
 )
 from ._readahead import ReadAhead, Taken, unpack
 from ._schema import event_ddl
+from ._snapshot import SnapshotPlan, SnapshotRange, plan_snapshot, read_snapshot_range
 
-__all__ = ["ChangeStreamDataSource", "ChangeStreamReader", "TokenRange", "read_range"]
+__all__ = [
+    "ChangeStreamDataSource",
+    "ChangeStreamReader",
+    "SnapshotBatchReader",
+    "TokenRange",
+    "read_range",
+]
 
 
 class TokenRange(InputPartition):
@@ -89,6 +102,40 @@ class ChangeStreamDataSource(DataSource):
     def streamReader(self, schema: StructType) -> ChangeStreamReader:
         return ChangeStreamReader(SourceConfig.from_options(self.options), schema)
 
+    def reader(self, schema: StructType) -> SnapshotBatchReader:
+        """``spark.read.format("changestream")``: the collection at one cluster time."""
+        return SnapshotBatchReader(SourceConfig.from_options(self.options), schema)
+
+
+class SnapshotBatchReader(DataSourceReader):
+    """A batch read of one collection at one cluster time, one partition per ``_id`` range.
+
+    The time is ``at_cluster_time`` or the server's choice; every row reports
+    it in ``cluster_time``.
+    """
+
+    def __init__(self, config: SourceConfig, schema: StructType) -> None:
+        if config.database is None or config.collection is None:
+            raise ValueError(
+                "spark.read.format('changestream') copies one collection: options 'database' and "
+                "'collection' are required"
+            )
+        self._config = config
+        self._converter = EventConverter(
+            to_arrow_schema(schema, timezone="UTC"),
+            publish_full_document_only=config.publish_full_document_only,
+        )
+
+    def partitions(self) -> Sequence[InputPartition]:
+        config = self._config
+        plan = plan_snapshot(config, config.snapshot_partitions, config.at_cluster_time)
+        return [plan.partition(i) for i in range(plan.ranges)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, SnapshotRange):
+            raise TypeError(f"expected a SnapshotRange partition, not {type(partition).__name__}")
+        return read_snapshot_range(self._config, self._converter, partition)
+
 
 class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader over a change stream; offsets are resume tokens (``offsets.py``)."""
@@ -118,6 +165,9 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if config.startup_mode == "token":
                 assert config.start_after is not None
                 self._initial = make_offset(config.start_after, start_after=True)
+            elif config.startup_mode == "snapshot":
+                plan = plan_snapshot(config, config.snapshot_partitions)
+                self._initial = {"v": 1, "snapshot": plan.to_json(), "next": 0}
             else:
                 self._initial = make_offset(self._current_token(config.start_at_operation_time))
         return self._initial
@@ -135,6 +185,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Returns ``start`` itself when there is nothing new (Spark then plans
         no batch).
         """
+        if "snapshot" in start:
+            return self._copy_end(start)
         cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if self._readahead is None:
             self._readahead = ReadAhead(self._config)
@@ -161,6 +213,16 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         readahead.moved_to(end)  # no event between the two tokens
         return end
 
+    def _copy_end(self, start: dict[str, Any]) -> dict[str, Any]:
+        """During ``startup_mode=snapshot``: the next ranges, then the stream just after T."""
+        plan = SnapshotPlan.from_json(start["snapshot"])
+        done = int(start["next"])
+        if done < plan.ranges:
+            step = self._config.snapshot_ranges_per_batch or plan.ranges
+            return {"v": 1, "snapshot": start["snapshot"], "next": min(plan.ranges, done + step)}
+        self._last_advance = time.monotonic()
+        return make_offset(self._current_token(stream_start(plan.at)))
+
     def _idle_end(self, start: dict[str, Any], scan: Taken, now: float) -> Any:
         """Where an idle stream may advance to (its postBatchResumeToken), or None."""
         token = scan.resume_token
@@ -180,8 +242,19 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Bound the run by the stream's position now: later events wait for the next run."""
         self._target = self._current_token(None)
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[TokenRange]:
-        """The buffered events of the range (in order), or one partition the executor reads."""
+    def partitions(
+        self, start: dict[str, Any], end: dict[str, Any]
+    ) -> Sequence[TokenRange | SnapshotRange]:
+        """The buffered events of the range (in order), or one partition the executor reads.
+
+        During a snapshot copy: one partition per ``_id`` range of the batch
+        (none for the step from the copy to the stream).
+        """
+        if "snapshot" in start:
+            if "snapshot" not in end:
+                return []
+            plan = SnapshotPlan.from_json(start["snapshot"])
+            return [plan.partition(i) for i in range(int(start["next"]), int(end["next"]))]
         if same_position(start, end) or end.get("idle"):
             return []
         packed = self._readahead.packed(start, end) if self._readahead is not None else None
@@ -220,6 +293,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- executor side -------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, SnapshotRange):
+            return read_snapshot_range(self._config, self._converter, partition)
         if not isinstance(partition, TokenRange):
             raise TypeError(f"expected a TokenRange partition, not {type(partition).__name__}")
         if partition.data is not None:

@@ -28,7 +28,14 @@ from ..changestreams.stage import (
 from ..core.context import CommandContext
 from ..core.cursors import CursorBatch, cursor_reply
 from ..core.errors import CommandError
-from .snapshot_reads import SnapshotCursor, aggregate_source, reply_first_batch, snapshot_read
+from ..storage import copy_value
+from .snapshot_reads import (
+    SnapshotCursor,
+    aggregate_source,
+    lazy_aggregate,
+    reply_first_batch,
+    snapshot_read,
+)
 from .spec import command
 
 if TYPE_CHECKING:
@@ -217,6 +224,12 @@ def _plain(
     snapshot = snapshot_read(ctx)
     if snapshot is not None:
         docs, stages, state = aggregate_source(ctx, snapshot, coll, stages)
+        lazy = lazy_aggregate(
+            ctx, snapshot, f"{ctx.db}.{coll}", docs, stages, state, batch_size, _session_id(ctx)
+        )
+        if lazy is not None:
+            return lazy
+        docs = [copy_value(d) for d in docs]
     else:
         docs, view_pipeline = _source(ctx.deployment, ctx.db, coll)
         stages = lite_parse(ctx.deployment.profile, view_pipeline) + stages

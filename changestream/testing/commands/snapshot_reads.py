@@ -22,9 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import bson
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
+from ..changestreams.pipeline import PER_DOCUMENT_STAGES, compile_stage
 from ..core.context import CommandContext
 from ..core.cursors import CursorBatch, cursor_reply
 from ..core.errors import CommandError
@@ -43,6 +45,7 @@ from ..storage import (
 if TYPE_CHECKING:
     from ..storage.deployment import Deployment
 
+MAX_BATCH_BYTES = 16 * 1024 * 1024
 INVALID_OPTIONS = 72
 QUERY_PLAN_KILLED = 175
 SNAPSHOT_UNAVAILABLE = 246
@@ -169,7 +172,8 @@ def find_documents(
 def aggregate_source(
     ctx: CommandContext, read: SnapshotRead, coll: str, stages: list[tuple[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[tuple[str, Any]], CollectionState | None]:
-    """Copies of the documents after the leading ``_id`` stages, and the stages left to run."""
+    """The documents after the leading ``_id`` stages (stored objects: read-only), and the
+    stages left to run."""
     state = collection_at(ctx, read, coll)
     docs = documents_at(state, read, ctx.deployment)
     i = 0
@@ -190,7 +194,77 @@ def aggregate_source(
         else:
             break
         i += 1
-    return [copy_value(d) for d in docs], stages[i:], state
+    return docs, stages[i:], state
+
+
+def lazy_aggregate(
+    ctx: CommandContext,
+    read: SnapshotRead,
+    ns: str,
+    docs: list[dict[str, Any]],
+    stages: list[tuple[str, Any]],
+    state: CollectionState | None,
+    batch_size: int,
+    lsid_id: bytes | None,
+) -> dict[str, Any] | None:
+    """When every stage left is per-document: a cursor that runs them batch by batch.
+
+    A copy of a large collection then never holds more than one batch of
+    results (the source is the list of stored documents). None otherwise.
+    """
+    if not all(name in PER_DOCUMENT_STAGES for name, _ in stages):
+        return None
+    compiled = [compile_stage(name, spec) for name, spec in stages]
+    inner = _LazyResults(ns, docs, compiled, lsid_id)
+    cursor = SnapshotCursor(inner, ns, lsid_id, read, state)
+    return reply_first_batch(ctx, cursor, inner.next_batch(batch_size))
+
+
+class _LazyResults:
+    """Per-document stages applied to ``docs`` as batches are asked for."""
+
+    tailable_await = False
+
+    def __init__(
+        self,
+        ns: str,
+        docs: list[dict[str, Any]],
+        stages: list[Callable[[dict[str, Any]], dict[str, Any] | None]],
+        lsid_id: bytes | None,
+    ) -> None:
+        self.ns = ns
+        self.lsid_id = lsid_id
+        self._docs = docs
+        self._stages = stages
+        self._pos = 0
+
+    def next_batch(self, batch_size: int | None) -> CursorBatch:
+        """Up to ``batch_size`` results (None: as many as fit in 16 MB)."""
+        out: list[dict[str, Any]] = []
+        docs, stages = self._docs, self._stages
+        size = 0
+        while self._pos < len(docs) and (batch_size is None or len(out) < batch_size):
+            result: dict[str, Any] | None = copy_value(docs[self._pos])
+            for stage in stages:
+                if result is None:
+                    break
+                result = stage(result)
+            if result is not None:
+                if batch_size is None:
+                    size += len(bson.encode(result))
+                    if out and size > MAX_BATCH_BYTES:
+                        break
+                out.append(result)
+            self._pos += 1
+        return CursorBatch(out, exhausted=self._pos >= len(docs))
+
+    def get_more(
+        self, ctx: CommandContext, batch_size: int | None, max_time_ms: int | None
+    ) -> CursorBatch:
+        return self.next_batch(batch_size)
+
+    def close(self) -> None:
+        self._docs = []
 
 
 _NATIVE = (int, float, str, ObjectId)

@@ -85,19 +85,16 @@ class SnapshotPosition:
     """T: the stream starts just after it."""
     read_at: Timestamp
     """The time the copy reads at (T, or a later one after a window overrun)."""
-    uuid: Any = None
-    """The copied collection's UUID (a drop or rename is noticed on restart)."""
+    uuid: str | None = None
+    """The copied collection's UUID, as hex (a drop or rename is noticed on restart)."""
     last_id: Any = None
     has_last: bool = False
 
     def document(self) -> dict[str, Any]:
         """The position as stored (in the token slot of a token store)."""
-        doc: dict[str, Any] = {
-            "_data": SNAPSHOT_MARK,
-            "phase": self.phase,
-            "at": self.at,
-            "readAt": self.read_at,
-        }
+        doc: dict[str, Any] = {"_data": SNAPSHOT_MARK, "phase": self.phase, "at": self.at}
+        if self.read_at != self.at:
+            doc["readAt"] = self.read_at
         if self.uuid is not None:
             doc["uuid"] = self.uuid
         if self.has_last:
@@ -114,7 +111,10 @@ class SnapshotPosition:
             raise SnapshotError(f"snapshot position has an unknown phase {phase!r}")
         if not isinstance(at, Timestamp) or not isinstance(read_at, Timestamp):
             raise SnapshotError("snapshot position lacks its cluster times ('at', 'readAt')")
-        return cls(phase, at, read_at, doc.get("uuid"), doc.get("lastId"), "lastId" in doc)
+        coll_uuid = doc.get("uuid")
+        if coll_uuid is not None and not isinstance(coll_uuid, str):
+            raise SnapshotError("snapshot position has a malformed collection 'uuid'")
+        return cls(phase, at, read_at, coll_uuid, doc.get("lastId"), "lastId" in doc)
 
     def streaming(self) -> SnapshotPosition:
         return SnapshotPosition("stream", self.at, self.read_at, self.uuid)
@@ -250,8 +250,9 @@ def copy_pipeline(
         "_data": {"$literal": SNAPSHOT_MARK},
         "phase": {"$literal": "copy"},
         "at": {"$literal": position.at},
-        "readAt": {"$literal": position.read_at},
     }
+    if position.read_at != position.at:
+        key["readAt"] = {"$literal": position.read_at}
     if position.uuid is not None:
         key["uuid"] = {"$literal": position.uuid}
     key["lastId"] = "$_id"
@@ -261,21 +262,24 @@ def copy_pipeline(
                 "_id": key,
                 "operationType": {"$literal": "insert"},
                 "clusterTime": {"$literal": position.read_at},
-                "ns": {"$literal": {"db": db, "coll": coll}},
+                "ns": {"db": {"$literal": db}, "coll": {"$literal": coll}},
                 "documentKey": {"_id": "$_id"},
                 "fullDocument": "$$ROOT",
-                "snapshot": {
-                    "$literal": {
-                        "atClusterTime": position.read_at,
-                        "streamAfter": position.at,
-                        "eventsMayRepeat": position.read_at != position.at,
-                    }
-                },
+                "snapshot": {"eventsMayRepeat": {"$literal": position.read_at != position.at}},
             }
         }
     )
     stages.extend(dict(s) for s in user_pipeline if _SPLIT_STAGE not in s)
     return stages
+
+
+def _uuid_hex(value: Any) -> str | None:
+    """A collection UUID (``uuid.UUID`` or ``Binary`` subtype 4, per codec) as hex."""
+    if isinstance(value, uuid.UUID):
+        return value.hex
+    if isinstance(value, (bytes, Binary)) and len(value) == 16:
+        return bytes(value).hex()
+    return None
 
 
 def snapshot_concern(at: Timestamp | None) -> dict[str, Any]:
@@ -388,7 +392,7 @@ class SnapshotCopy:
     def _on_catalog(self, reply: Mapping[str, Any]) -> list[Any]:
         found = reply["cursor"]["firstBatch"]
         info = found[0].get("info", {}) if found else {}
-        current = info.get("uuid")
+        current = _uuid_hex(info.get("uuid"))
         if found and found[0].get("type") == "view":
             raise SnapshotError(f"{self.db}.{self.coll} is a view: only collections can be copied")
         if self.position is None:
@@ -515,13 +519,24 @@ class SnapshotRun:
     def copying(self) -> bool:
         return self.copy is not None
 
+    def buffered(self) -> Any:
+        """The next record already fetched, or None (the per-record fast path of the shells)."""
+        records = self._records
+        i = self._next
+        if i >= len(records):
+            return None
+        record = records[i]
+        i += 1
+        if i == len(records):
+            self._records, self._next = [], 0
+        else:
+            self._next = i
+        self.token = record["_id"]
+        return record
+
     def next_action(self) -> Action:
-        if self._next < len(self._records):
-            record = self._records[self._next]
-            self._next += 1
-            if self._next == len(self._records):
-                self._records, self._next = [], 0
-            self.token = record["_id"]
+        record = self.buffered()
+        if record is not None:
             return DeliverRecord(record)
         copy = self.copy
         if copy is not None:

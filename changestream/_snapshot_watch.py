@@ -41,8 +41,8 @@ def snapshot_then_watch(
     """Every document of a collection as it was at one cluster time T, then its changes after T.
 
     First yields one insert-shaped record per document (``operationType:
-    "insert"``, ``fullDocument``, ``documentKey``, and ``snapshot:
-    {atClusterTime, streamAfter, eventsMayRepeat}``) in ``_id`` order, read with
+    "insert"``, ``fullDocument``, ``documentKey``, ``clusterTime`` = the read
+    time, and ``snapshot: {eventsMayRepeat}``) in ``_id`` order, read with
     ``readConcern: {level: "snapshot", atClusterTime: T}`` (MongoDB 5.0+);
     then the change stream from ``Timestamp(T.time, T.inc + 1)``. ``pipeline``
     applies to both. :attr:`SnapshotThenWatch.resume_token` is always the
@@ -116,7 +116,11 @@ class SnapshotThenWatch:
         """The next record or change; ``None`` when the stream had nothing (at most one getMore)."""
         if self._closed:
             return None
-        run, database = self._run, self._collection.database
+        run = self._run
+        record = run.buffered()
+        if record is not None:
+            return record
+        database = self._collection.database
         while True:
             action = run.next_action()
             if isinstance(action, DeliverRecord):

@@ -33,8 +33,8 @@ class Sink:
             key = record["documentKey"]["_id"]
             self.copied[key] += 1
             self.docs[key] = record["fullDocument"]
-            self.read_times.add(record["snapshot"]["atClusterTime"])
-            self.stream_after.add(record["snapshot"]["streamAfter"])
+            self.read_times.add(record["clusterTime"])
+            self.stream_after.add(record["_id"]["at"])
             self.repeat_flags.append(record["snapshot"]["eventsMayRepeat"])
             return
         self.events.append(record)

@@ -313,7 +313,7 @@ def test_range_filters_follow_bson_order() -> None:
 
 
 def test_position_round_trips_through_a_file_store(tmp_path: Path) -> None:
-    position = SnapshotPosition("copy", Timestamp(9, 2), Timestamp(11, 1), None, ObjectId(), True)
+    position = SnapshotPosition("copy", Timestamp(9, 2), Timestamp(11, 1), "ab" * 16, ObjectId(), True)
     store = FileTokenStore(tmp_path / "t.json")
     store.save(position.document())
     loaded = store.load()

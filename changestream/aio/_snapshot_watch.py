@@ -99,7 +99,11 @@ class AsyncSnapshotThenWatch:
         """The next record or change; ``None`` when the stream had nothing (at most one getMore)."""
         if self._closed:
             return None
-        run, database = self._run, self._collection.database
+        run = self._run
+        record = run.buffered()
+        if record is not None:
+            return record
+        database = self._collection.database
         while True:
             action = run.next_action()
             if isinstance(action, DeliverRecord):

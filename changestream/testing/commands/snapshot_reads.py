@@ -214,10 +214,66 @@ def lazy_aggregate(
     """
     if not all(name in PER_DOCUMENT_STAGES for name, _ in stages):
         return None
-    compiled = [compile_stage(name, spec) for name, spec in stages]
+    compiled = [_fast_stage(name, spec) or compile_stage(name, spec) for name, spec in stages]
     inner = _LazyResults(ns, docs, compiled, lsid_id)
     cursor = SnapshotCursor(inner, ns, lsid_id, read, state)
     return reply_first_batch(ctx, cursor, inner.next_batch(batch_size))
+
+
+_MISSING = object()
+_Expr = Callable[[dict[str, Any]], Any]
+
+
+def _fast_stage(name: str, spec: Any) -> Callable[[dict[str, Any]], dict[str, Any] | None] | None:
+    """``$replaceWith``/``$replaceRoot`` of plain object/field-path/``$literal`` expressions,
+    compiled once (what range copies send); None for anything else (the general evaluator)."""
+    if name == "$replaceRoot" and isinstance(spec, dict) and list(spec) == ["newRoot"]:
+        spec = spec["newRoot"]
+    elif name != "$replaceWith":
+        return None
+    if not isinstance(spec, dict):
+        return None
+    expr = _compile_expression(spec)
+    return expr  # an object expression always yields a document
+
+
+def _compile_expression(expr: Any) -> _Expr | None:
+    if isinstance(expr, str):
+        if expr == "$$ROOT":
+            return lambda doc: doc
+        if expr.startswith("$$") or (expr.startswith("$") and "." in expr):
+            return None
+        if expr.startswith("$"):
+            field = expr[1:]
+            return lambda doc: doc.get(field, _MISSING)
+        return lambda doc: expr
+    if isinstance(expr, dict):
+        if list(expr) == ["$literal"]:
+            value = expr["$literal"]
+            if isinstance(value, (dict, list)):
+                return lambda doc: copy_value(value)
+            return lambda doc: value
+        if any(k.startswith("$") for k in expr):
+            return None
+        fields: list[tuple[str, _Expr]] = []
+        for key, sub in expr.items():
+            compiled = _compile_expression(sub)
+            if compiled is None:
+                return None
+            fields.append((key, compiled))
+
+        def build(doc: dict[str, Any]) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for key, compiled in fields:
+                value = compiled(doc)
+                if value is not _MISSING:
+                    out[key] = value
+            return out
+
+        return build
+    if expr is None or isinstance(expr, (bool, int, float)):
+        return lambda doc: expr
+    return None
 
 
 class _LazyResults:

@@ -30,7 +30,7 @@ from pymongo import MongoClient
 import changestream
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.bench_client import current_rss_mb, simulator  # noqa: E402
+from benchmarks.bench_client import current_rss_mb, simulator
 
 PAYLOAD = "x" * 32
 INSERT_BATCH = 10_000

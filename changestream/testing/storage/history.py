@@ -34,7 +34,7 @@ from bson.timestamp import Timestamp
 from ..core.errors import CommandError
 
 DEFAULT_WINDOW_SECONDS = 300
-DEFAULT_MAX_VERSIONS = 2_000_000
+DEFAULT_MAX_VERSIONS = 250_000
 
 SNAPSHOT_TOO_OLD = 239
 

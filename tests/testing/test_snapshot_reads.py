@@ -257,3 +257,15 @@ def test_history_memory_is_bounded(sim: tuple[ReplicaSet, Client]) -> None:
     assert exc.value.code == 239
     recent = client.admin.command("ping")["operationTime"]
     assert _find(client.test, recent)["cursor"]["firstBatch"] == [{"_id": 1, "n": 399}]
+
+
+def test_after_a_restart_from_dbpath_older_times_are_too_old(tmp_path: Any) -> None:
+    with ReplicaSet("8.0", dbpath=tmp_path) as rs, MongoClient(rs.uri) as client:
+        client.test.c.insert_many([{"_id": i} for i in range(3)])
+        t = client.admin.command("ping")["operationTime"]
+        client.test.c.insert_one({"_id": 3})
+    with ReplicaSet("8.0", dbpath=tmp_path) as rs, MongoClient(rs.uri) as client:
+        with pytest.raises(OperationFailure) as exc:
+            _find(client.test, t)
+        assert exc.value.code == 239
+        assert len(_find(client.test)["cursor"]["firstBatch"]) == 4

@@ -141,6 +141,7 @@ class Deployment:
         """Load the data kept in :attr:`dbpath`; a replica set then elects a primary (term + 1)."""
         assert self.dbpath is not None
         persist.restore(self, self.dbpath)
+        self.history.restarted(self.last_applied())
         if not self.standalone:
             self.term += 1
             self.log("n", "", {"msg": "new primary"})

@@ -98,6 +98,17 @@ class History:
                 self._catalog_ts[catalog_change] = key
             self._prune_locked()
 
+    def restarted(self, at: Timestamp) -> None:
+        """The deployment was loaded from disk at ``at``: no history before it (as after a
+        mongod restart, older reads get SnapshotTooOld)."""
+        with self._lock:
+            self._chains.clear()
+            self._order.clear()
+            self._mark_ts, self._mark_writes, self._mark_start = [], [], 0
+            self._catalog_ts.clear()
+            self._base = (_key(at), self._write_no)
+            self._forced_oldest = max(self._forced_oldest, _key(at))
+
     # -- reads -------------------------------------------------------------------
     def oldest(self) -> Timestamp:
         """The oldest cluster time a snapshot read may still use."""

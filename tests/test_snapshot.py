@@ -319,3 +319,41 @@ def test_position_round_trips_through_a_file_store(tmp_path: Path) -> None:
     loaded = store.load()
     assert loaded is not None
     assert SnapshotPosition.parse(loaded.token) == position
+
+
+def test_the_pipeline_filters_records_like_events(client: Client) -> None:
+    coll = make_collection(client.test, "c", 0)
+    coll.insert_many([{"_id": i, "v": i} for i in range(10)])
+    pipeline = [{"$match": {"fullDocument.v": {"$gte": 7}}}, {"$project": {"fullDocument.v": 0}}]
+    with changestream.snapshot_then_watch(coll, pipeline, copy_batch_size=2,
+                                          max_await_time_ms=50) as stream:
+        records = []
+        while stream.copying:
+            record = stream.try_next()
+            if record is None:
+                break
+            records.append(record)
+        coll.insert_one({"_id": 20, "v": 20})
+        coll.insert_one({"_id": 21, "v": 1})
+        wait_for(lambda: (change := stream.try_next()) is not None and records.append(change) is None,
+                 "the insert event")
+    assert [r["documentKey"]["_id"] for r in records] == [7, 8, 9, 20]
+    assert all("v" not in r["fullDocument"] for r in records)
+
+
+def test_servers_before_5_0_refuse(start_rs_44: Any) -> None:
+    from pymongo.errors import OperationFailure
+
+    with MongoClient(start_rs_44.uri) as c:
+        c.test.c.insert_one({})
+        with pytest.raises(OperationFailure) as exc:
+            changestream.snapshot_then_watch(c.test.c).try_next()
+    assert exc.value.code == 72
+
+
+@pytest.fixture
+def start_rs_44() -> Iterator[Any]:
+    from changestream.testing import ReplicaSet
+
+    with ReplicaSet("4.4") as rs:
+        yield rs

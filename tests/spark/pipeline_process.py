@@ -1,9 +1,10 @@
 """A pipeline process for the crash tests: run it, SIGKILL its process group, restart from its state.
 
-    python pipeline_process.py {helper|source} URI DB COLL START_TOKEN_JSON OUT STATE HOLD
+    python pipeline_process.py {helper|source|snapshot} URI DB COLL START_TOKEN_JSON OUT STATE HOLD
 
 ``helper`` runs :func:`foreach_batch` with a ``FileTokenStore`` in STATE;
-``source`` runs a ``changestream`` streaming query checkpointed in STATE.
+``source`` runs a ``changestream`` streaming query checkpointed in STATE;
+``snapshot`` the same query with ``startup_mode=snapshot`` (one ``_id`` range per batch).
 Both start after START_TOKEN_JSON and write each batch to OUT with
 :class:`spark_support.ParquetSink`, which holds ``func`` for HOLD seconds
 after the file of batch 2 (and later) is written, so a kill lands between
@@ -36,15 +37,20 @@ def main(argv: list[str]) -> None:
         foreach_batch(spark, open_stream, sink, store, max_rows=50, max_seconds=0.3)
         return
     register(spark)
-    query = (
+    start = {"startup_mode": "token", "start_after": start_json, "max_rows_per_batch": "50"}
+    if mode == "snapshot":  # copy one _id range per batch, then stream
+        start = {"startup_mode": "snapshot", "snapshot_partitions": "6",
+                 "snapshot_ranges_per_batch": "1", "full_document": "updateLookup"}
+    reader = (
         spark.readStream.format("changestream")
         .option("uri", uri)
         .option("database", database)
         .option("collection", collection)
-        .option("startup_mode", "token")
-        .option("start_after", start_json)
-        .option("max_rows_per_batch", "50")
-        .load()
+    )
+    for key, value in start.items():
+        reader = reader.option(key, value)
+    query = (
+        reader.load()
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", str(Path(state) / "checkpoint"))
         .trigger(processingTime="200 milliseconds")

@@ -124,3 +124,53 @@ def test_sigkill_mid_batch_then_restart_delivers_every_event_once(
     ids = sink.ids()
     assert len(ids) == TOTAL, f"{len(ids)} rows for {TOTAL} events"
     assert sorted(ids) == list(range(TOTAL))
+
+
+def test_sigkill_mid_copy_then_restart_copies_every_document_once(
+    spark: Any, mongodb_uri: str, coll: Any, tmp_path: Path
+) -> None:
+    """``startup_mode=snapshot``: killed inside copy batch 2, the restart replays it and goes on."""
+    coll.insert_many([{"_id": i, "v": 0} for i in range(TOTAL)])
+    out, state = tmp_path / "out", tmp_path / "state"
+    state.mkdir()
+    log = (tmp_path / "pipeline.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "snapshot", mongodb_uri, coll.database.name, coll.name,
+         "{}", str(out), str(state), "30"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=SCRIPT.parent,
+    )
+    sink = ParquetSink(out)
+    try:
+        wait_for(
+            lambda: process.poll() is not None or list(out.glob("written-*")),
+            timeout=120,
+            what="the pipeline process to write copy batch 2",
+        )
+        assert process.poll() is None, (tmp_path / "pipeline.log").read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            _kill_group(process)
+        log.close()
+    before = sink.batches()
+    assert sorted(before) == [0, 1, 2]
+    coll.update_many({"_id": {"$lt": 10}}, {"$set": {"v": 1}})  # after T: events, not copy
+    query = (
+        spark.readStream.format("changestream")
+        .option("uri", mongodb_uri)
+        .option("database", coll.database.name)
+        .option("collection", coll.name)
+        .option("startup_mode", "snapshot")
+        .option("full_document", "updateLookup")
+        .load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(state / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180), "the restarted availableNow query did not end"
+    assert before[2].equals(sink.batches()[2])  # the copy batch replayed identically
+    rows = [r for _, t in sorted(sink.batches().items()) for r in t.to_pylist()]
+    copied = [r["document_key"] for r in rows if r["resume_token"] == "snapshot"]
+    assert len(copied) == TOTAL == len(set(copied))  # every document copied exactly once
+    updates = [r for r in rows if r["operation_type"] == "update"]
+    assert len(updates) == 10

@@ -169,3 +169,38 @@ def test_reader_offsets_record_range_progress(spark: Any, mongodb_uri: str, coll
             assert second.partitions(offset, nxt) == []
         offset = nxt
     assert "token" in offset
+
+
+def test_a_copy_batch_replayed_after_the_window_fails_clearly(
+    spark: Any, mongodb_uri: str, coll: Any
+) -> None:
+    from pymongo import MongoClient
+
+    from changestream.errors import ChangeStreamError
+
+    coll.insert_many([{"_id": i} for i in range(20)])
+    config = SourceConfig.from_options({
+        "uri": mongodb_uri, "database": coll.database.name, "collection": coll.name,
+        "startup_mode": "snapshot", "snapshot_partitions": "2",
+    })
+    reader = ChangeStreamReader(config, DataType.fromDDL(event_ddl()))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)  # type: ignore[arg-type]
+    (t,) = {(p.at.time, p.at.inc) for p in reader.partitions(start, end)}
+    admin: MongoClient[dict[str, Any]] = MongoClient(mongodb_uri)
+    try:
+        admin.admin.command({"setParameter": 1, "minSnapshotHistoryWindowInSeconds": 0})
+        deadline = time.monotonic() + 30
+        while True:
+            coll.insert_one({})  # writes move the oldest readable time past T
+            try:
+                list(reader.read(reader.partitions(start, end)[0]))
+            except ChangeStreamError as exc:
+                assert "minSnapshotHistoryWindowInSeconds" in str(exc)
+                break
+            assert time.monotonic() < deadline, "the read never became too old"
+            time.sleep(0.3)
+    finally:
+        admin.admin.command({"setParameter": 1, "minSnapshotHistoryWindowInSeconds": 300})
+        admin.close()
+    assert t

@@ -84,18 +84,28 @@ def run_copy(coll: Any, count: int, batch: int, *, memory: bool = False) -> tupl
 
 
 def run_spark(uri: str, coll: Any, count: int) -> float:
-    from benchmarks.spark_bench import spark_session  # type: ignore[attr-defined]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
 
-    spark = spark_session()
     from changestream.spark_adapter import register
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
 
     register(spark)
     df = (spark.read.format("changestream").option("uri", uri)
           .option("database", coll.database.name).option("collection", coll.name)
           .option("snapshot_partitions", "2").load())
     began = time.perf_counter()
-    n = df.count()
+    df.write.format("noop").mode("overwrite").save()  # every row read and converted
     elapsed = time.perf_counter() - began
+    n = df.count()
     if n != count:
         raise RuntimeError(f"Spark read {n} rows, expected {count}")
     spark.stop()

@@ -17,14 +17,16 @@ from typing import Any
 
 import pytest
 
-from changestream import _consume, _pymongo, _stream
+from changestream import _consume, _pymongo, _snapshot_watch, _stream
 from changestream.aio import _consume as aio_consume
+from changestream.aio import _snapshot_watch as aio_snapshot
 from changestream.aio import _stream as aio_stream
 
 _NAMES = {
     "AsyncRetrying": "Retrying",
     "AsyncTransport": "SyncTransport",
     "AsyncChangeStream": "ChangeStream",
+    "AsyncSnapshotThenWatch": "SnapshotThenWatch",
     "StopAsyncIteration": "StopIteration",
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
@@ -85,6 +87,10 @@ def _code(function: Any, *, unasync: bool = False) -> str:
         (_stream.ChangeStream.__exit__, aio_stream.AsyncChangeStream.__aexit__),
         (_stream.ChangeStream.__enter__, aio_stream.AsyncChangeStream.__aenter__),
         (_consume._flush_quietly, aio_consume._flush_quietly),
+        (_snapshot_watch.SnapshotThenWatch.try_next, aio_snapshot.AsyncSnapshotThenWatch.try_next),
+        (_snapshot_watch.SnapshotThenWatch.next, aio_snapshot.AsyncSnapshotThenWatch.next),
+        (_snapshot_watch.SnapshotThenWatch.close, aio_snapshot.AsyncSnapshotThenWatch.close),
+        (_snapshot_watch.SnapshotThenWatch.__exit__, aio_snapshot.AsyncSnapshotThenWatch.__aexit__),
     ],
     ids=lambda f: f.__qualname__,
 )

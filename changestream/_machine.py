@@ -26,7 +26,7 @@ import enum
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
@@ -42,6 +42,7 @@ from ._codes import (
 from ._options import ChangeStreamOptions
 from ._position import Position, newest_reply_time
 from ._split import SplitReassembler
+from ._states import Phase, Step, advance
 from ._token import raw_event_token
 from .errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
 
@@ -172,14 +173,11 @@ Command = RunAggregate | RunGetMore | KillCursors
 Action = RunAggregate | RunGetMore | KillCursors | Deliver | NoDocument | Raise
 
 
-class Phase(enum.Enum):
-    NEW = "new"
-    """Before the initial aggregate succeeded."""
-    OPEN = "open"
-    """A server cursor (or its final buffered batch) exists."""
-    RESUME_PENDING = "resume pending"
-    """The cursor is unusable (resumable error or timeout); the next step is a resume."""
-    CLOSED = "closed"
+class _ResumeAggregate:
+    """What follows the killCursors of a resume: the resume aggregate (built when it runs)."""
+
+
+_RESUME_AGGREGATE: Final = _ResumeAggregate()
 
 
 class _Op(enum.Enum):
@@ -221,8 +219,8 @@ class ChangeStreamMachine:
         self._inflight: Command | None = None
         self._ready: Action | None = None
         self._getmores_left: int | None = None
-        self._after_kill: Action | None = None
-        """What follows the in-flight killCursors; ``None`` means the resume aggregate."""
+        self._after_kill: Action | _ResumeAggregate | None = None
+        """What follows the in-flight killCursors (:data:`_RESUME_AGGREGATE`: the resume)."""
         self._server_time: Timestamp | None = None
         """Newest cluster time seen in a reply (see :attr:`position`)."""
         self._resumes = 0
@@ -519,7 +517,7 @@ class ChangeStreamMachine:
             and reply.get("operationTime") is not None
         ):
             self._operation_time = reply["operationTime"]
-        self._phase = Phase.OPEN
+        self._phase = advance(self._phase, Step.AGGREGATE_OK)
         if self._op is _Op.START:
             self._ready = NoDocument()
 
@@ -535,6 +533,7 @@ class ChangeStreamMachine:
             return dataclasses.replace(self._aggregate(is_resume=command.is_resume), attempt=2)
         if command.is_resume and error.is_timeout:
             # CSOT: a timeout never invalidates the stream; the next call resumes again.
+            self._phase = advance(self._phase, Step.RESUME_TIMEOUT)
             return Raise(error.exception)
         # Spec: an aggregate error is never resumable.
         self._close_state()
@@ -543,10 +542,10 @@ class ChangeStreamMachine:
     def _on_getmore_error(self, error: ErrorInfo) -> Action:
         if error.is_timeout:
             # CSOT: keep the stream; the next call resumes before any getMore.
-            self._phase = Phase.RESUME_PENDING
+            self._phase = advance(self._phase, Step.GETMORE_TIMEOUT)
             return Raise(error.exception)
         if self.is_resumable(error):
-            self._phase = Phase.RESUME_PENDING
+            self._phase = advance(self._phase, Step.GETMORE_RESUMABLE)
             if self._op is _Op.TRY_NEXT:
                 self._getmores_left = 0
             return self._resume(error.exception)
@@ -569,7 +568,7 @@ class ChangeStreamMachine:
         if self._fragments is not None:
             self._fragments.reset()
         if self._cursor is not None and self._cursor.id != 0:
-            return self._kill(then=None)
+            return self._kill(then=_RESUME_AGGREGATE)
         self._cursor = None
         return self._aggregate(is_resume=True)
 
@@ -582,7 +581,11 @@ class ChangeStreamMachine:
     def _after_kill_step(self) -> Action:
         then = self._after_kill
         self._after_kill = None
-        return then if then is not None else self._aggregate(is_resume=True)
+        if isinstance(then, _ResumeAggregate):
+            return self._aggregate(is_resume=True)
+        if then is None:
+            raise RuntimeError("a killCursors reply arrived but none was in flight")
+        return then
 
     def _fail(self, error: BaseException) -> Action:
         """Close the stream (killing its cursor) and raise ``error``."""
@@ -595,12 +598,12 @@ class ChangeStreamMachine:
         return then
 
     def _close_state(self) -> None:
-        self._phase = Phase.CLOSED
+        self._phase = advance(self._phase, Step.CLOSE)
         self._batch.clear()
         if self._fragments is not None:
             self._fragments.reset()
 
-    def _kill(self, then: Action | None) -> KillCursors:
+    def _kill(self, then: Action | _ResumeAggregate) -> KillCursors:
         cursor = self._cursor
         assert cursor is not None
         self._cursor = None

@@ -133,6 +133,7 @@ MODES: dict[str, tuple[str, Consumer]] = {
     "c": ("changestream (dicts)", ours()),
     "d": ("changestream typed=True", ours(typed=True)),
     "e": ("changestream RawBSONDocument", ours(document_class=RawBSONDocument)),
+    "f": ("changestream typed over raw", ours(typed=True, document_class=RawBSONDocument)),
 }
 
 

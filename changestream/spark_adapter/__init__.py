@@ -10,16 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 from ._batches import BatchRunResult, foreach_batch, stream_opener
+from ._config import MONGO_SPARK_ALIASES
 from ._errors import (
     ChangeStreamHistoryLostError,
     ChangeStreamInvalidatedError,
     SchemaMismatchError,
 )
+from ._infer import infer_ddl
 from ._schema import ENVELOPE_COLUMNS, event_ddl
 from ._source import ChangeStreamDataSource, ChangeStreamReader
 
 __all__ = [
     "ENVELOPE_COLUMNS",
+    "MONGO_SPARK_ALIASES",
     "BatchRunResult",
     "ChangeStreamDataSource",
     "ChangeStreamHistoryLostError",
@@ -28,6 +31,7 @@ __all__ = [
     "SchemaMismatchError",
     "event_ddl",
     "foreach_batch",
+    "infer_ddl",
     "register",
     "stream_opener",
 ]

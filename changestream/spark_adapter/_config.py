@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from bson import json_util
@@ -17,9 +18,41 @@ from pymongo import MongoClient
 
 from .._token import token_from_json
 
-__all__ = ["STARTUP_MODES", "SourceConfig"]
+__all__ = ["MONGO_SPARK_ALIASES", "MONGO_SPARK_UNSUPPORTED", "STARTUP_MODES", "SourceConfig"]
 
 STARTUP_MODES = ("latest", "timestamp", "token", "snapshot")
+
+MONGO_SPARK_ALIASES: dict[str, str] = {
+    "connection.uri": "uri",
+    "aggregation.pipeline": "pipeline",
+    "change.stream.lookup.full.document": "full_document",
+    "change.stream.lookup.full.document.before.change": "full_document_before_change",
+    "change.stream.publish.full.document.only": "publish_full_document_only",
+    "change.stream.startup.mode": "startup_mode",
+    "change.stream.startup.mode.timestamp.start.at.operation.time": "start_at_operation_time",
+    "change.stream.micro.batch.max.rows": "max_rows_per_batch",
+    "samplesize": "infer_schema_sample_size",
+}
+"""The MongoDB Spark connector's streaming option names (lower case) -> ours (docs/spark.md)."""
+
+MONGO_SPARK_UNSUPPORTED: dict[str, str] = {
+    "comment": "not supported by this source",
+    "mongoclientfactory": "pass client options in the connection string ('uri')",
+    "change.stream.micro.batch.max.partition.count": (
+        "not needed: every batch is split into partitions of equal size, in order"
+    ),
+    "change.stream.micro.batch.max.rows.offset.collection": (
+        "not needed: max_rows_per_batch needs no side collection here"
+    ),
+    "outputextendedjson": "BSON in STRING columns is always relaxed Extended JSON",
+    "mode": "rows that do not fit full_document_schema always fail the batch (FAILFAST)",
+    "columnnameofcorruptrecord": "rows that do not fit full_document_schema always fail",
+    "schemahints": "pass the whole schema as full_document_schema",
+    "aggregation.allowdiskuse": "not used by change streams",
+}
+"""Connector options without an equivalent here: refused, with what to do instead."""
+
+_SPARK_CONF_PREFIXES = ("spark.mongodb.read.", "spark.mongodb.")
 
 _SPLIT_STAGE = "$changeStreamSplitLargeEvent"
 
@@ -40,6 +73,9 @@ class SourceConfig:
     start_after: dict[str, Any] | None = None
     max_rows_per_batch: int | None = None
     full_document_schema: str | None = None
+    infer_schema: bool = False
+    infer_schema_sample_size: int = 1000
+    namespaces: tuple[tuple[str, str | None], ...] = ()
     publish_full_document_only: bool = False
     batch_size: int = 10_000
     max_await_time_ms: int = 200
@@ -59,7 +95,7 @@ class SourceConfig:
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SourceConfig:
         """Parse Spark's string options (keys case-insensitive); raise ValueError naming the option."""
-        opts = {key.lower(): value for key, value in options.items()}
+        opts = _canonical({key.lower(): value for key, value in options.items()})
         known = {field.name for field in dataclasses.fields(cls)}
         unknown = sorted(set(opts) - known)
         if unknown:
@@ -95,6 +131,18 @@ class SourceConfig:
                 "startup_mode=snapshot copies one collection: options 'database' and "
                 "'collection' are required"
             )
+        namespaces = _namespaces(opts.get("namespaces"), opts.get("database"))
+        if namespaces and opts.get("collection"):
+            raise ValueError(
+                "option 'namespaces' filters a database- or cluster-level source; with "
+                "'collection' set there is only one namespace"
+            )
+        infer = _bool("infer_schema", opts.get("infer_schema"))
+        if infer and not (opts.get("database") and opts.get("collection")):
+            raise ValueError(
+                "infer_schema=true samples one collection: set options 'database' and "
+                "'collection' (or pass full_document_schema)"
+            )
         publish = _bool("publish_full_document_only", opts.get("publish_full_document_only"))
         full_document = opts.get("full_document")
         if publish and full_document is None:
@@ -103,7 +151,7 @@ class SourceConfig:
             uri=opts["uri"],
             database=opts.get("database") or None,
             collection=opts.get("collection") or None,
-            pipeline=_pipeline(opts.get("pipeline")),
+            pipeline=_namespace_filter(namespaces) + _pipeline(opts.get("pipeline")),
             full_document=full_document,
             full_document_before_change=opts.get("full_document_before_change"),
             show_expanded_events=_bool("show_expanded_events", opts.get("show_expanded_events")),
@@ -112,6 +160,12 @@ class SourceConfig:
             start_after=start_after,
             max_rows_per_batch=_int("max_rows_per_batch", opts.get("max_rows_per_batch"), 1, None),
             full_document_schema=opts.get("full_document_schema") or None,
+            infer_schema=infer,
+            infer_schema_sample_size=_int(
+                "infer_schema_sample_size", opts.get("infer_schema_sample_size"), 1,
+                cls.infer_schema_sample_size,
+            ),
+            namespaces=namespaces,
             publish_full_document_only=publish,
             batch_size=_int("batch_size", opts.get("batch_size"), 1, cls.batch_size),
             max_await_time_ms=_int(
@@ -164,6 +218,79 @@ class SourceConfig:
         return options
 
 
+def _canonical(opts: dict[str, str]) -> dict[str, str]:
+    """Our option names for the MongoDB Spark connector's (lower-cased keys in and out)."""
+    out: dict[str, str] = {}
+    given: dict[str, str] = {}
+    for key, value in opts.items():
+        name = key
+        for prefix in _SPARK_CONF_PREFIXES:
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+                break
+        if name in MONGO_SPARK_UNSUPPORTED:
+            raise ValueError(
+                f"option {key!r} (MongoDB Spark connector) has no equivalent here: "
+                f"{MONGO_SPARK_UNSUPPORTED[name]} (see docs/spark.md, 'Coming from mongo-spark')"
+            )
+        ours = MONGO_SPARK_ALIASES.get(name, name)
+        if name == "collection" and value.strip() == "*":
+            continue  # the connector's "every collection": a database-level source
+        if name == "collection" and "," in value:
+            ours = "namespaces"  # several collections: a database-level source, filtered
+        if ours == "start_at_operation_time" and value.strip() == "-1":
+            continue  # the connector's "unset"
+        if ours in out:
+            raise ValueError(
+                f"options {given[ours]!r} and {key!r} both set {ours!r}; keep one"
+            )
+        out[ours] = value
+        given[ours] = key
+    return out
+
+
+def _namespaces(text: str | None, database: str | None) -> tuple[tuple[str, str | None], ...]:
+    """``namespaces``: comma-separated ``db.coll``, ``coll`` (in ``database``) or ``db.*``."""
+    if text is None:
+        return ()
+    result: list[tuple[str, str | None]] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        db, dot, coll = item.partition(".")
+        if not dot:
+            if database is None:
+                raise ValueError(
+                    f"option 'namespaces': {item!r} needs a database ('db.{item}'), or set "
+                    "option 'database'"
+                )
+            db, coll = database, item
+        if not db or not coll:
+            raise ValueError(f"option 'namespaces': {item!r} is not 'db.coll', 'coll' or 'db.*'")
+        if database is not None and db != database:
+            raise ValueError(
+                f"option 'namespaces': {item!r} is outside database {database!r}"
+            )
+        result.append((db, None if coll == "*" else coll))
+    if not result:
+        raise ValueError("option 'namespaces' is empty")
+    return tuple(result)
+
+
+def _namespace_filter(
+    namespaces: tuple[tuple[str, str | None], ...],
+) -> tuple[dict[str, Any], ...]:
+    """A ``$match`` keeping the events of these namespaces (and invalidates, which have none)."""
+    if not namespaces:
+        return ()
+    alternatives: list[dict[str, Any]] = [
+        {"ns.db": db} if coll is None else {"ns.db": db, "ns.coll": coll}
+        for db, coll in namespaces
+    ]
+    alternatives.append({"operationType": "invalidate"})
+    return ({"$match": {"$or": alternatives}},)
+
+
 def _bool(name: str, text: str | None) -> bool:
     if text is None:
         return False
@@ -198,17 +325,27 @@ def _float(name: str, text: str | None, default: float) -> float:
 
 
 def _timestamp(text: str, name: str = "start_at_operation_time") -> Timestamp:
-    """Epoch seconds (``1700000000``) or Extended JSON ``{"$timestamp": {"t": .., "i": ..}}``."""
+    """Epoch seconds (``1700000000``), ISO-8601 (``2026-11-26T02:00:00Z``, as the MongoDB
+    Spark connector accepts) or Extended JSON ``{"$timestamp": {"t": .., "i": ..}}``."""
     stripped = text.strip()
     if stripped.isdigit():
         return Timestamp(int(stripped), 0)
+    if stripped[:4].isdigit() and stripped[4:5] == "-":
+        try:
+            when = datetime.fromisoformat(stripped.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=timezone.utc)
+            return Timestamp(int(when.timestamp()), 0)
     try:
         value = json_util.loads(stripped)
     except (ValueError, TypeError):
         value = None
     if not isinstance(value, Timestamp):
         raise ValueError(
-            f"option '{name}' must be epoch seconds or "
+            f"option '{name}' must be epoch seconds, ISO-8601 or "
             f'{{"$timestamp": {{"t": <seconds>, "i": <increment>}}}}, not {text!r}'
         )
     return value

@@ -47,6 +47,7 @@ from ..errors import ChangeStreamError
 from ._config import SourceConfig
 from ._convert import EventConverter, event_token, raw_bytes
 from ._errors import history_lost_as_error
+from ._infer import sample_ddl
 from ._offsets import (
     make_offset,
     offset_token,
@@ -94,8 +95,11 @@ class ChangeStreamDataSource(DataSource):
 
     def schema(self) -> str:
         config = SourceConfig.from_options(self.options)
+        full_document_schema = config.full_document_schema
+        if config.infer_schema and full_document_schema is None:
+            full_document_schema = infer_schema(config)
         return event_ddl(
-            config.full_document_schema,
+            full_document_schema,
             publish_full_document_only=config.publish_full_document_only,
         )
 
@@ -135,6 +139,14 @@ class SnapshotBatchReader(DataSourceReader):
         if not isinstance(partition, SnapshotRange):
             raise TypeError(f"expected a SnapshotRange partition, not {type(partition).__name__}")
         return read_snapshot_range(self._config, self._converter, partition)
+
+
+def infer_schema(config: SourceConfig) -> str:
+    """``infer_schema=true``: a ``full_document_schema`` from a sample of the watched collection."""
+    assert config.database is not None and config.collection is not None
+    with config.connect() as client:
+        return sample_ddl(client[config.database][config.collection],
+                          config.infer_schema_sample_size)
 
 
 class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

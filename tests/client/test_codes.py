@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 import changestream
 from changestream import _codes, errors
 
@@ -42,6 +44,8 @@ def test_one_hierarchy_without_pairs() -> None:
 
 
 def test_spark_names_are_the_core_classes() -> None:
+    pytest.importorskip("pyspark", reason="the Spark names need the spark extra (pyspark)")
+    pytest.importorskip("pyarrow", reason="the Spark names need the spark extra (pyarrow)")
     from changestream.spark_adapter import _errors as spark_errors
 
     assert spark_errors.ChangeStreamHistoryLostError is errors.HistoryLostError

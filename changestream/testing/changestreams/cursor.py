@@ -27,7 +27,7 @@ from bson.timestamp import Timestamp
 
 from ..core.codec import ENCODE_OPTIONS
 from ..core.context import CLIENT_CHECK_SECONDS
-from ..core.cursors import CursorBatch
+from ..core.cursors import BatchBytes, CursorBatch
 from ..core.errors import CommandError
 from ..core.event_cache import EventCache
 from ..core.oplog import OplogEntry
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
     from ..core.context import CommandContext, ConnectionInfo
     from ..storage.deployment import Deployment
 
-MAX_BATCH_BYTES: Final = 16 * 1024 * 1024
-"""A batch stops before it would exceed this (``BSONObjMaxUserSize``)."""
 MAX_EVENT_BYTES: Final = 16 * 1024 * 1024 + 16 * 1024
 """Larger events fail with BSONObjectTooLarge (``BSONObjMaxInternalSize``)."""
 SPLIT_THRESHOLD: Final = MAX_EVENT_BYTES - 8 * 1024
@@ -199,7 +197,7 @@ class ChangeStreamCursor:
         self, limit: int | None, deadline: float | None, conn: ConnectionInfo | None
     ) -> CursorBatch:
         docs: list[dict[str, Any]] = []
-        size = 0
+        size = BatchBytes()
         eof = False
         last: _Out | None = None
         try:
@@ -211,11 +209,11 @@ class ChangeStreamCursor:
                         break
                     continue
                 doc, doc_size, _ = item
-                if docs and size + doc_size > MAX_BATCH_BYTES:
+                if not size.fits(doc_size):
                     self._out.appendleft(item)
                     break
                 docs.append(doc)
-                size += doc_size
+                size.add(doc_size)
                 last = item
         except _Closed:
             assert self._invalidated_by is not None

@@ -26,9 +26,10 @@ from ..changestreams.stage import (
     parse_change_stream,
 )
 from ..core.context import CommandContext
-from ..core.cursors import CursorBatch, cursor_reply
+from ..core.cursors import cursor_reply
 from ..core.errors import CommandError
 from ..storage import copy_value
+from .common import ListCursor, open_cursor
 from .snapshot_reads import (
     SnapshotCursor,
     aggregate_source,
@@ -236,31 +237,8 @@ def _plain(
     for name, spec in stages:
         docs = _run_stage(docs, name, spec)
     ns = f"{ctx.db}.{coll}"
-    cursor = _ResultCursor(ns, docs[batch_size:], _session_id(ctx))
-    batch = CursorBatch(docs[:batch_size], exhausted=not cursor.remaining)
     if snapshot is not None:
+        cursor = ListCursor(ns, docs, _session_id(ctx))
         pinned = SnapshotCursor(cursor, ns, cursor.lsid_id, snapshot, state)
-        return reply_first_batch(ctx, pinned, batch)
-    cid = 0 if batch.exhausted else ctx.deployment.cursors.register(cursor, ctx.member.name)
-    return cursor_reply(cid, ns, batch, first=True)
-
-
-class _ResultCursor:
-    """The rest of a plain aggregation's results, handed out by getMore."""
-
-    tailable_await = False
-
-    def __init__(self, ns: str, remaining: list[dict[str, Any]], lsid_id: bytes | None) -> None:
-        self.ns = ns
-        self.lsid_id = lsid_id
-        self.remaining = remaining
-
-    def get_more(
-        self, ctx: CommandContext, batch_size: int | None, max_time_ms: int | None
-    ) -> CursorBatch:
-        count = len(self.remaining) if batch_size is None else batch_size
-        docs, self.remaining = self.remaining[:count], self.remaining[count:]
-        return CursorBatch(docs, exhausted=not self.remaining)
-
-    def close(self) -> None:
-        self.remaining = []
+        return reply_first_batch(ctx, pinned, cursor.next_batch(batch_size))
+    return open_cursor(ctx, ns, docs, batch_size)

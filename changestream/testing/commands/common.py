@@ -12,7 +12,7 @@ from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions
 
 from ..core.context import CommandContext
-from ..core.cursors import CursorBatch, cursor_reply
+from ..core.cursors import BatchBytes, CursorBatch, cursor_reply
 from ..core.errors import CommandError
 from ..storage import (
     CollectionState,
@@ -53,7 +53,6 @@ GENERIC_ARGS = frozenset(
 
 
 
-MAX_BATCH_BYTES = 16 * 1024 * 1024
 _SIZE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
     uuid_representation=UuidRepresentation.STANDARD
 )
@@ -84,17 +83,18 @@ class ListCursor:
         self._pos = 0
 
     def next_batch(self, batch_size: int | None) -> CursorBatch:
-        """Up to ``batch_size`` documents (None: as many as fit in 16 MB)."""
+        """Up to ``batch_size`` documents (None: as many as fit in 16 MiB, as mongod counts)."""
         docs = self._docs
         limit = len(docs) if batch_size is None else min(len(docs), self._pos + batch_size)
         out: list[dict[str, Any]] = []
-        size = 0
+        size = BatchBytes()
         while self._pos < limit:
             doc = docs[self._pos]
-            size += len(bson.encode(doc, codec_options=_SIZE_OPTIONS))
-            if out and size > MAX_BATCH_BYTES:
+            doc_size = len(bson.encode(doc, codec_options=_SIZE_OPTIONS))
+            if not size.fits(doc_size):
                 break
             out.append(doc)
+            size.add(doc_size)
             self._pos += 1
         return CursorBatch(out, exhausted=self._pos >= len(docs))
 

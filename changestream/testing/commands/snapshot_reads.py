@@ -28,7 +28,7 @@ from bson.timestamp import Timestamp
 
 from ..changestreams.pipeline import PER_DOCUMENT_STAGES, compile_stage
 from ..core.context import CommandContext
-from ..core.cursors import CursorBatch, cursor_reply
+from ..core.cursors import BatchBytes, CursorBatch, cursor_reply
 from ..core.errors import CommandError
 from ..storage import (
     CollectionState,
@@ -45,7 +45,6 @@ from ..storage import (
 if TYPE_CHECKING:
     from ..storage.deployment import Deployment
 
-MAX_BATCH_BYTES = 16 * 1024 * 1024
 INVALID_OPTIONS = 72
 QUERY_PLAN_KILLED = 175
 SNAPSHOT_UNAVAILABLE = 246
@@ -295,10 +294,10 @@ class _LazyResults:
         self._pos = 0
 
     def next_batch(self, batch_size: int | None) -> CursorBatch:
-        """Up to ``batch_size`` results (None: as many as fit in 16 MB)."""
+        """Up to ``batch_size`` results (None: as many as fit in 16 MiB, as mongod counts)."""
         out: list[dict[str, Any]] = []
         docs, stages = self._docs, self._stages
-        size = 0
+        size = BatchBytes()
         while self._pos < len(docs) and (batch_size is None or len(out) < batch_size):
             result: dict[str, Any] | None = copy_value(docs[self._pos])
             for stage in stages:
@@ -306,11 +305,11 @@ class _LazyResults:
                     break
                 result = stage(result)
             if result is not None:
-                if batch_size is None:
-                    size += len(bson.encode(result))
-                    if out and size > MAX_BATCH_BYTES:
-                        break
+                result_size = len(bson.encode(result))
+                if not size.fits(result_size):
+                    break
                 out.append(result)
+                size.add(result_size)
             self._pos += 1
         return CursorBatch(out, exhausted=self._pos >= len(docs))
 

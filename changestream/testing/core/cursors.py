@@ -11,7 +11,7 @@ import random
 import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
@@ -20,6 +20,39 @@ from .errors import CommandError
 
 if TYPE_CHECKING:
     from .context import CommandContext
+
+
+MAX_BATCH_BYTES: Final = 16 * 1024 * 1024
+"""``FindCommon::kMaxBytesToReturnToClientAtOnce`` (``BSONObjMaxUserSize``)."""
+
+
+class BatchBytes:
+    """The bytes a batch's BSON array really uses, and mongod's rule for adding one more.
+
+    mongod builds the batch array in the reply buffer and, before appending a
+    document, checks ``bytesUsed() + objsize <= 16 MiB`` (``haveSpaceForNext``,
+    ``CursorResponseBuilder::bytesUsed``): ``bytesUsed`` counts the array's
+    length prefix and every element's type byte and index name, not only the
+    documents. The first document always goes, however large, so a cursor
+    always makes progress. The array thus ends at most a few bytes over 16 MiB,
+    which the reply's 16 KiB allowance (``BSONObjMaxInternalSize``) covers.
+    """
+
+    __slots__ = ("count", "used")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.used = 4
+        """The array's bytes so far: its int32 length prefix, then its elements."""
+
+    def fits(self, size: int) -> bool:
+        """Whether a document of ``size`` bytes may join the batch."""
+        return not self.count or self.used + size <= MAX_BATCH_BYTES
+
+    def add(self, size: int) -> None:
+        """Count a document of ``size`` bytes appended as element ``"<count>"``."""
+        self.used += size + 2 + len(str(self.count))  # type byte, index name, its NUL
+        self.count += 1
 
 
 @dataclass(slots=True)

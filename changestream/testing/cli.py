@@ -61,7 +61,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--event-cache-mb",
         type=int,
         default=None,
-        help="memory for re-serving already built change events (default 64)",
+        help="memory for re-serving already built change events (default 16)",
     )
     serve.add_argument(
         "--dbpath",

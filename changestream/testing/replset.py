@@ -35,7 +35,7 @@ class ReplicaSet:
     ``networkMessageCompressors`` (a list, ``"zlib,noop"`` or ``"disabled"``;
     default: mongod's snappy, zstd, zlib, those this Python can run).
     ``event_cache_bytes`` bounds the memory kept to re-serve change events
-    already built for an oplog range (default 64 MiB; output is identical).
+    already built for an oplog range (default 16 MiB; output is identical).
     ``dbpath`` keeps the data, oplog, cluster time and term in that directory
     across restarts: :meth:`stop` writes them, the next ``ReplicaSet`` with the
     same ``dbpath`` starts from them (a resume token taken before resumes

@@ -16,7 +16,9 @@
 from __future__ import annotations
 
 import copy
+import gc
 import random
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -452,3 +454,70 @@ def test_the_event_cache_bound_is_configurable() -> None:
     assert small.deployment.event_cache.max_bytes == 1024
     with pytest.raises(ValueError, match="event_cache_bytes"):
         ReplicaSet("8.0", event_cache_bytes=-1)
+
+
+# -- sharing between scopes, and the cache's life -------------------------------------------------------
+def test_collection_database_and_cluster_streams_share_each_crud_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d, start = _workload("8.0")
+    built: list[OplogEntry] = []
+    original = EventTransformer.events
+
+    def counted(self: EventTransformer, entry: OplogEntry) -> Any:
+        built.append(entry)
+        return original(self, entry)
+
+    monkeypatch.setattr(EventTransformer, "events", counted)
+    d.event_cache.clear()
+    collection = _read(d, start, {})
+    crud = [e for e in built if e.op in ("i", "u", "d")]
+    assert len(crud) > 5
+    built.clear()
+    whole_db = _read(d, start, {"database": True})
+    # the database stream builds only what the collection stream did not see
+    assert [e for e in built if e.op in ("i", "u", "d") and e.ns == "db.c"] == []
+    assert _documents(whole_db) != _documents(collection)
+    d.event_cache.clear()
+    assert _read(d, start, {"database": True}) == whole_db  # the same bytes when built alone
+
+
+def test_the_cache_is_emptied_once_no_stream_has_used_it_for_a_while() -> None:
+    cache = EventCache(idle_seconds=0.05)
+    release = cache.acquire()
+    cache.put(1, "s", [object()], 100)
+    release()
+    deadline = time.monotonic() + 30
+    while len(cache) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(cache) == 0 and cache.size == 0 and cache.readers == 0
+
+
+def test_a_stream_coming_back_keeps_the_cache() -> None:
+    cache = EventCache(idle_seconds=0.05)
+    cache.acquire()()
+    cache.put(1, "s", [object()], 100)  # (a reader that left just before)
+    release = cache.acquire()
+    cache.acquire()()  # the last but one reader leaves: someone still reads
+    time.sleep(0.3)  # several idle periods
+    assert cache.get(1, "s") is not None and cache.readers == 1
+    release()
+
+
+def test_streams_count_as_readers_until_closed_or_dropped() -> None:
+    d, start = _workload("8.0")
+    cache = d.event_cache
+    assert cache.readers == 0
+    body = {"aggregate": "c", "pipeline": [{"$changeStream": {"startAtOperationTime": start}}],
+            "cursor": {"batchSize": 2}}  # fmt: skip
+    first = int(_run(d, "db", body)["cursor"]["id"])
+    second = int(_run(d, "db", body)["cursor"]["id"])
+    assert cache.readers == 2
+    d.cursors.kill(first, d.members[0].name)
+    assert cache.readers == 1
+    cursor = d.cursors.checkout(second, d.members[0].name)
+    d.cursors.checkin(second)
+    d.cursors._slots.clear()  # dropped without being closed (as a leak would)
+    del cursor
+    gc.collect()
+    assert cache.readers == 0

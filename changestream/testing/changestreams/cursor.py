@@ -9,8 +9,9 @@ to read the catalog (``updateLookup``).
 
 Serving events is the simulator's hot path: each event is encoded once
 (:class:`EncodedEvent`: its size is its length and the reply copies its bytes)
-and the events an oplog entry makes for a stream's shape are shared with the
-other streams of that shape through the deployment's :class:`EventCache`.
+and the events an oplog entry makes are shared with the other streams that see
+them through the deployment's :class:`EventCache` (a CRUD event by streams of
+every scope, see :meth:`EventTransformer.share_key`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -127,7 +129,8 @@ class ChangeStreamCursor:
         self._images = self._before != "off" or self._after != "default"
         self._version = spec.token_version
         self._cache: EventCache = deployment.event_cache
-        self._shape = repr(self._transform.shape)
+        self._release = weakref.finalize(self, self._cache.acquire())
+        """Tells the cache this stream is gone (on close, or if it is dropped unclosed)."""
         token = spec.resume_token
         self._client_token: ResumeTokenData | None = None
         self._start_after_invalidate: ResumeTokenData | None = None
@@ -190,6 +193,7 @@ class ChangeStreamCursor:
     def close(self) -> None:
         """Stop (killCursors or exhaustion); wakes a getMore waiting on the oplog."""
         self._closed = True
+        self._release()
         self._oplog.notify()
 
     # -- batching -----------------------------------------------------------------------------
@@ -318,10 +322,13 @@ class ChangeStreamCursor:
         if transform.resuming:  # the events take the version of the client's token
             events: Sequence[RawEvent] = transform.events(entry)
         else:
-            cached = self._cache.get(seq, self._shape)
+            key = transform.share_key(entry)
+            if key is None:
+                return
+            cached = self._cache.get(seq, key)
             if cached is None:
                 events = transform.events(entry)
-                self._cache.put(seq, self._shape, events, entry.size)
+                self._cache.put(seq, key, events, entry.size)
             else:
                 events = cached
         for raw in events:

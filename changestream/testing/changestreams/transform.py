@@ -129,6 +129,8 @@ class EventTransformer:
             SCOPE_CLUSTER: frozenset(),
         }[self._scope]
         self._ns_docs: dict[str, dict[str, Any]] = {}
+        self._shape_key = "stream " + repr(self.shape)
+        self._event_key = "crud " + repr(self.event_shape)
 
     # -- relevance -----------------------------------------------------------------------------
     def _visible(self, db: str, coll: str) -> bool:
@@ -153,6 +155,32 @@ class EventTransformer:
         if self._scope == SCOPE_CLUSTER:
             return db not in _INTERNAL_DBS
         return db == self._db
+
+    # -- sharing -------------------------------------------------------------------------------------
+    def share_key(self, entry: OplogEntry) -> str | None:
+        """What, besides ``entry``, decides the events it gives this stream; None: it gives none.
+
+        A CRUD event is the same for every stream that sees it, whatever the stream's
+        scope: visibility is decided here, per stream, and streams of every scope with
+        the same event options share it (:attr:`event_shape`). Commands and
+        transactions (their events depend on the scope: invalidation, filtered
+        operations) and view definitions share only with streams of the same
+        :attr:`shape`. Not valid while :attr:`resuming`.
+        """
+        op = entry.op
+        if op in ("i", "u", "d"):
+            if self._view_events and entry.coll == _SYSTEM_VIEWS and self._db_visible(entry.db):
+                return self._shape_key
+            return self._event_key if self._crud_visible(entry.ns) else None
+        return self._shape_key if op == "c" else None
+
+    @property
+    def event_shape(self) -> tuple[Any, ...]:
+        """The options that decide a CRUD event's document (not whether a stream sees it)."""
+        return (
+            self._expanded, self._raw_updates, self._reserve_full_document, self._version,
+            self._wall, self._legacy_updates, self._disambiguated, self._ns_type,
+        )  # fmt: skip
 
     # -- entry point -----------------------------------------------------------------------------
     def events(self, entry: OplogEntry) -> list[RawEvent]:

@@ -82,6 +82,9 @@ class RetryableWrite:
     txn_number: int
     executed: dict[int, Any] = field(default_factory=dict)
     """Statement id -> what the statement returned (for the reply of a retry)."""
+    oplog_lsid: dict[str, Any] | None = None
+    """``lsid`` as its oplog entries carry it: one dict per session, not one per write
+    (a busy session's oplog would otherwise hold a copy per entry)."""
 
 
 NOT_EXECUTED: Any = object()
@@ -147,7 +150,10 @@ def retryable_write_for(ctx: CommandContext) -> RetryableWrite | None:
     if current is None or number > current.txn_number:
         if isinstance(current, Transaction):
             current.abort()
-        retry = RetryableWrite(lsid=dict(ctx.lsid), txn_number=number)
+        oplog_lsid = full_lsid(ctx.lsid, ctx.connection.user)
+        if isinstance(current, RetryableWrite) and current.oplog_lsid == oplog_lsid:
+            oplog_lsid = current.oplog_lsid  # one dict per session in the oplog
+        retry = RetryableWrite(dict(ctx.lsid), number, oplog_lsid=oplog_lsid)
         sessions[key] = retry
         return retry
     if isinstance(current, Transaction):
@@ -341,7 +347,7 @@ class WriteUnit:
             o2=o2,
             pre_image=pre_image,
             post_image=post_image,
-            lsid=full_lsid(retry.lsid, self.ctx.connection.user) if retry is not None else None,
+            lsid=retry.oplog_lsid if retry is not None else None,
             txn_number=Int64(retry.txn_number) if retry is not None else None,
             stmt_id=self.stmt_id if retry is not None else None,
         )

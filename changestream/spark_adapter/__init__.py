@@ -9,6 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+try:
+    import pyarrow  # noqa: F401
+    import pyspark  # noqa: F401
+except ImportError as exc:  # one clear error instead of a missing module deep inside
+    raise ImportError(
+        "changestream.spark_adapter needs the 'spark' extra: "
+        f"pip install 'changestream[spark]' ({exc})"
+    ) from exc
+
 from ._batches import BatchRunResult, foreach_batch, stream_opener
 from ._config import MONGO_SPARK_ALIASES
 from ._errors import (

@@ -53,3 +53,18 @@ def test_internal_modules_are_private() -> None:
     public = {"__init__", "__main__", "errors", "events", "stores"}
     modules = {p.stem for p in package.glob("*.py")}
     assert {m for m in modules if not m.startswith("_")} <= public
+
+
+def test_spark_adapter_without_the_extra_names_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['pyspark'] = None  # as if the spark extra were not installed\n"
+        "import changestream\n"
+        "try:\n"
+        "    changestream.spark_adapter\n"
+        "except ImportError as exc:\n"
+        "    assert \"pip install 'changestream[spark]'\" in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('no ImportError')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -131,6 +131,7 @@ class ChangeStreamCursor:
         self._cache: EventCache = deployment.event_cache
         self._release = weakref.finalize(self, self._cache.acquire())
         """Tells the cache this stream is gone (on close, or if it is dropped unclosed)."""
+        self._release.atexit = False  # no idle timer to start while the interpreter exits
         token = spec.resume_token
         self._client_token: ResumeTokenData | None = None
         self._start_after_invalidate: ResumeTokenData | None = None

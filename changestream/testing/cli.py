@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m changestream.test
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_signal)
+        # Ctrl-C also when started in the background, where SIGINT is inherited as ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         print(_banner(rs, args), file=sys.stderr, flush=True)
         print(rs.uri, flush=True)

@@ -417,3 +417,37 @@ def test_command_line_serves_until_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_command_line_stops_on_ctrl_c_when_started_with_sigint_ignored() -> None:
+    """A background job (``serve &`` in a script, CI) inherits SIGINT as ignored; Ctrl-C still stops it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    ignore_then_serve = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "os.execv(sys.executable, [sys.executable, '-m', 'changestream.testing', 'serve', "
+        "'--port', '0'])"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ignore_then_serve],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        uri = proc.stdout.readline().strip()
+        with MongoClient(uri, serverSelectionTimeoutMS=10000) as client:
+            assert client.admin.command("ping")["ok"] == 1.0
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -440,8 +440,9 @@ def consume(
     stream itself (``pipeline`` and ``watch_options`` are ``watch()``'s), and
     with ``initial_snapshot=True`` first hands every document of the
     collection to the handler as a snapshot record (see
-    :func:`changestream.snapshot_then_watch`); the store then keeps the copy's
-    progress, so a restart continues the copy where it stopped.
+    :func:`changestream.snapshot_then_watch`; ``watch_options`` may also hold
+    its ``copy_batch_size``); the store then keeps the copy's progress, so a
+    restart continues the copy where it stopped.
     """
     open_stream = stream_opener(
         open_stream, initial_snapshot=initial_snapshot, pipeline=pipeline,

@@ -200,10 +200,14 @@ def stream_opener(
         return source
     collection = source.pymongo if isinstance(source, Collection) else source
     options = dict(watch_options or {})
+    copy_batch_size = options.pop("copy_batch_size", DEFAULT_COPY_BATCH)
 
     def open_stream(token: Any) -> Any:
         if opens_snapshot(token, initial_snapshot):
-            return snapshot_then_watch(collection, pipeline, resume_after=token, **options)
+            return snapshot_then_watch(
+                collection, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
+                **options,
+            )
         return watch(collection, pipeline, resume_after=token, **options)
 
     return open_stream

@@ -357,3 +357,35 @@ def start_rs_44() -> Iterator[Any]:
 
     with ReplicaSet("4.4") as rs:
         yield rs
+
+
+def test_consume_with_writers_throughout_and_a_window_overrun(
+    simulator: Any, client: Client
+) -> None:
+    coll = make_collection(client.test, "c", 80)
+    writer = Writer(coll, 80)
+    sink = Sink()
+    store = MemoryTokenStore()
+    stop = threading.Event()
+    history = simulator.deployment.history
+    client.admin.command({"setParameter": 1, "minSnapshotHistoryWindowInSeconds": 1})
+
+    def handler(record: dict[str, Any]) -> None:
+        sink.apply(record)
+        copied = sum(sink.copied.values())
+        if "snapshot" in record and copied % 10 == 0:
+            writer.write(4)  # writes during the copy
+        if copied == 30 and "snapshot" in record:
+            (t,) = sink.stream_after
+            wait_for(lambda: history.oldest() > t, "T to leave the history window")
+        if copied >= 80 and len(sink.data_events()) >= writer.events:
+            stop.set()  # the copy is over and every write's event came
+
+    changestream.consume(coll, handler, store, initial_snapshot=True, stop=stop,
+                         watch_options={**WATCH, "copy_batch_size": 10})
+    assert sink.docs == collection_state(coll)
+    assert len(sink.read_times) >= 2, "the rest of the copy is read at a new time"
+    assert max(sink.copied.values()) == 1
+    assert sink.repeat_flags[:30] == [False] * 30 and all(sink.repeat_flags[30:])
+    (t,) = sink.stream_after
+    assert all(e["clusterTime"] > t for e in sink.events)

@@ -185,10 +185,14 @@ def stream_opener(
     if not is_collection:
         return source
     options = dict(watch_options or {})
+    copy_batch_size = options.pop("copy_batch_size", DEFAULT_COPY_BATCH)
 
     async def open_stream(token: Any) -> Any:
         if opens_snapshot(token, initial_snapshot):
-            return await snapshot_then_watch(source, pipeline, resume_after=token, **options)
+            return await snapshot_then_watch(
+                source, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
+                **options,
+            )
         return await watch(source, pipeline, resume_after=token, **options)
 
     return open_stream

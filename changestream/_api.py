@@ -6,6 +6,7 @@ stage: only the helpers track resume tokens and resume automatically.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
@@ -18,9 +19,20 @@ from ._options import ChangeStreamOptions
 from ._stream import ChangeStream
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack
+    # The types of the generated option parameters (see tools/gen_watch_signatures.py).
+    from bson.codec_options import CodecOptions
+    from bson.timestamp import Timestamp
+    from pymongo.collation import Collation
+    from pymongo.read_concern import ReadConcern
+    from pymongo.read_preferences import (
+        Nearest,
+        Primary,
+        PrimaryPreferred,
+        Secondary,
+        SecondaryPreferred,
+    )
+    from pymongo.synchronous.client_session import ClientSession
 
-    from ._watch_types import WatchOptions
     from .events import ChangeEvent
 
 __all__ = ["Client", "Collection", "Database", "watch"]
@@ -34,22 +46,94 @@ Pipeline = list[Mapping[str, Any]]
 @overload
 def watch(
     target: Any, pipeline: Pipeline | None = None, *, typed: Literal[True],
-    document_class: type[Any] | None = None, **options: Unpack[WatchOptions],
+    document_class: type[Any] | None = None,
+    # BEGIN generated watch options: params sync
+    full_document: str | None = None,
+    full_document_before_change: str | None = None,
+    resume_after: Mapping[str, Any] | None = None,
+    start_after: Mapping[str, Any] | None = None,
+    start_at_operation_time: Timestamp | None = None,
+    max_await_time_ms: int | None = None,
+    batch_size: int | None = None,
+    collation: Mapping[str, Any] | Collation | None = None,
+    comment: Any = None,
+    show_expanded_events: bool | None = None,
+    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+    read_concern: ReadConcern | None = None,
+    timeout_ms: float | None = None,
+    codec_options: CodecOptions[Any] | None = None,
+    reassemble_split_events: bool = False,
+    session: ClientSession | None = None,
+    # END generated watch options
 ) -> ChangeStream[ChangeEvent]: ...
 @overload
 def watch(
     target: Any, pipeline: Pipeline | None = None, *, typed: Literal[False] = False,
-    document_class: type[_D], **options: Unpack[WatchOptions],
+    document_class: type[_D],
+    # BEGIN generated watch options: params sync
+    full_document: str | None = None,
+    full_document_before_change: str | None = None,
+    resume_after: Mapping[str, Any] | None = None,
+    start_after: Mapping[str, Any] | None = None,
+    start_at_operation_time: Timestamp | None = None,
+    max_await_time_ms: int | None = None,
+    batch_size: int | None = None,
+    collation: Mapping[str, Any] | Collation | None = None,
+    comment: Any = None,
+    show_expanded_events: bool | None = None,
+    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+    read_concern: ReadConcern | None = None,
+    timeout_ms: float | None = None,
+    codec_options: CodecOptions[Any] | None = None,
+    reassemble_split_events: bool = False,
+    session: ClientSession | None = None,
+    # END generated watch options
 ) -> ChangeStream[_D]: ...
 @overload
 def watch(
     target: Any, pipeline: Pipeline | None = None, *, typed: Literal[False] = False,
-    document_class: None = None, **options: Unpack[WatchOptions],
+    document_class: None = None,
+    # BEGIN generated watch options: params sync
+    full_document: str | None = None,
+    full_document_before_change: str | None = None,
+    resume_after: Mapping[str, Any] | None = None,
+    start_after: Mapping[str, Any] | None = None,
+    start_at_operation_time: Timestamp | None = None,
+    max_await_time_ms: int | None = None,
+    batch_size: int | None = None,
+    collation: Mapping[str, Any] | Collation | None = None,
+    comment: Any = None,
+    show_expanded_events: bool | None = None,
+    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+    read_concern: ReadConcern | None = None,
+    timeout_ms: float | None = None,
+    codec_options: CodecOptions[Any] | None = None,
+    reassemble_split_events: bool = False,
+    session: ClientSession | None = None,
+    # END generated watch options
 ) -> ChangeStream[Mapping[str, Any]]: ...
 @overload
 def watch(
     target: Any, pipeline: Pipeline | None = None, *, typed: bool = False,
-    document_class: type[Any] | None = None, **options: Unpack[WatchOptions],
+    document_class: type[Any] | None = None,
+    # BEGIN generated watch options: params sync
+    full_document: str | None = None,
+    full_document_before_change: str | None = None,
+    resume_after: Mapping[str, Any] | None = None,
+    start_after: Mapping[str, Any] | None = None,
+    start_at_operation_time: Timestamp | None = None,
+    max_await_time_ms: int | None = None,
+    batch_size: int | None = None,
+    collation: Mapping[str, Any] | Collation | None = None,
+    comment: Any = None,
+    show_expanded_events: bool | None = None,
+    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+    read_concern: ReadConcern | None = None,
+    timeout_ms: float | None = None,
+    codec_options: CodecOptions[Any] | None = None,
+    reassemble_split_events: bool = False,
+    session: ClientSession | None = None,
+    # END generated watch options
 ) -> ChangeStream[Any]: ...
 def watch(
     target: Any,
@@ -57,7 +141,25 @@ def watch(
     *,
     typed: bool = False,
     document_class: type[Any] | None = None,
-    **options: Any,
+    # BEGIN generated watch options: params sync
+    full_document: str | None = None,
+    full_document_before_change: str | None = None,
+    resume_after: Mapping[str, Any] | None = None,
+    start_after: Mapping[str, Any] | None = None,
+    start_at_operation_time: Timestamp | None = None,
+    max_await_time_ms: int | None = None,
+    batch_size: int | None = None,
+    collation: Mapping[str, Any] | Collation | None = None,
+    comment: Any = None,
+    show_expanded_events: bool | None = None,
+    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+    read_concern: ReadConcern | None = None,
+    timeout_ms: float | None = None,
+    codec_options: CodecOptions[Any] | None = None,
+    reassemble_split_events: bool = False,
+    session: ClientSession | None = None,
+    # END generated watch options
+    **unknown_options: Any,
 ) -> ChangeStream[Any]:
     """Open a change stream on a PyMongo ``MongoClient``, ``Database`` or ``Collection``.
 
@@ -74,8 +176,31 @@ def watch(
     """
     if isinstance(target, (Client, Database, Collection)):
         target = target.pymongo
-    options.update(typed=typed, document_class=document_class)
-    return ChangeStream(target, ChangeStreamOptions.from_kwargs(pipeline, **options))
+    options = ChangeStreamOptions.from_kwargs(
+        pipeline,
+        typed=typed,
+        document_class=document_class,
+        # BEGIN generated watch options: arguments
+        full_document=full_document,
+        full_document_before_change=full_document_before_change,
+        resume_after=resume_after,
+        start_after=start_after,
+        start_at_operation_time=start_at_operation_time,
+        max_await_time_ms=max_await_time_ms,
+        batch_size=batch_size,
+        collation=collation,
+        comment=comment,
+        show_expanded_events=show_expanded_events,
+        read_preference=read_preference,
+        read_concern=read_concern,
+        timeout_ms=timeout_ms,
+        codec_options=codec_options,
+        reassemble_split_events=reassemble_split_events,
+        session=session,
+        # END generated watch options
+        **unknown_options,  # unknown names: from_kwargs raises, listing the valid ones
+    )
+    return ChangeStream(target, options)
 
 
 class _BoundWatch(Protocol):
@@ -85,22 +210,94 @@ class _BoundWatch(Protocol):
     @overload
     def __call__(
         self, pipeline: Pipeline | None = None, *, typed: Literal[True],
-        document_class: type[Any] | None = None, **options: Unpack[WatchOptions],
+        document_class: type[Any] | None = None,
+        # BEGIN generated watch options: params sync
+        full_document: str | None = None,
+        full_document_before_change: str | None = None,
+        resume_after: Mapping[str, Any] | None = None,
+        start_after: Mapping[str, Any] | None = None,
+        start_at_operation_time: Timestamp | None = None,
+        max_await_time_ms: int | None = None,
+        batch_size: int | None = None,
+        collation: Mapping[str, Any] | Collation | None = None,
+        comment: Any = None,
+        show_expanded_events: bool | None = None,
+        read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+        read_concern: ReadConcern | None = None,
+        timeout_ms: float | None = None,
+        codec_options: CodecOptions[Any] | None = None,
+        reassemble_split_events: bool = False,
+        session: ClientSession | None = None,
+        # END generated watch options
     ) -> ChangeStream[ChangeEvent]: ...
     @overload
     def __call__(
         self, pipeline: Pipeline | None = None, *, typed: Literal[False] = False,
-        document_class: type[_D], **options: Unpack[WatchOptions],
+        document_class: type[_D],
+        # BEGIN generated watch options: params sync
+        full_document: str | None = None,
+        full_document_before_change: str | None = None,
+        resume_after: Mapping[str, Any] | None = None,
+        start_after: Mapping[str, Any] | None = None,
+        start_at_operation_time: Timestamp | None = None,
+        max_await_time_ms: int | None = None,
+        batch_size: int | None = None,
+        collation: Mapping[str, Any] | Collation | None = None,
+        comment: Any = None,
+        show_expanded_events: bool | None = None,
+        read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+        read_concern: ReadConcern | None = None,
+        timeout_ms: float | None = None,
+        codec_options: CodecOptions[Any] | None = None,
+        reassemble_split_events: bool = False,
+        session: ClientSession | None = None,
+        # END generated watch options
     ) -> ChangeStream[_D]: ...
     @overload
     def __call__(
         self, pipeline: Pipeline | None = None, *, typed: Literal[False] = False,
-        document_class: None = None, **options: Unpack[WatchOptions],
+        document_class: None = None,
+        # BEGIN generated watch options: params sync
+        full_document: str | None = None,
+        full_document_before_change: str | None = None,
+        resume_after: Mapping[str, Any] | None = None,
+        start_after: Mapping[str, Any] | None = None,
+        start_at_operation_time: Timestamp | None = None,
+        max_await_time_ms: int | None = None,
+        batch_size: int | None = None,
+        collation: Mapping[str, Any] | Collation | None = None,
+        comment: Any = None,
+        show_expanded_events: bool | None = None,
+        read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+        read_concern: ReadConcern | None = None,
+        timeout_ms: float | None = None,
+        codec_options: CodecOptions[Any] | None = None,
+        reassemble_split_events: bool = False,
+        session: ClientSession | None = None,
+        # END generated watch options
     ) -> ChangeStream[Mapping[str, Any]]: ...
     @overload
     def __call__(
         self, pipeline: Pipeline | None = None, *, typed: bool = False,
-        document_class: type[Any] | None = None, **options: Unpack[WatchOptions],
+        document_class: type[Any] | None = None,
+        # BEGIN generated watch options: params sync
+        full_document: str | None = None,
+        full_document_before_change: str | None = None,
+        resume_after: Mapping[str, Any] | None = None,
+        start_after: Mapping[str, Any] | None = None,
+        start_at_operation_time: Timestamp | None = None,
+        max_await_time_ms: int | None = None,
+        batch_size: int | None = None,
+        collation: Mapping[str, Any] | Collation | None = None,
+        comment: Any = None,
+        show_expanded_events: bool | None = None,
+        read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+        read_concern: ReadConcern | None = None,
+        timeout_ms: float | None = None,
+        codec_options: CodecOptions[Any] | None = None,
+        reassemble_split_events: bool = False,
+        session: ClientSession | None = None,
+        # END generated watch options
     ) -> ChangeStream[Any]: ...
 
 
@@ -222,3 +419,16 @@ class Client:
 
     def __repr__(self) -> str:
         return f"changestream.Client({self._client!r})"
+
+
+if not TYPE_CHECKING:
+    # ``inspect.signature(Client.watch)`` (editors, help(), the API reference) shows the option
+    # parameters of :func:`watch` itself: the methods only bind the target and forward.
+    def _bound_signature() -> inspect.Signature:
+        signature = inspect.signature(watch)
+        self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return signature.replace(parameters=[self, *list(signature.parameters.values())[1:]])
+
+    for _wrapper in (Client, Database, Collection):
+        _wrapper.watch.__signature__ = _bound_signature()
+    del _wrapper

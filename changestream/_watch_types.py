@@ -1,11 +1,20 @@
-"""The static types of ``watch()``'s options, for editors and type checkers (no runtime effect).
+"""The static types of ``watch()``'s options: the table the signatures are written from.
 
-``**options: Unpack[WatchOptions]`` lets an editor complete every option name
-and a type checker check its value, while ``watch()`` itself still validates at
-run time (:class:`~changestream._options.ChangeStreamOptions`, whose fields a
-test keeps equal to these keys). ``typed`` and ``document_class`` are explicit
-parameters of ``watch()`` because they decide the type of the events; every
-option here defaults to "not set" (the server's or the target's default).
+Every ``watch()`` entry point (:func:`changestream.watch`, ``Client``/
+``Database``/``Collection.watch`` and :func:`changestream.aio.watch`, each
+``@overload`` included) takes each option as an explicit keyword-only
+parameter. Those parameters are not typed by hand: ``tools/gen_watch_signatures.py``
+writes them from the ``TypedDict`` s below (names and types) and from the field
+defaults of :class:`~changestream._options.ChangeStreamOptions` (the runtime
+option table, which still validates every value). ``tests/test_typing.py``
+fails when the written signatures or these keys drift from the runtime table.
+``typed`` and ``document_class`` are not here: they are written into each
+overload by hand because they decide the type of the events.
+
+The ``TypedDict`` s are public for code that forwards options to ``watch()``
+(``def my_watch(coll, **options: Unpack[WatchOptions])``). Every option
+defaults to "not set" (``None``, ``False`` for ``reassemble_split_events``):
+the server's default, or the target's.
 """
 
 from __future__ import annotations

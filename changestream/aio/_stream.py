@@ -37,9 +37,19 @@ from .._shell import StreamShell
 from .._token import ResumeToken
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack
+    # The types of the generated option parameters (see tools/gen_watch_signatures.py).
+    from bson.codec_options import CodecOptions
+    from bson.timestamp import Timestamp
+    from pymongo.collation import Collation
+    from pymongo.read_concern import ReadConcern
+    from pymongo.read_preferences import (
+        Nearest,
+        Primary,
+        PrimaryPreferred,
+        Secondary,
+        SecondaryPreferred,
+    )
 
-    from .._watch_types import AsyncWatchOptions
     from ..events import ChangeEvent
 
 __all__ = ["AsyncChangeStream", "TokenCallback", "watch"]
@@ -59,25 +69,95 @@ _BACKGROUND: set[asyncio.Task[None]] = set()
 async def watch(
     target: Any, pipeline: list[Mapping[str, Any]] | None = None, *, typed: Literal[True],
     document_class: type[Any] | None = None, on_resume_token_change: TokenCallback | None = None,
-    **options: Unpack[AsyncWatchOptions],
+    # BEGIN generated watch options: params async
+    full_document: str | None = None,
+    full_document_before_change: str | None = None,
+    resume_after: Mapping[str, Any] | None = None,
+    start_after: Mapping[str, Any] | None = None,
+    start_at_operation_time: Timestamp | None = None,
+    max_await_time_ms: int | None = None,
+    batch_size: int | None = None,
+    collation: Mapping[str, Any] | Collation | None = None,
+    comment: Any = None,
+    show_expanded_events: bool | None = None,
+    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+    read_concern: ReadConcern | None = None,
+    timeout_ms: float | None = None,
+    codec_options: CodecOptions[Any] | None = None,
+    reassemble_split_events: bool = False,
+    session: AsyncClientSession | None = None,
+    # END generated watch options
 ) -> AsyncChangeStream[ChangeEvent]: ...
 @overload
 async def watch(
     target: Any, pipeline: list[Mapping[str, Any]] | None = None, *,
     typed: Literal[False] = False, document_class: type[_D],
-    on_resume_token_change: TokenCallback | None = None, **options: Unpack[AsyncWatchOptions],
+    on_resume_token_change: TokenCallback | None = None,
+    # BEGIN generated watch options: params async
+    full_document: str | None = None,
+    full_document_before_change: str | None = None,
+    resume_after: Mapping[str, Any] | None = None,
+    start_after: Mapping[str, Any] | None = None,
+    start_at_operation_time: Timestamp | None = None,
+    max_await_time_ms: int | None = None,
+    batch_size: int | None = None,
+    collation: Mapping[str, Any] | Collation | None = None,
+    comment: Any = None,
+    show_expanded_events: bool | None = None,
+    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+    read_concern: ReadConcern | None = None,
+    timeout_ms: float | None = None,
+    codec_options: CodecOptions[Any] | None = None,
+    reassemble_split_events: bool = False,
+    session: AsyncClientSession | None = None,
+    # END generated watch options
 ) -> AsyncChangeStream[_D]: ...
 @overload
 async def watch(
     target: Any, pipeline: list[Mapping[str, Any]] | None = None, *,
     typed: Literal[False] = False, document_class: None = None,
-    on_resume_token_change: TokenCallback | None = None, **options: Unpack[AsyncWatchOptions],
+    on_resume_token_change: TokenCallback | None = None,
+    # BEGIN generated watch options: params async
+    full_document: str | None = None,
+    full_document_before_change: str | None = None,
+    resume_after: Mapping[str, Any] | None = None,
+    start_after: Mapping[str, Any] | None = None,
+    start_at_operation_time: Timestamp | None = None,
+    max_await_time_ms: int | None = None,
+    batch_size: int | None = None,
+    collation: Mapping[str, Any] | Collation | None = None,
+    comment: Any = None,
+    show_expanded_events: bool | None = None,
+    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+    read_concern: ReadConcern | None = None,
+    timeout_ms: float | None = None,
+    codec_options: CodecOptions[Any] | None = None,
+    reassemble_split_events: bool = False,
+    session: AsyncClientSession | None = None,
+    # END generated watch options
 ) -> AsyncChangeStream[Mapping[str, Any]]: ...
 @overload
 async def watch(
     target: Any, pipeline: list[Mapping[str, Any]] | None = None, *, typed: bool = False,
     document_class: type[Any] | None = None, on_resume_token_change: TokenCallback | None = None,
-    **options: Unpack[AsyncWatchOptions],
+    # BEGIN generated watch options: params async
+    full_document: str | None = None,
+    full_document_before_change: str | None = None,
+    resume_after: Mapping[str, Any] | None = None,
+    start_after: Mapping[str, Any] | None = None,
+    start_at_operation_time: Timestamp | None = None,
+    max_await_time_ms: int | None = None,
+    batch_size: int | None = None,
+    collation: Mapping[str, Any] | Collation | None = None,
+    comment: Any = None,
+    show_expanded_events: bool | None = None,
+    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+    read_concern: ReadConcern | None = None,
+    timeout_ms: float | None = None,
+    codec_options: CodecOptions[Any] | None = None,
+    reassemble_split_events: bool = False,
+    session: AsyncClientSession | None = None,
+    # END generated watch options
 ) -> AsyncChangeStream[Any]: ...
 async def watch(
     target: Any,
@@ -86,7 +166,25 @@ async def watch(
     typed: bool = False,
     document_class: type[Any] | None = None,
     on_resume_token_change: TokenCallback | None = None,
-    **options: Any,
+    # BEGIN generated watch options: params async
+    full_document: str | None = None,
+    full_document_before_change: str | None = None,
+    resume_after: Mapping[str, Any] | None = None,
+    start_after: Mapping[str, Any] | None = None,
+    start_at_operation_time: Timestamp | None = None,
+    max_await_time_ms: int | None = None,
+    batch_size: int | None = None,
+    collation: Mapping[str, Any] | Collation | None = None,
+    comment: Any = None,
+    show_expanded_events: bool | None = None,
+    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
+    read_concern: ReadConcern | None = None,
+    timeout_ms: float | None = None,
+    codec_options: CodecOptions[Any] | None = None,
+    reassemble_split_events: bool = False,
+    session: AsyncClientSession | None = None,
+    # END generated watch options
+    **unknown_options: Any,
 ) -> AsyncChangeStream[Any]:
     """Open a change stream on a PyMongo ``AsyncMongoClient``, ``AsyncDatabase`` or ``AsyncCollection``.
 
@@ -103,11 +201,32 @@ async def watch(
     returned) and for each new ``postBatchResumeToken`` of an empty batch,
     even while :meth:`AsyncChangeStream.next` keeps waiting.
     """
-    options.update(typed=typed, document_class=document_class)
+    options = ChangeStreamOptions.from_kwargs(
+        pipeline,
+        typed=typed,
+        document_class=document_class,
+        # BEGIN generated watch options: arguments
+        full_document=full_document,
+        full_document_before_change=full_document_before_change,
+        resume_after=resume_after,
+        start_after=start_after,
+        start_at_operation_time=start_at_operation_time,
+        max_await_time_ms=max_await_time_ms,
+        batch_size=batch_size,
+        collation=collation,
+        comment=comment,
+        show_expanded_events=show_expanded_events,
+        read_preference=read_preference,
+        read_concern=read_concern,
+        timeout_ms=timeout_ms,
+        codec_options=codec_options,
+        reassemble_split_events=reassemble_split_events,
+        session=session,
+        # END generated watch options
+        **unknown_options,  # unknown names: from_kwargs raises, listing the valid ones
+    )
     stream: AsyncChangeStream[Any] = AsyncChangeStream(
-        target,
-        ChangeStreamOptions.from_kwargs(pipeline, **options),
-        on_resume_token_change=on_resume_token_change,
+        target, options, on_resume_token_change=on_resume_token_change
     )
     await stream._start()
     return stream

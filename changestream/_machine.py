@@ -94,6 +94,9 @@ class ReplyInfo:
     address: Any
     """Opaque server handle; later getMore/killCursors must go to the same server."""
     wire_version: int
+    load_balanced: bool = False
+    """It ran through a load balancer: the cursor lives on that one connection
+    (load-balancers spec), so it dies with it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +197,7 @@ class _Cursor:
     collection: str
     address: Any
     wire_version: int
+    load_balanced: bool = False
 
 
 class ChangeStreamMachine:
@@ -503,7 +507,7 @@ class ChangeStreamMachine:
         batch = deque(cursor["firstBatch"])
         post_batch_token = cursor.get("postBatchResumeToken")
         self._cursor = _Cursor(int(cursor["id"]), database, collection, info.address,
-                               info.wire_version)
+                               info.wire_version, info.load_balanced)
         self._load_batch(batch, post_batch_token)
         options = self._spec.options
         if (
@@ -548,6 +552,9 @@ class ChangeStreamMachine:
             self._phase = advance(self._phase, Step.GETMORE_RESUMABLE)
             if self._op is _Op.TRY_NEXT:
                 self._getmores_left = 0
+            if error.is_network and self._cursor is not None and self._cursor.load_balanced:
+                # Load-balancers spec: the cursor died with its connection; no killCursors.
+                self._cursor = None
             return self._resume(error.exception)
         return self._fail(error.exception)
 

@@ -42,6 +42,15 @@ so :class:`AsyncTransport` shares the routing below with :class:`SyncTransport`.
 * ``helpers_shared._check_command_response(reply, wire_version)``: rebuilds a
   server error from a ``dict`` reply (see :func:`_with_dict_details`).
 
+Load-balanced mode (``loadBalanced=true``): the cursor lives on one connection,
+so the connection an aggregate ran on stays checked out (pinned, PyMongo's
+checkout context kept open in an ``ExitStack``) while its cursor is open;
+getMore and killCursors run on it without server selection; the pin is
+released when the cursor is exhausted or killed, or when a command on it fails
+(the error goes through PyMongo's handler, which clears the service's pool on a
+network error). Whether to send killCursors after such an error is the
+machine's rule (:attr:`ReplyInfo.load_balanced`).
+
 CSOT and getMore: the change-streams CSOT rule is ``maxTimeMS = min(
 maxAwaitTimeMS, remaining - minRTT)`` and *no* ``maxTimeMS`` without
 ``maxAwaitTimeMS``. ``Connection.command`` would overwrite it with
@@ -51,6 +60,7 @@ maxAwaitTimeMS, remaining - minRTT)`` and *no* ``maxTimeMS`` without
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 from collections.abc import Mapping
@@ -213,6 +223,33 @@ def _decoded(reply: Mapping[str, Any], codec: CodecOptions[Any]) -> Mapping[str,
         gc.enable()
 
 
+def _load_balanced(client: Any) -> bool:
+    return bool(client.topology_description.topology_type_name == "LoadBalanced")
+
+
+def _keeps_cursor(command: Command, reply: Mapping[str, Any]) -> bool:
+    """Does the cursor live on after ``reply`` (so a pinned connection stays checked out)?"""
+    if isinstance(command, KillCursors):
+        return False
+    cursor = reply.get("cursor")
+    return bool(cursor is not None and cursor.get("id"))
+
+
+@dataclasses.dataclass
+class _Checkout:
+    """One command's connection: PyMongo's checkout context, held open in ``stack``.
+
+    In load-balanced mode it outlives the command while the cursor is open (the pin).
+    """
+
+    stack: Any
+    """An ``ExitStack`` / ``AsyncExitStack`` holding PyMongo's checkout context."""
+    address: Any
+    load_balanced: bool
+    conn: Any = None
+    read_preference: Any = None
+
+
 def _abandon(client: Any, session: Any, owns_session: bool, kill: KillCursors | None) -> None:
     """Queue ``kill`` for the client's background killCursors task; end an implicit session.
 
@@ -239,6 +276,26 @@ class _Transport:
         self._reply_codec = reply_codec
         self._owns_session = session is None
         self._session = session if session is not None else client._ensure_session()
+        self._pin: _Checkout | None = None
+        """Load-balanced mode: the connection the open cursor lives on."""
+
+    def _take_pin(self, route: _Route) -> _Checkout | None:
+        """The pinned connection a getMore/killCursors runs on (taken: the run re-pins)."""
+        if route.is_aggregate:
+            return None
+        pin, self._pin = self._pin, None
+        return pin
+
+    def _checkout(self, server: Any, stack: Any) -> _Checkout:
+        return _Checkout(stack, server.description.address, _load_balanced(self._client))
+
+    def _context(self, route: _Route, server: Any) -> Any:
+        return self._client._conn_from_server(route.selector, server, self._session)
+
+    def _keep(self, checkout: _Checkout, command: Command, reply: Mapping[str, Any]) -> None:
+        """Pin the connection while a load-balanced cursor lives on it (spec: LB cursors)."""
+        if checkout.load_balanced and _keeps_cursor(command, reply):
+            self._pin = dataclasses.replace(checkout, stack=checkout.stack.pop_all())
 
     def _command_kwargs(self, route: _Route, effective_read_preference: Any) -> dict[str, Any]:
         """Keyword arguments of ``Connection.command`` for ``route`` (replies always raw)."""
@@ -250,9 +307,9 @@ class _Transport:
             "client": self._client,
         }
 
-    def _reply(self, reply: Mapping[str, Any], server: Any, wire_version: int) -> Outcome:
-        return _decoded(reply, self._reply_codec), ReplyInfo(server.description.address,
-                                                             wire_version)
+    def _reply(self, reply: Mapping[str, Any], checkout: _Checkout, wire_version: int) -> Outcome:
+        return _decoded(reply, self._reply_codec), ReplyInfo(checkout.address, wire_version,
+                                                             checkout.load_balanced)
 
     def _end_owned_session(self) -> Any:
         """The implicit session to end now (a caller's session is left alone), or ``None``."""
@@ -262,8 +319,15 @@ class _Transport:
         return None
 
     def abandon(self, kill: KillCursors | None) -> None:
-        """The stream was dropped unclosed: clean up later, without I/O (or awaiting) now."""
+        """The stream was dropped unclosed: clean up later, without I/O (or awaiting) now.
+
+        A load-balanced cursor lives on its pinned connection: no killCursors is
+        queued for another connection, the pin is left to PyMongo.
+        """
         session, self._session = self._session, None
+        if self._pin is not None:
+            self._pin = None
+            kill = None
         _abandon(self._client, session, self._owns_session, kill)
 
 
@@ -287,25 +351,38 @@ class SyncTransport(_Transport):
         wire_version: int | None = None
         try:
             route = _route(self._client, command)
-            server = self._client._select_server(
-                route.selector, self._session, route.operation, address=route.address
-            )
-            with self._client._conn_from_server(route.selector, server, self._session) as (
-                conn,
-                effective_read_preference,
-            ):
+            checkout = self._take_pin(route)
+            if checkout is None:
+                self._release()
+                server = self._client._select_server(
+                    route.selector, self._session, route.operation, address=route.address
+                )
+                checkout = self._checkout(server, contextlib.ExitStack())
+                checkout.conn, checkout.read_preference = checkout.stack.enter_context(
+                    self._context(route, server)
+                )
+            with checkout.stack:
+                conn = checkout.conn
                 wire_version = conn.max_wire_version
                 try:
                     reply = conn.command(command.database, route.spec,
-                                         **self._command_kwargs(route, effective_read_preference))
+                                         **self._command_kwargs(route, checkout.read_preference))
                 except (OperationFailure, NotPrimaryError) as exc:
                     raise _with_dict_details(exc, wire_version) from exc
-            return self._reply(reply, server, conn.max_wire_version)
+                self._keep(checkout, command, reply)
+            return self._reply(reply, checkout, conn.max_wire_version)
         except Exception as exc:
             return describe_error(exc, wire_version)
 
+    def _release(self) -> None:
+        """Check in a pinned connection (load-balanced mode)."""
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin.stack.close()
+
     def close(self) -> None:
-        """End the implicit session (a caller's session is left alone)."""
+        """Release a pin; end the implicit session (a caller's session is left alone)."""
+        self._release()
         session = self._end_owned_session()
         if session is not None:
             session.end_session()
@@ -334,26 +411,38 @@ class AsyncTransport(_Transport):
         wire_version: int | None = None
         try:
             route = _route(self._client, command)
-            server = await self._client._select_server(
-                route.selector, self._session, route.operation, address=route.address
-            )
-            async with self._client._conn_from_server(route.selector, server, self._session) as (
-                conn,
-                effective_read_preference,
-            ):
+            checkout = self._take_pin(route)
+            if checkout is None:
+                await self._release()
+                server = await self._client._select_server(
+                    route.selector, self._session, route.operation, address=route.address
+                )
+                checkout = self._checkout(server, contextlib.AsyncExitStack())
+                checkout.conn, checkout.read_preference = await checkout.stack.enter_async_context(
+                    self._context(route, server)
+                )
+            async with checkout.stack:
+                conn = checkout.conn
                 wire_version = conn.max_wire_version
                 try:
-                    reply = await conn.command(
-                        command.database, route.spec,
-                        **self._command_kwargs(route, effective_read_preference))
+                    reply = await conn.command(command.database, route.spec,
+                                               **self._command_kwargs(route, checkout.read_preference))
                 except (OperationFailure, NotPrimaryError) as exc:
                     raise _with_dict_details(exc, wire_version) from exc
-            return self._reply(reply, server, conn.max_wire_version)
+                self._keep(checkout, command, reply)
+            return self._reply(reply, checkout, conn.max_wire_version)
         except Exception as exc:
             return describe_error(exc, wire_version)
 
+    async def _release(self) -> None:
+        """Check in a pinned connection (load-balanced mode)."""
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            await pin.stack.aclose()
+
     async def close(self) -> None:
-        """End the implicit session (a caller's session is left alone)."""
+        """Release a pin; end the implicit session (a caller's session is left alone)."""
+        await self._release()
         session = self._end_owned_session()
         if session is not None:
             await session.end_session()

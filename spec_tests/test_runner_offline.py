@@ -21,7 +21,7 @@ from spec_tests.runner.loader import (
     spec_dir,
     spec_required,
 )
-from spec_tests.runner.matrix import NO_MONGOS, load_files, simulator_cases
+from spec_tests.runner.matrix import load_files, simulator_cases
 from spec_tests.runner.operations import Args
 from spec_tests.runner.requirements import ServerInfo, unmet, unmet_any
 
@@ -147,15 +147,24 @@ def _cases_for(label: str, description: str) -> list[Any]:
 
 
 @needs_spec_files
-def test_sharded_only_test_is_skipped_for_lack_of_mongos() -> None:
+def test_sharded_only_test_runs_on_the_simulated_cluster() -> None:
     cases = _cases_for(
         "change-streams-showExpandedEvents.json",
         "when showExpandedEvents is true, shardCollection events are reported",
     )
-    assert {c.topology for c in cases} == {"sharded"}
-    by_version = {c.version: c.skip for c in cases}
-    assert by_version["8.0"] == NO_MONGOS
+    by_topology = {c.topology for c in cases if c.skip is None}
+    assert by_topology == {"sharded"}
+    by_version = {c.version: c.skip for c in cases if c.topology == "sharded"}
+    assert by_version["8.0"] is None
     assert by_version["4.2"] is not None and "minServerVersion 6.0.0" in by_version["4.2"]
+
+
+@needs_spec_files
+def test_tests_admitting_every_topology_run_on_all_three() -> None:
+    files, _ = load_files()
+    spec = next(f for f in files if f.label == "change-streams-resume-errorLabels.json")
+    cases = simulator_cases([spec], ["8.0"])
+    assert {c.topology for c in cases} == {"replicaset", "sharded", "load-balanced"}
 
 
 @needs_spec_files

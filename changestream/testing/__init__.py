@@ -9,5 +9,13 @@ from __future__ import annotations
 
 from .core.versions import DEFAULT_VERSION, VERSIONS, VersionProfile, get_profile
 from .replset import ReplicaSet
+from .sharding import ShardedCluster
 
-__all__ = ["DEFAULT_VERSION", "VERSIONS", "ReplicaSet", "VersionProfile", "get_profile"]
+__all__ = [
+    "DEFAULT_VERSION",
+    "VERSIONS",
+    "ReplicaSet",
+    "ShardedCluster",
+    "VersionProfile",
+    "get_profile",
+]

@@ -10,6 +10,7 @@ from types import FrameType
 
 from .core.versions import DEFAULT_VERSION, VERSIONS
 from .replset import ReplicaSet
+from .sharding import ShardedCluster
 from .storage.persist import DbPathError
 
 
@@ -29,7 +30,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
     )
     serve.add_argument(
-        "--port", type=int, default=27017,
+        "--port",
+        type=int,
+        default=27017,
         help="first member's port; the others follow (0: free ports) (default %(default)s)",
     )
     serve.add_argument(
@@ -40,20 +43,38 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     serve.add_argument("--members", type=int, default=1, help="replica-set members (default 1)")
     serve.add_argument(
+        "--sharded", action="store_true", help="a sharded cluster (mongoses on --port, --port+1...)"
+    )
+    serve.add_argument("--shards", type=int, default=2, help="with --sharded: shards (default 2)")
+    serve.add_argument(
+        "--mongoses", type=int, default=2, help="with --sharded: mongoses (default 2)"
+    )
+    serve.add_argument(
+        "--load-balancer", action="store_true", help="with --sharded: a load balancer in front"
+    )
+    serve.add_argument(
         "--standalone", action="store_true", help="a standalone mongod instead of a replica set"
     )
     serve.add_argument("--set-name", default="rs0", help="replica-set name (default rs0)")
     serve.add_argument(
-        "--oplog-max-entries", type=int, default=None,
+        "--oplog-max-entries",
+        type=int,
+        default=None,
         help="truncate the oplog beyond N entries (default: no limit)",
     )
     serve.add_argument(
-        "--oplog-mb", type=float, default=None, metavar="MB",
+        "--oplog-mb",
+        type=float,
+        default=None,
+        metavar="MB",
         help="truncate the oplog beyond MB megabytes, like mongod's --oplogSize "
         "(default: no limit)",
     )
     serve.add_argument(
-        "--noop-interval", type=float, default=10.0, metavar="SECONDS",
+        "--noop-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
         help="write a no-op oplog entry every SECONDS while idle, as mongod does, so idle "
         "streams advance (0: never) (default %(default)s)",
     )
@@ -87,27 +108,41 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _banner(rs: ReplicaSet, args: argparse.Namespace) -> str:
+def _banner(args: argparse.Namespace) -> str:
     kind = (
-        "standalone mongod" if args.standalone
+        f"sharded cluster, {args.shards} shards of {args.members} member"
+        + ("s" if args.members != 1 else "")
+        + f", {args.mongoses} mongos"
+        + (" behind a load balancer" if args.load_balancer else "")
+        if args.sharded
+        else "standalone mongod"
+        if args.standalone
         else f"replica set {args.set_name!r}, {args.members} member"
         + ("s" if args.members != 1 else "")
     )
     oplog = (
-        f"oplog {args.oplog_mb:g} MB" if args.oplog_mb is not None
-        else f"oplog {args.oplog_max_entries} entries" if args.oplog_max_entries is not None
+        f"oplog {args.oplog_mb:g} MB"
+        if args.oplog_mb is not None
+        else f"oplog {args.oplog_max_entries} entries"
+        if args.oplog_max_entries is not None
         else "oplog unbounded"
     )
     noop = (
-        "no periodic no-ops" if args.noop_interval <= 0 or args.standalone
+        "no periodic no-ops"
+        if args.noop_interval <= 0 or args.standalone
         else f"no-op every {args.noop_interval:g} s"
     )
     data = "in memory" if args.dbpath is None else f"data in {args.dbpath}"
     auth = f"; authentication on ({len(args.auth)} user{'s' if len(args.auth) != 1 else ''})"
-    return (
-        f"changestream simulator: MongoDB {args.version} {kind}; {oplog}; {noop}; {data}"
-        + (auth if args.auth else "")
+    return f"changestream simulator: MongoDB {args.version} {kind}; {oplog}; {noop}; {data}" + (
+        auth if args.auth else ""
     )
+
+
+def _addresses(deployment: ReplicaSet | ShardedCluster) -> list[str]:
+    if isinstance(deployment, ShardedCluster):
+        return deployment.mongoses
+    return deployment.members
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m changestream.testing") -> int:
@@ -130,24 +165,37 @@ def main(argv: list[str] | None = None, prog: str = "python -m changestream.test
         parser.error(f"--oplog-mb must be > 0, not {args.oplog_mb:g}")
     if not args.noop_interval >= 0 or args.noop_interval == float("inf"):
         parser.error(f"--noop-interval must be a number of seconds >= 0, not {args.noop_interval}")
+    deployment: ReplicaSet | ShardedCluster
     try:
-        rs = ReplicaSet(
-            args.version,
-            args.members,
-            standalone=args.standalone,
-            set_name=args.set_name,
-            port=args.port,
-            host=args.host,
-            oplog_max_entries=args.oplog_max_entries,
-            oplog_max_bytes=None if args.oplog_mb is None else int(args.oplog_mb * 1024 * 1024),
-            noop_interval=args.noop_interval,
-            compressors=args.compressors,
-            event_cache_bytes=None
-            if args.event_cache_mb is None
-            else args.event_cache_mb * 1024 * 1024,
-            dbpath=args.dbpath,
-            users=users,
-        ).start()
+        if args.sharded:
+            deployment = ShardedCluster(
+                args.version,
+                shards=args.shards,
+                mongoses=args.mongoses,
+                members_per_shard=args.members,
+                load_balancer=args.load_balancer,
+                port=args.port,
+                host=args.host,
+                noop_interval=args.noop_interval,
+            ).start()
+        else:
+            deployment = ReplicaSet(
+                args.version,
+                args.members,
+                standalone=args.standalone,
+                set_name=args.set_name,
+                port=args.port,
+                host=args.host,
+                oplog_max_entries=args.oplog_max_entries,
+                oplog_max_bytes=None if args.oplog_mb is None else int(args.oplog_mb * 1024 * 1024),
+                noop_interval=args.noop_interval,
+                compressors=args.compressors,
+                event_cache_bytes=None
+                if args.event_cache_mb is None
+                else args.event_cache_mb * 1024 * 1024,
+                dbpath=args.dbpath,
+                users=users,
+            ).start()
     except DbPathError as exc:
         print(f"error: --dbpath {args.dbpath}: {exc}", file=sys.stderr)
         return 1
@@ -167,18 +215,21 @@ def main(argv: list[str] | None = None, prog: str = "python -m changestream.test
         # Ctrl-C also when started in the background, where SIGINT is inherited as ignored.
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        print(_banner(rs, args), file=sys.stderr, flush=True)
-        print(rs.uri, flush=True)
+        print(_banner(args), file=sys.stderr, flush=True)
+        print(deployment.uri, flush=True)
+        if isinstance(deployment, ShardedCluster) and deployment.balancer is not None:
+            print(deployment.lb_uri, flush=True)
         print(
-            f"ready: listening on {', '.join(rs.members)}; Ctrl-C to stop",
-            file=sys.stderr, flush=True,
+            f"ready: listening on {', '.join(_addresses(deployment))}; Ctrl-C to stop",
+            file=sys.stderr,
+            flush=True,
         )
         while not done.wait(0.5):
             pass
     except KeyboardInterrupt:
         pass
     finally:
-        rs.stop()
+        deployment.stop()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return 0

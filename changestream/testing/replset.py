@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 
+from .core.clock import ClusterClock
 from .core.event_cache import CACHE_BYTES
 from .core.topology import elect_next, notify_topology_change
 from .core.versions import DEFAULT_VERSION, get_profile
@@ -34,6 +35,7 @@ class ReplicaSet:
     postBatchResumeToken advances. ``compressors`` is mongod's
     ``networkMessageCompressors`` (a list, ``"zlib,noop"`` or ``"disabled"``;
     default: mongod's snappy, zstd, zlib, those this Python can run).
+    ``clock`` is shared by the shards of a sharded cluster (default: its own).
     ``event_cache_bytes`` bounds the memory kept to re-serve change events
     already built for an oplog range (default 16 MiB; output is identical).
     ``dbpath`` keeps the data, oplog, cluster time and term in that directory
@@ -61,6 +63,7 @@ class ReplicaSet:
         event_cache_bytes: int | None = None,
         dbpath: str | os.PathLike[str] | None = None,
         users: Mapping[str, str] | None = None,
+        clock: ClusterClock | None = None,
     ) -> None:
         if members < 1:
             raise ValueError(f"a replica set needs at least one member, got {members}")
@@ -77,6 +80,7 @@ class ReplicaSet:
             event_cache_bytes=CACHE_BYTES if event_cache_bytes is None else event_cache_bytes,
             dbpath=dbpath,
             users=users,
+            clock=clock,
         )
         for member in self.deployment.members:
             member.host = host

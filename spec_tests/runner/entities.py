@@ -203,12 +203,14 @@ class EntityMap:
     def _client_uri(self, use_multiple: bool | None) -> str:
         topology = self.target.info.topology
         if topology == "load-balanced":
-            raise RunnerError("load-balanced deployments need the LB URIs, which this runner lacks")
+            return self.target.uri  # the simulator's balancer fronts every mongos
         if topology == "sharded" and use_multiple is not None:
             if use_multiple and len(self.target.hosts) < 2:
                 raise RunnerError("useMultipleMongoses: true needs a URI with several mongoses")
             if not use_multiple and len(self.target.hosts) > 1:
-                raise RunnerError("useMultipleMongoses: false needs a URI with one mongos")
+                if self.target.single_uri is None:
+                    raise RunnerError("useMultipleMongoses: false needs a URI with one mongos")
+                return self.target.single_uri
         return self.target.uri
 
     def _create_database(self, options: dict[str, Any]) -> None:

@@ -3,8 +3,8 @@
 Against the simulator every test gets a case for every emulated version
 (replica set; standalone too when a requirement names ``single``). Cases the
 requirements do not admit, or that the installed PyMongo cannot run, carry a
-skip reason. Tests that only admit sharded or load-balanced clusters get
-skipped ``sharded`` cases. With ``MONGODB_URI`` each test gets one case for
+skip reason. Tests that admit sharded or load-balanced clusters also run on a
+simulated ShardedCluster (2 shards, 2 mongoses; behind a load balancer). With ``MONGODB_URI`` each test gets one case for
 the detected deployment.
 """
 
@@ -21,7 +21,8 @@ from .loader import SpecFile, discover, load_spec_file, parse_version, spec_dir
 from .requirements import ServerInfo, unmet_any
 from .targets import TargetPool, pymongo_version_gap
 
-NO_MONGOS = "needs a sharded cluster (mongos); the simulator emulates replica sets and standalones"
+CLUSTER_TOPOLOGIES = ("sharded", "load-balanced")
+"""Topologies the simulator runs as a ShardedCluster (2 shards, 2 mongoses; with a load balancer)."""
 
 
 @dataclass(frozen=True)
@@ -85,13 +86,12 @@ def _named_topologies(spec: SpecFile, test: dict[str, Any]) -> set[str]:
 
 
 def _topologies(spec: SpecFile, test: dict[str, Any], profiles: list[Any]) -> list[str]:
+    """replicaset (and single when named), plus each cluster topology the test admits."""
     named = _named_topologies(spec, test)
     candidates = ["replicaset"] + (["single"] if "single" in named else [])
-    if any(_admits(spec, test, _static_info(p, t)) is None for p in profiles for t in candidates):
-        return candidates
-    for other in ("sharded", "load-balanced"):
+    for other in CLUSTER_TOPOLOGIES:
         if any(_admits(spec, test, _static_info(p, other)) is None for p in profiles):
-            return [other]
+            candidates.append(other)
     return candidates
 
 
@@ -108,8 +108,6 @@ def simulator_cases(files: list[SpecFile], versions: list[str]) -> list[Case]:
             for topology in _topologies(spec, test, list(profiles.values())):
                 for key, profile in zip(versions, chosen, strict=True):
                     skip = _admits(spec, test, _static_info(profile, topology))
-                    if skip is None and topology not in ("replicaset", "single"):
-                        skip = NO_MONGOS
                     if skip is None:
                         skip = pymongo_version_gap(key, profile.max_wire_version)
                     cases.append(

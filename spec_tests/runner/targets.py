@@ -27,7 +27,10 @@ from .requirements import ServerInfo
 SERVER_SELECTION_TIMEOUT_MS = 10_000
 """Default for every client the runner creates, so a dead server fails fast."""
 
-SIMULATED_TOPOLOGIES = ("replicaset", "single")
+SIMULATED_TOPOLOGIES = ("replicaset", "single", "sharded", "load-balanced")
+SPEC_NOOP_INTERVAL = 0.1
+"""Shards' periodic no-op interval in spec runs: an idle shard holds a stream's events back
+until its next no-op, and the spec tests wait for events."""
 
 _IGNORED_KILL_ALL_SESSIONS_CODES = frozenset({11601, 13})
 """Interrupted (SERVER-38335) and Unauthorized (SERVER-54216), per the spec."""
@@ -55,6 +58,8 @@ class Target:
     info: ServerInfo
     internal: MongoClient[dict[str, Any]]
     hosts: list[str] = field(default_factory=list)
+    single_uri: str | None = None
+    """A sharded cluster: the URI of one mongos (``useMultipleMongoses: false``)."""
 
     def kill_all_sessions(self) -> str | None:
         """Terminate open transactions (spec: start of suite, after failed tests)."""
@@ -163,12 +168,29 @@ class TargetPool:
         if topology not in SIMULATED_TOPOLOGIES:
             raise RunnerError(f"the simulator cannot emulate topology {topology!r}")
         try:
-            from changestream.testing import ReplicaSet, get_profile
+            from changestream.testing import ReplicaSet, ShardedCluster, get_profile
         except ImportError as exc:
             raise RunnerError(f"the simulator is not available: {exc}") from exc
-        simulator = ReplicaSet(version=version, members=1, standalone=topology == "single")
-        self._stack.enter_context(simulator)
-        target = connect(f"{version}-{topology}", simulator.uri)
+        single_uri = None
+        if topology in ("sharded", "load-balanced"):
+            # Behind the load balancer one mongos, as the drivers' SINGLE_MONGOS_LB_URI:
+            # failpoints are per mongos, so every connection must reach the same one.
+            cluster = ShardedCluster(
+                version,
+                shards=2,
+                mongoses=1 if topology == "load-balanced" else 2,
+                load_balancer=topology == "load-balanced",
+                noop_interval=SPEC_NOOP_INTERVAL,
+            )
+            self._stack.enter_context(cluster)
+            uri = cluster.lb_uri if topology == "load-balanced" else cluster.uri
+            single_uri = cluster.lb_uri if topology == "load-balanced" else cluster.mongos_uri(0)
+        else:
+            simulator = ReplicaSet(version=version, members=1, standalone=topology == "single")
+            self._stack.enter_context(simulator)
+            uri = simulator.uri
+        target = connect(f"{version}-{topology}", uri)
+        target.single_uri = single_uri
         self._stack.callback(target.internal.close)
         expected = parse_version(get_profile(version).version)
         if target.info.version != expected or target.info.topology != topology:

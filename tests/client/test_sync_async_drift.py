@@ -27,6 +27,9 @@ _NAMES = {
     "AsyncTransport": "SyncTransport",
     "AsyncChangeStream": "ChangeStream",
     "AsyncSnapshotThenWatch": "SnapshotThenWatch",
+    "AsyncExitStack": "ExitStack",
+    "enter_async_context": "enter_context",
+    "aclose": "close",
     "StopAsyncIteration": "StopIteration",
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
@@ -84,6 +87,7 @@ def _code(function: Any, *, unasync: bool = False) -> str:
     [
         (_pymongo.SyncTransport.run, _pymongo.AsyncTransport.run),
         (_pymongo.SyncTransport.close, _pymongo.AsyncTransport.close),
+        (_pymongo.SyncTransport._release, _pymongo.AsyncTransport._release),
         (_stream.ChangeStream.__exit__, aio_stream.AsyncChangeStream.__aexit__),
         (_stream.ChangeStream.__enter__, aio_stream.AsyncChangeStream.__aenter__),
         (_consume._flush_quietly, aio_consume._flush_quietly),

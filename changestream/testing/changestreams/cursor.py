@@ -114,9 +114,17 @@ class ChangeStreamCursor:
     tailable_await = True
 
     def __init__(
-        self, deployment: Deployment, spec: ChangeStreamSpec, *, lsid_id: bytes | None = None
+        self,
+        deployment: Deployment,
+        spec: ChangeStreamSpec,
+        *,
+        lsid_id: bytes | None = None,
+        from_router: bool = False,
     ) -> None:
         self.ns = spec.ns
+        self._from_router = from_router
+        """Opened by mongos: resuming only checks resumability here (the token's event may
+        be on another shard) and passes the token's event on for mongos to check."""
         self.lsid_id = lsid_id
         self._deployment = deployment
         self._oplog = deployment.oplog
@@ -396,12 +404,14 @@ class ChangeStreamCursor:
             return None
         if status == _FOUND:
             self._token_found = True
+            if self._from_router:
+                self._out.append((raw.doc, bson_size(raw.doc), raw.cluster_time))
             return None
         self._client_token = None
         if status == _NEEDS_SPLIT:
             assert client.fragment_num is not None
             return client.fragment_num + 1
-        if not self._token_found:
+        if not self._token_found and not self._from_router:
             raise CommandError(
                 280,
                 "cannot resume stream; the resume token was not found. "
@@ -439,6 +449,9 @@ class ChangeStreamCursor:
     ) -> dict[str, Any] | None:
         """updateLookup: the document's current version, found by collection UUID and _id."""
         ns = doc["ns"]
+        router_lookup = self._deployment.document_lookup
+        if router_lookup is not None:
+            return router_lookup(ns["db"], ns["coll"], collection_uuid, doc["documentKey"])
         with self._deployment.lock:
             catalog = self._deployment.catalog
             state = catalog.get(ns["db"], ns["coll"])

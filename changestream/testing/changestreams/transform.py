@@ -35,6 +35,9 @@ _VIEW_EVENTS: Final = {"i": "create", "u": "modify", "d": "drop"}
 """What a write to ``system.views`` means for the view it describes."""
 _BUCKETS_PREFIX: Final = "system.buckets."
 _RENAME_DROPPED: Final = ("renameCollection", "stayTemp")
+_SHARDING_EVENTS: Final = ("shardCollection", "reshardCollection", "refineCollectionShardKey")
+"""No-op entries a sharded collection's DDL writes (``o2.<event>``), shown with
+showExpandedEvents."""
 _EXPANDED_COMMANDS: Final = frozenset(
     {"create", "createIndexes", "commitIndexBuild", "dropIndexes", "collMod"}
 )
@@ -189,6 +192,9 @@ class EventTransformer:
         if op in ("i", "u", "d"):
             event = self._write(entry, entry.ts, entry.wall, None, 0)
             return [] if event is None else [event]
+        if op == "n":
+            noop = self._sharding_event(entry) if entry.o2 and self._expanded else None
+            return [] if noop is None else [noop]
         if op != "c":
             return []
         if "applyOps" in entry.o:
@@ -422,6 +428,20 @@ class EventTransformer:
             doc.update(extra)
         event.invalidates = op_type in self._invalidating
         return event
+
+    def _sharding_event(self, entry: OplogEntry) -> RawEvent | None:
+        """``shardCollection`` & co.: the operation description is ``o2`` without its name."""
+        o2 = entry.o2 or {}
+        name = next(iter(o2), "")
+        if name not in _SHARDING_EVENTS:
+            return None
+        db, coll = _split_ns(str(o2[name]))
+        if not self._visible(db, coll):
+            return None
+        return self._ddl(
+            entry, entry.ts, entry.wall, None, 0, name, _ns_doc(db, coll),
+            op_desc=_without(o2, name),
+        )  # fmt: skip
 
     def _rename(
         self,

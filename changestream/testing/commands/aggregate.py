@@ -175,7 +175,8 @@ def _change_stream(
     )
     if ctx.body.get("explain"):
         return {"stages": [{name: value} for name, value in stages]}
-    cursor = ChangeStreamCursor(deployment, spec, lsid_id=_session_id(ctx))
+    from_router = ctx.body.get("fromRouter") is True or ctx.body.get("fromMongos") is True
+    cursor = ChangeStreamCursor(deployment, spec, lsid_id=_session_id(ctx), from_router=from_router)
     batch = cursor.first_batch(batch_size)
     cid = 0 if batch.exhausted else deployment.cursors.register(cursor, ctx.member.name)
     return cursor_reply(cid, cursor.ns, batch, first=True)

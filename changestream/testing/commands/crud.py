@@ -235,7 +235,7 @@ def _insert_document(unit: WriteUnit, state: CollectionState, doc: dict[str, Any
     """Store a prepared document and log its insert (raises DuplicateKey)."""
     key = state.insert(doc)
     unit.on_undo(functools.partial(state.remove, key))
-    unit.log("i", state.ns, copy_value(doc), ui=state.uuid, o2={"_id": doc["_id"]})
+    unit.log("i", state.ns, copy_value(doc), ui=state.uuid, o2=state.document_key(doc))
 
 
 def _store_update(
@@ -255,7 +255,7 @@ def _store_update(
         state.ns,
         outcome.oplog_o,
         ui=state.uuid,
-        o2={"_id": old["_id"]},
+        o2=state.document_key(old),
         pre_image=copy_value(old) if images else None,
         post_image=(
             copy_value(outcome.doc) if (images or legacy) and not outcome.replacement else None
@@ -269,7 +269,7 @@ def _delete_document(unit: WriteUnit, state: CollectionState, doc: dict[str, Any
     unit.log(
         "d",
         state.ns,
-        {"_id": doc["_id"]},
+        state.document_key(doc),
         ui=state.uuid,
         pre_image=copy_value(doc) if state.pre_post_images else None,
     )

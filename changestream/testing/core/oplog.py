@@ -96,6 +96,7 @@ class Oplog:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._cond = threading.Condition()
+        self._subscribers: set[threading.Event] = set()
         self.truncated = False
         """True once any entry has dropped off the front."""
 
@@ -112,6 +113,8 @@ class Oplog:
             seq = self._offset + len(self._entries) - 1
             self._truncate_locked()
             self._cond.notify_all()
+            for event in self._subscribers:
+                event.set()
             return seq
 
     def _truncate_locked(self) -> None:
@@ -135,6 +138,17 @@ class Oplog:
         """Wake waiting readers (e.g. after a cursor was killed)."""
         with self._cond:
             self._cond.notify_all()
+            for event in self._subscribers:
+                event.set()
+
+    def subscribe(self, event: threading.Event) -> None:
+        """Set ``event`` on every append and :meth:`notify` (mongos waits on several oplogs)."""
+        with self._cond:
+            self._subscribers.add(event)
+
+    def unsubscribe(self, event: threading.Event) -> None:
+        with self._cond:
+            self._subscribers.discard(event)
 
     # -- reading -------------------------------------------------------------
     @property

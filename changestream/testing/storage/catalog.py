@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import CommandError
 from .indexes import DuplicateKey, _UniqueIndex
 from .order import copy_value, id_key
+from .query import path_values
 
 if TYPE_CHECKING:
     from .deployment import Deployment
     from .history import History
+
 
 class CollectionState:
     """One collection (or view): options, UUID, indexes and documents."""
@@ -37,6 +39,9 @@ class CollectionState:
         """Index specs in creation order, ``_id_`` first."""
         self._docs: dict[Hashable, dict[str, Any]] = {}
         self._unique: dict[str, _UniqueIndex] = {}
+        self.shard_key: tuple[str, ...] = ()
+        """The shard key's fields when the collection is sharded (set by the cluster):
+        they lead ``documentKey`` in the oplog, as on a shard."""
 
     def __repr__(self) -> str:
         return f"<CollectionState {self.ns} docs={len(self._docs)}>"
@@ -54,6 +59,18 @@ class CollectionState:
         """``changeStreamPreAndPostImages: {enabled: true}``: writes keep their images."""
         images = self.options.get("changeStreamPreAndPostImages")
         return isinstance(images, dict) and bool(images.get("enabled"))
+
+    def document_key(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """The oplog's ``documentKey`` of ``doc``: the shard key's fields, then ``_id``."""
+        if not self.shard_key:
+            return {"_id": doc["_id"]}
+        key: dict[str, Any] = {}
+        for name in self.shard_key:
+            values = path_values(doc, name)
+            if values and name != "_id":
+                key[name] = values[0]
+        key["_id"] = doc["_id"]
+        return key
 
     # -- reads (copies: callers may do what they like with them) --------------
     def find_by_id(self, id_value: Any) -> dict[str, Any] | None:
@@ -264,5 +281,3 @@ class Catalog:
             for spec in state.indexes:
                 spec["ns"] = state.ns
         self.attach(state)
-
-

@@ -39,6 +39,9 @@ from .history import History
 from .persist import DbPathLock
 from .sessions import RetryableWrite, Transaction
 
+DocumentLookup = Callable[[str, str, "uuid.UUID | None", dict[str, Any]], "dict[str, Any] | None"]
+"""``(db, coll, collection UUID, documentKey) -> the current document or None``."""
+
 
 class Member:
     """One mongod of the deployment (its address, role and failpoints)."""
@@ -97,6 +100,7 @@ class Deployment:
         event_cache_bytes: int = CACHE_BYTES,
         dbpath: str | os.PathLike[str] | None = None,
         users: Mapping[str, str] | None = None,
+        clock: ClusterClock | None = None,
     ) -> None:
         if standalone and members != 1:
             raise ValueError("a standalone has exactly one member")
@@ -104,7 +108,8 @@ class Deployment:
         self.standalone = standalone
         self.set_name: str | None = None if standalone else set_name
         self.lock = threading.RLock()
-        self.clock = ClusterClock(now)
+        self.clock = clock if clock is not None else ClusterClock(now)
+        """Its own, or the one clock every shard of a sharded cluster shares."""
         self.oplog = Oplog(max_entries=oplog_max_entries, max_bytes=oplog_max_bytes)
         self.cursors = CursorManager()
         self.history = History(now)
@@ -125,6 +130,9 @@ class Deployment:
         """Change events already built from this oplog, shared by its streams."""
         self.users = Users(users)
         """Who may authenticate; with any user, commands need authentication (``--auth``)."""
+        self.document_lookup: DocumentLookup | None = None
+        """On a shard: mongos's ``updateLookup``, targeted by ``documentKey`` (set by the
+        cluster); None: look the document up in this deployment."""
         self.dbpath = None if dbpath is None else Path(dbpath)
         """Where :meth:`close` keeps the data for the next start (None: in memory only)."""
         self._dbpath_lock = None if self.dbpath is None else DbPathLock(self.dbpath)

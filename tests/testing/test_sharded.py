@@ -1,0 +1,407 @@
+"""The simulated sharded cluster: mongos routing, change streams merged across shards, LB."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pymongo
+import pytest
+from bson.int64 import Int64
+from pymongo.errors import OperationFailure
+
+from changestream.testing import ShardedCluster
+
+DEADLINE = 20.0
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ShardedCluster]:
+    with ShardedCluster("8.0", shards=2, mongoses=2, noop_interval=0.2) as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster: ShardedCluster) -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
+    c = _one(cluster, 0)  # raw getMores must reach the mongos holding the cursor
+    yield c
+    c.close()
+
+
+def _one(cluster: ShardedCluster, i: int) -> pymongo.MongoClient[dict[str, Any]]:
+    return pymongo.MongoClient(cluster.mongos_uri(i), directConnection=True)
+
+
+def _range_sharded(
+    client: pymongo.MongoClient[dict[str, Any]], cluster: ShardedCluster, ns: str
+) -> None:
+    """``ns`` sharded on ``{x: 1}``: x < 0 on shard0, x >= 0 on shard1."""
+    admin = client.admin
+    admin.command("shardCollection", ns, key={"x": 1})
+    admin.command("split", ns, middle={"x": 0})
+    owner = cluster.state.table.sharded(ns)
+    assert owner is not None
+    admin.command("moveChunk", ns, find={"x": 5}, to=cluster.shard_names[1])
+    admin.command("moveChunk", ns, find={"x": -5}, to=cluster.shard_names[0])
+
+
+def _docs_on(cluster: ShardedCluster, shard: int, db: str, coll: str) -> list[dict[str, Any]]:
+    state = cluster.shards[shard].deployment.catalog.get(db, coll)
+    return [] if state is None else list(state.documents())
+
+
+# -- identity and routing ---------------------------------------------------------------------
+
+
+def test_mongos_identity_and_ports(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    hello = client.admin.command("hello")
+    assert hello["msg"] == "isdbgrid" and "setName" not in hello
+    ports = [int(name.rsplit(":", 1)[1]) for name in cluster.mongoses]
+    assert ports[1] == ports[0] + 1
+    assert set(cluster.uri.removeprefix("mongodb://").strip("/").split(",")) == set(
+        cluster.mongoses
+    )
+    shards = list(client.config.shards.find())
+    assert [s["_id"] for s in shards] == cluster.shard_names
+    assert all(s["host"].startswith(s["_id"] + "/") for s in shards)
+    assert client.admin.command("listShards")["shards"][0]["_id"] == "shard0"
+
+
+def test_one_cluster_clock(cluster: ShardedCluster) -> None:
+    a, b = cluster.shards
+    assert a.deployment.clock is b.deployment.clock is cluster.clock
+
+
+def test_range_sharding_routes_documents_and_both_mongoses_agree(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    _range_sharded(client, cluster, "routing.r")
+    coll = client.routing.r
+    coll.insert_many([{"x": x} for x in range(-5, 5)])
+    assert sorted(d["x"] for d in _docs_on(cluster, 0, "routing", "r")) == list(range(-5, 0))
+    assert sorted(d["x"] for d in _docs_on(cluster, 1, "routing", "r")) == list(range(0, 5))
+    for i in (0, 1):
+        other = _one(cluster, i)
+        try:
+            found = [d["x"] for d in other.routing.r.find({}, sort=[("x", -1)], limit=3)]
+            assert found == [4, 3, 2]
+            assert other.routing.r.count_documents({"x": {"$gte": -1}}) == 6
+        finally:
+            other.close()
+    coll.update_one({"x": -3}, {"$set": {"y": 1}})
+    coll.update_many({}, {"$inc": {"z": 1}})
+    coll.delete_one({"x": 4})
+    assert coll.find_one({"x": -3})["y"] == 1
+    assert coll.count_documents({"z": 1}) == 9
+    assert sorted(coll.distinct("x")) == list(range(-5, 4))
+    assert [d["n"] for d in coll.aggregate([{"$count": "n"}])] == [9]
+
+
+def test_hashed_sharding_spreads_and_6_0_needs_no_enable_sharding(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    client.admin.command("shardCollection", "hashed.h", key={"k": "hashed"})
+    client.hashed.h.insert_many([{"k": i} for i in range(40)])
+    counts = [len(_docs_on(cluster, i, "hashed", "h")) for i in (0, 1)]
+    assert sum(counts) == 40 and min(counts) > 0
+
+
+def test_before_6_0_shard_collection_needs_enable_sharding() -> None:
+    with ShardedCluster("5.0", shards=1, mongoses=1, noop_interval=0.2) as c:
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(c.uri)
+        with pytest.raises(OperationFailure) as err:
+            client.admin.command("shardCollection", "old.c", key={"_id": 1})
+        assert err.value.code == 20
+        client.admin.command("enableSharding", "old")
+        client.admin.command("shardCollection", "old.c", key={"_id": 1})
+        client.close()
+
+
+def test_move_primary_moves_unsharded_collections(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    client.admin.command("enableSharding", "mp", primaryShard="shard0")
+    client.mp.u.insert_one({"a": 1})
+    client.admin.command("movePrimary", "mp", to="shard1")
+    assert _docs_on(cluster, 0, "mp", "u") == []
+    assert [d["a"] for d in _docs_on(cluster, 1, "mp", "u")] == [1]
+    assert client.mp.u.find_one()["a"] == 1
+
+
+# -- change streams through mongos ------------------------------------------------------------
+
+
+def _aggregate(db: Any, target: Any, pipeline: list[Any], **extra: Any) -> dict[str, Any]:
+    return db.command({"aggregate": target, "pipeline": pipeline, "cursor": {}, **extra})
+
+
+def _get_more(db: Any, cursor: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    coll = cursor["ns"].split(".", 1)[1]
+    return db.command({"getMore": Int64(cursor["id"]), "collection": coll, **extra})["cursor"]
+
+
+def _collect(db: Any, cursor: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+
+    def more() -> bool:
+        events.extend(_get_more(db, cursor, maxTimeMS=200)["nextBatch"])
+        return len(events) >= count
+
+    wait_until(more, f"{count} events")
+    return events
+
+
+def test_stream_merges_shards_in_token_order(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    _range_sharded(client, cluster, "cs.merge")
+    db = client.cs
+    first = _aggregate(db, "merge", [{"$changeStream": {}}])["cursor"]
+    assert first["firstBatch"] == [] and "postBatchResumeToken" in first
+    for x in (-1, 1, -2, 2, -3, 3):
+        db.merge.insert_one({"x": x})
+    events = _collect(db, first, 6)
+    assert [e["fullDocument"]["x"] for e in events] == [-1, 1, -2, 2, -3, 3]
+    tokens = [e["_id"]["_data"] for e in events]
+    assert tokens == sorted(tokens)
+    assert list(events[0]["documentKey"]) == ["x", "_id"]
+
+
+def test_quiet_shard_holds_back_a_busy_shards_events() -> None:
+    """Without no-ops the idle shard's promise stays put: nothing is released past it."""
+    with ShardedCluster("8.0", shards=2, mongoses=1, noop_interval=0) as c:
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(c.uri)
+        _range_sharded(client, c, "q.c")
+        db = client.q
+        cursor = _aggregate(db, "c", [{"$changeStream": {}}])["cursor"]
+        db.c.insert_one({"x": 1})  # shard1 only
+        batch = _get_more(db, cursor, maxTimeMS=300)
+        assert batch["nextBatch"] == []
+        promise = batch["postBatchResumeToken"]
+        with c.shards[0].deployment.lock:  # shard0's periodic no-op
+            c.shards[0].deployment.log("n", "", {"msg": "periodic noop"})
+        events = _collect(db, cursor, 1)
+        assert events[0]["fullDocument"]["x"] == 1
+        assert promise["_data"] < events[0]["_id"]["_data"]
+        client.close()
+
+
+def test_ddl_on_a_sharded_collection_gives_one_event(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    db = client.ddl
+    db.create_collection("s")
+    cursor = _aggregate(db, 1, [{"$changeStream": {"showExpandedEvents": True}}])["cursor"]
+    client.admin.command("shardCollection", "ddl.s", key={"_id": "hashed"})
+    db.s.insert_many([{"_id": i} for i in range(10)])
+    db.s.drop()
+    events = _collect(db, cursor, 12)
+    kinds = [e["operationType"] for e in events]
+    assert kinds.count("shardCollection") == 1
+    assert kinds.count("insert") == 10
+    assert kinds.count("drop") == 1
+    shard_event = next(e for e in events if e["operationType"] == "shardCollection")
+    assert shard_event["operationDescription"]["shardKey"] == {"_id": "hashed"}
+
+
+def test_collection_stream_is_invalidated_once(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    client.admin.command("shardCollection", "inv.c", key={"_id": "hashed"})
+    db = client.inv
+    cursor = _aggregate(db, "c", [{"$changeStream": {}}])["cursor"]
+    db.c.insert_many([{"_id": i} for i in range(4)])
+    db.c.drop()
+    events: list[dict[str, Any]] = []
+
+    def done() -> bool:
+        batch = _get_more(db, cursor, maxTimeMS=200)
+        events.extend(batch["nextBatch"])
+        cursor["id"] = batch["id"]
+        return batch["id"] == 0
+
+    wait_until(done, "the invalidate")
+    assert [e["operationType"] for e in events] == ["insert"] * 4 + ["drop", "invalidate"]
+
+
+def test_resume_after_through_the_other_mongos_and_unknown_token(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    client.admin.command("shardCollection", "res.c", key={"_id": "hashed"})
+    a, b = _one(cluster, 0), _one(cluster, 1)
+    try:
+        cursor = _aggregate(a.res, "c", [{"$changeStream": {}}])["cursor"]
+        client.res.c.insert_many([{"_id": i} for i in range(6)])
+        events = _collect(a.res, cursor, 6)
+        for option in ("resumeAfter", "startAfter"):
+            resumed = _aggregate(b.res, "c", [{"$changeStream": {option: events[2]["_id"]}}])
+            rest = _collect(b.res, resumed["cursor"], 3)
+            assert [e["_id"] for e in rest] == [e["_id"] for e in events[3:]], option
+        other = client.res.other
+        other.insert_one({"_id": 1})
+        foreign = _aggregate(
+            b.res, "other", [{"$changeStream": {"startAtOperationTime": events[0]["clusterTime"]}}]
+        )
+        token = _collect(b.res, foreign["cursor"], 1)[0]["_id"]
+        bad = _aggregate(b.res, "c", [{"$changeStream": {"resumeAfter": token}}])["cursor"]
+        client.res.c.insert_one({"_id": 100})
+        with pytest.raises(OperationFailure) as err:
+            _collect(b.res, bad, 1)
+        assert err.value.code == 280
+    finally:
+        a.close()
+        b.close()
+
+
+def test_update_lookup_follows_the_document_to_its_shard(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    _range_sharded(client, cluster, "look.c")
+    db = client.look
+    db.c.insert_one({"_id": 1, "x": 3})
+    cursor = _aggregate(db, "c", [{"$changeStream": {"fullDocument": "updateLookup"}}])["cursor"]
+    db.c.update_one({"x": 3}, {"$set": {"v": 1}})
+    client.admin.command("moveChunk", "look.c", find={"x": 3}, to="shard0")
+    event = _collect(db, cursor, 1)[0]
+    assert event["fullDocument"] == {"_id": 1, "x": 3, "v": 1}
+    assert _docs_on(cluster, 1, "look", "c") == []
+
+
+def test_cluster_and_database_streams_span_shards(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    client.admin.command("enableSharding", "span0", primaryShard="shard0")
+    client.admin.command("enableSharding", "span1", primaryShard="shard1")
+    whole = _aggregate(client.admin, 1, [{"$changeStream": {"allChangesForCluster": True}}])
+    client.span0.c.insert_one({"a": 0})
+    client.span1.c.insert_one({"a": 1})
+    events = _collect(client.admin, whole["cursor"], 2)
+    assert [e["ns"]["db"] for e in events] == ["span0", "span1"]
+
+
+def test_failcommand_is_per_mongos(cluster: ShardedCluster) -> None:
+    a, b = _one(cluster, 0), _one(cluster, 1)
+    try:
+        a.admin.command(
+            "configureFailPoint", "failCommand", mode={"times": 1},
+            data={"failCommands": ["aggregate"], "errorCode": 6},
+        )  # fmt: skip
+        _aggregate(b.fp, "c", [{"$changeStream": {}}])  # the other mongos is not affected
+        with pytest.raises(OperationFailure) as err:
+            _aggregate(a.fp, "c", [{"$changeStream": {}}])
+        assert err.value.code == 6
+        _aggregate(a.fp, "c", [{"$changeStream": {}}])  # times: 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_shard_added_mid_stream_shows_up() -> None:
+    with ShardedCluster("8.0", shards=1, mongoses=1, noop_interval=0.2) as c:
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(c.uri)
+        cursor = _aggregate(client.admin, 1, [{"$changeStream": {"allChangesForCluster": True}}])
+        name = c.add_shard()
+        client.admin.command("enableSharding", "late", primaryShard=name)
+        client.late.c.insert_one({"on": name})
+        events = _collect(client.admin, cursor["cursor"], 1)
+        assert events[0]["fullDocument"]["on"] == name
+        client.close()
+
+
+def test_a_shard_that_is_down_fails_the_aggregate_resumably() -> None:
+    with ShardedCluster("8.0", shards=2, mongoses=1, noop_interval=0.2) as c:
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(c.uri)
+        c.shards[1].stop()
+        with pytest.raises(OperationFailure) as err:
+            _aggregate(client.down, "c", [{"$changeStream": {}}])
+        assert err.value.code == 133
+        assert "ResumableChangeStreamError" in err.value.details["errorLabels"]
+        client.close()
+
+
+def test_show_migration_events_is_refused_by_mongos(client: pymongo.MongoClient[Any]) -> None:
+    with pytest.raises(OperationFailure) as err:
+        _aggregate(client.m, "c", [{"$changeStream": {"showMigrationEvents": True}}])
+    assert err.value.code == 31123
+
+
+def test_pymongo_watch_survives_a_killed_mongos() -> None:
+    with ShardedCluster("8.0", shards=2, mongoses=2, noop_interval=0.2) as c:
+        writer: pymongo.MongoClient[Any] = pymongo.MongoClient(
+            c.mongos_uri(1), directConnection=True
+        )
+        writer.admin.command("shardCollection", "kill.c", key={"_id": "hashed"})
+        reader: pymongo.MongoClient[Any] = pymongo.MongoClient(
+            c.uri, localThresholdMS=0, serverSelectionTimeoutMS=3000
+        )  # a getMore waits for its dead mongos this long, then resumes elsewhere
+        with reader.kill.c.watch(max_await_time_ms=200) as stream:
+            writer.kill.c.insert_many([{"_id": i} for i in range(5)])
+            seen = [stream.next()["documentKey"]["_id"] for _ in range(5)]
+            index = next(i for i in range(2) if c.mongos(i).deployment.cursors.ids())
+            c.kill_mongos(index)
+            if index == 1:
+                writer.close()
+                writer = pymongo.MongoClient(c.mongos_uri(0), directConnection=True)
+            writer.kill.c.insert_many([{"_id": i} for i in range(5, 10)])
+            seen += [stream.next()["documentKey"]["_id"] for _ in range(5)]
+        assert sorted(seen) == list(range(10))  # every event once (order: by token)
+        reader.close()
+        writer.close()
+
+
+# -- load balancer ----------------------------------------------------------------------------
+
+
+def test_load_balancer_service_id_and_cursor_dies_with_its_connection() -> None:
+    with ShardedCluster("8.0", shards=2, mongoses=2, load_balancer=True, noop_interval=0.2) as c:
+        assert "loadBalanced=true" in c.lb_uri
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(c.lb_uri)
+        hello = client.admin.command("hello", loadBalanced=True)
+        assert hello["msg"] == "isdbgrid"
+        assert hello["serviceId"] in {c.mongos(i).service_id for i in range(2)}
+        direct: pymongo.MongoClient[Any] = pymongo.MongoClient(c.uri)
+        assert "serviceId" not in direct.admin.command("hello", loadBalanced=True)
+        direct.close()
+        stream = client.lb.c.watch()
+        assert stream.try_next() is None
+        mongos = [c.mongos(i) for i in range(2)]
+        wait_until(lambda: sum(len(m.deployment.cursors.ids()) for m in mongos) == 1, "a cursor")
+        assert c.balancer is not None and c.balancer.connections >= 1
+        c.balancer.drop_connections()  # the connection goes away, no killCursors sent
+        wait_until(lambda: sum(len(m.deployment.cursors.ids()) for m in mongos) == 0, "no cursor")
+        client.close()
+
+
+def test_serve_sharded_from_the_command_line() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "changestream.testing", "serve", "--sharded", "--port", "0",
+         "--shards", "2", "--mongoses", "2", "--noop-interval", "0.5"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        uri = proc.stdout.readline().strip()
+        assert uri.startswith("mongodb://") and uri.count(",") == 1
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri)
+        assert client.admin.command("hello")["msg"] == "isdbgrid"
+        assert len(client.admin.command("listShards")["shards"]) == 2
+        client.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0

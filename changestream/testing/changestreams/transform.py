@@ -175,6 +175,8 @@ class EventTransformer:
             if self._view_events and entry.coll == _SYSTEM_VIEWS and self._db_visible(entry.db):
                 return self._shape_key
             return self._event_key if self._crud_visible(entry.ns) else None
+        if op == "n":  # a sharded collection's DDL (shardCollection & co.) or nothing
+            return self._shape_key if entry.o2 and self._expanded else None
         return self._shape_key if op == "c" else None
 
     @property

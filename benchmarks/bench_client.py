@@ -45,7 +45,7 @@ import sys
 import time
 import tracemalloc
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import bson
@@ -292,11 +292,14 @@ def memory_profile(work: Workload, mode: str, events: int) -> list[dict[str, flo
 
 # ------------------------------------------------------------------------------ the server
 @contextlib.contextmanager
-def simulator(version: str) -> Iterator[tuple[str, int | None]]:
-    """``python -m changestream.testing serve`` in a child process; yields its URI and pid."""
+def simulator(
+    version: str, extra: Sequence[str] = ("--event-cache-mb", "512")
+) -> Iterator[tuple[str, int | None]]:
+    """``python -m changestream.testing serve`` (and ``extra`` options) in a child process;
+    yields its URI and pid."""
     process = subprocess.Popen(
         [sys.executable, "-m", "changestream.testing", "serve", "--port", "0",
-         "--event-cache-mb", "512",
+         *extra,
          "--version", version],
         stdout=subprocess.PIPE, text=True,
     )

@@ -25,7 +25,6 @@ import itertools
 import multiprocessing
 import os
 import platform
-import subprocess
 import sys
 import threading
 import time
@@ -36,6 +35,9 @@ from typing import Any
 import pymongo
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.bench_client import simulator
 
 Client = MongoClient[dict[str, Any]]
 Key = tuple[str, str, str]
@@ -51,26 +53,11 @@ DELETE_LAG = 200
 
 # -- the server -------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def simulator(version: str, extra: list[str]) -> Iterator[tuple[str, int]]:
-    """``python -m changestream.testing serve`` in a child process; yields its URI and pid."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "changestream.testing", "serve", "--port", "0",
-         "--version", version, *extra],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        uri = process.stdout.readline().strip()
-        if not uri.startswith("mongodb://"):
-            raise RuntimeError(f"the simulator did not start (exit code {process.poll()})")
-        yield uri, process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def server(version: str, extra: list[str]) -> Iterator[tuple[str, int]]:
+    """The simulator in a child process (``bench_client.simulator``); yields its URI and pid."""
+    with simulator(version, extra) as (uri, pid):
+        assert pid is not None
+        yield uri, pid
 
 
 def rss_mb(pid: int) -> float:
@@ -205,6 +192,8 @@ def writer_process(uri: str, writers: int, rate: float, seconds: float, out: Any
         k = 0
         while True:
             for op in ("insert", "update", "delete"):
+                if (op == "update" and k < UPDATE_LAG) or (op == "delete" and k < DELETE_LAG):
+                    continue
                 if rate > 0:
                     pause = due - time.monotonic()
                     if pause > 0:
@@ -215,14 +204,12 @@ def writer_process(uri: str, writers: int, rate: float, seconds: float, out: Any
                 if op == "insert":
                     _id = f"{w}-{k}"
                     coll.insert_one({"_id": _id, "w": w, "k": k, "s": "x" * 200})
-                elif op == "update" and k >= UPDATE_LAG:
+                elif op == "update":
                     _id = f"{w}-{k - UPDATE_LAG}"
                     coll.update_one({"_id": _id}, {"$inc": {"n": 1}, "$set": {"t": time.time()}})
-                elif op == "delete" and k >= DELETE_LAG:
+                else:
                     _id = f"{w}-{k - DELETE_LAG}"
                     coll.delete_one({"_id": _id})
-                else:
-                    continue
                 log.append((coll_name, op, _id))
             k += 1
 
@@ -243,7 +230,7 @@ def writer_process(uri: str, writers: int, rate: float, seconds: float, out: Any
 # -- the load run ----------------------------------------------------------------------------------
 def run_load(args: argparse.Namespace) -> bool:
     ctx = multiprocessing.get_context("spawn")
-    with simulator(args.version, args.serve_args) as (uri, pid):
+    with server(args.version, args.serve_args) as (uri, pid):
         client: Client = MongoClient(uri, maxPoolSize=args.streams + 8)
         client.admin.command("ping")
         for db in DBS:
@@ -340,7 +327,7 @@ def run_throughput(args: argparse.Namespace) -> None:
     print(f"  {'streams':>7} {'events':>10} {'wall s':>8} {'events/s':>10} {'server CPU s':>13} "
           f"{'server µs/event':>16} {'RSS peak MB':>12}")  # fmt: skip
     for count in args.stream_counts:
-        with simulator(args.version, args.serve_args) as (uri, pid):
+        with server(args.version, args.serve_args) as (uri, pid):
             client: Client = MongoClient(uri, maxPoolSize=count + 4)
             coll = client.tp.c
             start = client.admin.command("ping")["operationTime"]

@@ -11,12 +11,16 @@ import socket
 import struct
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bson
 import pytest
 from pymongo import MongoClient, monitoring
 from pymongo.errors import PyMongoError
+
+if TYPE_CHECKING:
+    from changestream.testing.core.context import CommandContext
+    from changestream.testing.storage.deployment import Deployment as SimDeployment
 
 STREAM_COMMANDS = ("aggregate", "getMore", "killCursors")
 NEEDS_SIMULATOR = "needs the simulator (MONGODB_URI points at a real deployment)"
@@ -109,3 +113,17 @@ def raw_command(member: str, body: dict[str, Any]) -> dict[str, Any]:
         while len(data) < 4 or len(data) < int.from_bytes(data[:4], "little"):
             data += sock.recv(65536)
     return bson.decode(data[21:])
+
+
+def command_context(deployment: SimDeployment, db: str, body: dict[str, Any]) -> CommandContext:
+    """What a simulator command handler receives for ``body`` on the first member."""
+    from changestream.testing.core.context import CommandContext, ConnectionInfo
+
+    return CommandContext(
+        deployment=deployment,
+        member=deployment.members[0],
+        connection=ConnectionInfo(1, ("127.0.0.1", 1)),
+        db=db,
+        name=next(iter(body)),
+        body=body,
+    )

@@ -21,10 +21,10 @@ import pytest
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
+from support import command_context
 
 from changestream.testing import ReplicaSet
 from changestream.testing.changestreams.cursor import ChangeStreamCursor
-from changestream.testing.commands import CommandContext, ConnectionInfo
 from changestream.testing.commands.aggregate import aggregate
 from changestream.testing.core.codec import ENCODE_OPTIONS
 from changestream.testing.core.cursors import MAX_BATCH_BYTES, BatchBytes, cursor_reply
@@ -82,17 +82,6 @@ def test_the_first_document_always_fits_then_the_limit_counts_what_is_used() -> 
 
 
 # -- the change-stream cursor, at every emulated version -------------------------------------------------
-def context(d: Deployment, db: str, body: dict[str, Any]) -> CommandContext:
-    return CommandContext(
-        deployment=d,
-        member=d.members[0],
-        connection=ConnectionInfo(1, ("127.0.0.1", 1)),
-        db=db,
-        name=next(iter(body)),
-        body=body,
-    )
-
-
 def open_stream(
     d: Deployment, db: str, target: str | int, pipeline: list[Any] | None = None, **options: Any
 ) -> tuple[dict[str, Any], ChangeStreamCursor | None]:
@@ -102,7 +91,7 @@ def open_stream(
         "cursor": {},
     }
     with d.lock:
-        reply = aggregate(context(d, db, body))
+        reply = aggregate(command_context(d, db, body))
     cid = int(reply["cursor"]["id"])
     if not cid:
         return reply, None
@@ -124,7 +113,7 @@ def read_through(
     batches = [first] if first else []
     got = len(first)
     while got < expect:
-        ctx = context(d, "db", {"getMore": Int64(1)})
+        ctx = command_context(d, "db", {"getMore": Int64(1)})
         batch = cursor.get_more(ctx, None, 0)
         assert batch.documents, f"the stream stopped after {got} of {expect} events"
         reply = {**cursor_reply(1, cursor.ns, batch, first=False), **ENVELOPE}

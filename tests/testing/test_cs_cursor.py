@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
+from support import command_context as context
 
 from changestream.testing.changestreams.cursor import SPLIT_THRESHOLD, ChangeStreamCursor
 from changestream.testing.changestreams.resume_token import (
@@ -25,7 +26,6 @@ from changestream.testing.changestreams.resume_token import (
     encode_token,
     high_water_mark,
 )
-from changestream.testing.commands import CommandContext, ConnectionInfo
 from changestream.testing.commands.aggregate import aggregate
 from changestream.testing.core.cursors import CursorBatch
 from changestream.testing.core.errors import CommandError
@@ -39,16 +39,6 @@ UUID_B = uuid.UUID("11111111-2222-4333-8444-555555555555")
 WALL = datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc)
 MIB = 1024 * 1024
 
-
-def context(d: Deployment, db: str, body: dict[str, Any]) -> CommandContext:
-    return CommandContext(
-        deployment=d,
-        member=d.members[0],
-        connection=ConnectionInfo(1, ("127.0.0.1", 1)),
-        db=db,
-        name=next(iter(body)),
-        body=body,
-    )
 
 
 class Stream:

@@ -32,6 +32,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
+from support import command_context as _ctx
 
 from changestream.testing import ReplicaSet
 from changestream.testing.changestreams import resume_token
@@ -43,7 +44,7 @@ from changestream.testing.changestreams.resume_token import (
     event_token,
 )
 from changestream.testing.changestreams.transform import EventTransformer
-from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all
+from changestream.testing.commands import REGISTRY, load_all
 from changestream.testing.core.codec import ENCODE_OPTIONS
 from changestream.testing.core.cursors import CursorBatch
 from changestream.testing.core.errors import CommandError
@@ -155,16 +156,6 @@ def test_an_encoded_event_is_its_dict_and_replies_copy_its_bytes() -> None:
 
 
 # -- the cache, through the cursor -----------------------------------------------------------------
-def _ctx(d: Deployment, db: str, body: dict[str, Any]) -> CommandContext:
-    return CommandContext(
-        deployment=d,
-        member=d.members[0],
-        connection=ConnectionInfo(1, ("127.0.0.1", 1)),
-        db=db,
-        name=next(iter(body)),
-        body=body,
-    )
-
 
 def _run(d: Deployment, db: str, body: dict[str, Any]) -> dict[str, Any]:
     with d.lock:

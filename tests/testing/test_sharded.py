@@ -405,3 +405,18 @@ def test_serve_sharded_from_the_command_line() -> None:
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+def test_a_token_older_than_a_shards_oplog_fails_with_286() -> None:
+    with ShardedCluster("8.0", shards=2, mongoses=1, noop_interval=0, oplog_max_entries=20) as c:
+        client = _one(c, 0)
+        client.admin.command("shardCollection", "old.c", key={"_id": "hashed"})
+        cursor = _aggregate(client.old, "c", [{"$changeStream": {}}])["cursor"]
+        client.old.c.insert_many([{"_id": i} for i in range(4)])
+        token = _collect(client.old, cursor, 1)[0]["_id"]
+        client.old.c.insert_many([{"_id": i} for i in range(4, 200)])  # both oplogs roll over
+        with pytest.raises(OperationFailure) as err:
+            _aggregate(client.old, "c", [{"$changeStream": {"resumeAfter": token}}])
+        assert err.value.code == 286
+        assert "NonResumableChangeStreamError" in err.value.details["errorLabels"]
+        client.close()

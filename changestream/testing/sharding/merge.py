@@ -162,7 +162,7 @@ class MergedChangeStream:
         body: dict[str, Any] = {
             "aggregate": self._target,
             "pipeline": self._shard_pipeline(start),
-            "cursor": {"batchSize": 0},
+            "cursor": {},  # the shards' first batches are buffered: their resume checks run now
             "fromRouter": True,
             **self._passthrough,
         }

@@ -5,7 +5,8 @@
 
 Each member listens on its own port; all members share one deployment
 (catalog, oplog, clock), so replication is instantaneous. :meth:`step_down`
-emulates a failover.
+emulates a failover, :meth:`kill_member` and :meth:`restart_member` a crash and
+a restart of one member, and :meth:`stop` mongod's shutdown.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import threading
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 
+from bson.objectid import ObjectId
+
 from .core.clock import ClusterClock
 from .core.event_cache import CACHE_BYTES
 from .core.topology import elect_next, notify_topology_change
 from .core.versions import DEFAULT_VERSION, get_profile
 from .server.listener import MemberServer
-from .storage.deployment import Deployment
+from .storage.deployment import Deployment, Member
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ class ReplicaSet:
             member.host = host
         self._port = port
         self._noop_interval = noop_interval
-        self._servers: list[MemberServer] = []
+        self._servers: list[MemberServer | None] = []
         self._stopped = threading.Event()
         self._noop_thread: threading.Thread | None = None
         self._started = False
@@ -113,15 +116,28 @@ class ReplicaSet:
             self._noop_thread.start()
         return self
 
-    def stop(self) -> None:
-        """Close every connection and listener and end the background threads."""
+    def stop(self, timeout: float = 5.0) -> None:
+        """Shut every member down as mongod does, then end the background threads.
+
+        On 5.0+ each member first enters quiesce mode (hellos fail with
+        ShutdownInProgress, 91; the simulator's quiesce period is empty).
+        Then it stops accepting, operations in flight (a change-stream getMore
+        waiting for events, an awaitable hello, a blocked command) fail with
+        InterruptedAtShutdown (11600) with the labels mongod gives at this
+        version, and the sockets close once those replies are sent.
+        """
         self._stopped.set()
+        running = [s for s in self._servers if s is not None]
+        if self.deployment.profile.quiesce_mode:
+            for server in running:
+                server.member.quiescing = True
+            notify_topology_change(self.deployment)
+        for server in running:
+            server.shutdown(timeout)
         for member in self.deployment.members:
             member.up = False
         notify_topology_change(self.deployment)
         self.kill_cursors()
-        for server in self._servers:
-            server.stop()
         if self._noop_thread is not None:
             self._noop_thread.join(5.0)
         self.deployment.close()  # with a dbpath: write the data for the next start
@@ -182,14 +198,104 @@ class ReplicaSet:
             old = deployment.primary
             new = elect_next(deployment, restart_old=close_connections)
             held = deployment.cursors.ids() if close_connections else []
+        if new is None:
+            raise RuntimeError("no member is up to become primary")
         if close_connections and old is not None:
             # A crash drops the connections first: a client waiting in a getMore
             # sees a network error (resumable), never a CursorKilled reply.
-            self._servers[old.index].close_all()
+            server = self._servers[old.index]
+            if server is not None:
+                server.close_all()
             for cid in held:
                 deployment.cursors.kill(cid, old.name)
             deployment.oplog.notify()
         return new.name
+
+    def kill_member(self, index: int) -> None:
+        """Kill member ``index`` as ``kill -9`` would: no reply, sockets dropped, port closed.
+
+        Its connections and cursors are gone; if it was the primary, the next
+        member that is up is elected at once (term + 1), so drivers fail over
+        as after a crash. The set keeps listing it in ``hosts``.
+        """
+        self._require_started()
+        member, server = self._member_and_server(index)
+        if server is None:
+            raise RuntimeError(f"member {index} ({member.name}) is not running")
+        deployment = self.deployment
+        # The crash drops the sockets first: a client waiting in a getMore sees
+        # a network error (resumable), never a reply.
+        server.crash()
+        self._servers[index] = None
+        with deployment.lock:
+            member.up = False
+            if deployment.primary is member and not deployment.standalone:
+                elect_next(deployment)
+        self._forget_cursors(member)
+
+    def stop_member(self, index: int, timeout: float = 5.0) -> None:
+        """Shut member ``index`` down as mongod does on SIGTERM; :meth:`restart_member` restarts it.
+
+        A primary steps down first (the next member that is up is elected);
+        on 5.0+ the member enters quiesce mode (hellos fail with
+        ShutdownInProgress, 91); then operations in flight fail with
+        InterruptedAtShutdown (11600) and its sockets close.
+        """
+        self._require_started()
+        member, server = self._member_and_server(index)
+        if server is None:
+            raise RuntimeError(f"member {index} ({member.name}) is not running")
+        deployment = self.deployment
+        if deployment.profile.quiesce_mode:
+            member.quiescing = True
+            notify_topology_change(self.deployment)
+        with deployment.lock:
+            member.up = False
+            if deployment.primary is member and not deployment.standalone:
+                elect_next(deployment)
+        server.shutdown(timeout)
+        self._servers[index] = None
+        self._forget_cursors(member)
+
+    def _forget_cursors(self, member: Member) -> None:
+        """The cursors a member that went away held are gone with it."""
+        deployment = self.deployment
+        deployment.cursors.kill_all(member.name)
+        deployment.oplog.notify()
+        notify_topology_change(self.deployment)
+
+    def restart_member(self, index: int) -> str:
+        """Start killed member ``index`` again on its port; return its ``host:port``.
+
+        It comes back as a new process (new ``topologyVersion.processId``, no
+        failpoints) and as a secondary, unless no member was primary: then it
+        is elected. Its data is the set's (replication is instantaneous).
+        """
+        self._require_started()
+        member, server = self._member_and_server(index)
+        if server is not None:
+            raise RuntimeError(f"member {index} ({member.name}) is already running")
+        deployment = self.deployment
+        server = MemberServer(deployment, member, member.host, member.port)
+        with deployment.lock:
+            member.process_id = ObjectId()
+            member.topology_counter = 0
+            member.failpoints.reset()
+            member.quiescing = False
+        server.start()
+        self._servers[index] = server
+        with deployment.lock:
+            member.up = True
+            if deployment.primary is None and not deployment.standalone:
+                elect_next(deployment)
+        notify_topology_change(self.deployment)
+        return member.name
+
+    def _member_and_server(self, index: int) -> tuple[Member, MemberServer | None]:
+        members = self.deployment.members
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(members):
+            raise IndexError(f"member index must be 0..{len(members) - 1}, got {index!r}")
+        return members[index], self._servers[index]
 
     def kill_cursors(self) -> int:
         """Kill every open cursor on every member; return how many."""

@@ -1,6 +1,6 @@
-"""A connection the client closes is closed on the server too: no CLOSE_WAIT socket, no thread.
+"""A connection the client closes is closed on the server too: no CLOSE_WAIT socket, no worker.
 
-The simulator serves each connection on its own thread. A client may leave while
+The simulator serves each request in flight on a worker thread. A client may leave while
 the server is waiting on its behalf (an awaitable hello, a change-stream getMore
 waiting for events, failCommand's ``blockConnection``); mongod notices that the
 client is gone and ends the operation, so the simulator must too, or the thread
@@ -156,8 +156,9 @@ def _close_wait_sockets(ports: set[int]) -> int | None:
     return count
 
 
-def _connection_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("sim-conn-")}
+def _server_threads() -> set[threading.Thread]:
+    """The simulator's I/O threads and workers."""
+    return {t for t in threading.enumerate() if t.name.startswith("sim-")}
 
 
 class Leftovers:
@@ -166,31 +167,31 @@ class Leftovers:
     def __init__(self, rs: ReplicaSet) -> None:
         self.rs = rs
         self.ports = {m.port for m in rs.deployment.members}
-        self.threads_before = _connection_threads()
 
     def snapshot(self) -> dict[str, Any]:
         servers = [m.server for m in self.rs.deployment.members]
         return {
             "connections": sum(s.connection_count for s in servers if s is not None),
-            "threads": sorted(t.name for t in _connection_threads() - self.threads_before),
+            "serving": sum(s.listener.busy_count() for s in servers if s is not None),
             "close_wait": _close_wait_sockets(self.ports),
         }
 
     def wait_for(self, open_connections: int, what: str) -> None:
-        """Within :data:`BOUND`, exactly ``open_connections`` remain and nothing in CLOSE_WAIT."""
+        """Within :data:`BOUND`, exactly ``open_connections`` remain, each still served
+        (they all wait), and nothing in CLOSE_WAIT."""
         deadline = time.monotonic() + BOUND
         while True:
             now = self.snapshot()
             if (
                 now["connections"] == open_connections
-                and len(now["threads"]) == open_connections
+                and now["serving"] == open_connections
                 and not now["close_wait"]
             ):
                 return
             if time.monotonic() > deadline:
                 pytest.fail(
                     f"{what}: {BOUND:.0f}s later the server still holds {now} "
-                    f"(expected {open_connections} connections and threads, no CLOSE_WAIT)"
+                    f"(expected {open_connections} connections served, no CLOSE_WAIT)"
                 )
             time.sleep(0.05)
 
@@ -340,12 +341,12 @@ def _assert_closed_by_server(conns: list[RawConnection]) -> None:
             conn.close()
 
 
-def test_stop_closes_every_connection_and_ends_its_thread(rs: ReplicaSet) -> None:
-    before = _connection_threads()
+def test_stop_closes_every_connection_and_ends_its_threads(rs: ReplicaSet) -> None:
+    before = _server_threads()
     conns = _every_kind_of_wait(rs)
     rs.stop()
-    left = sorted(t.name for t in _connection_threads() - before if t.is_alive())
-    assert left == [], f"ReplicaSet.stop() returned with connection threads running: {left}"
+    left = sorted(t.name for t in _server_threads() - before if t.is_alive())
+    assert left == [], f"ReplicaSet.stop() returned with server threads running: {left}"
     _assert_closed_by_server(conns)
 
 

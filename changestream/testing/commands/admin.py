@@ -77,7 +77,21 @@ def _await_topology_change(
             if left <= 0:
                 return
             changed.wait(min(left, CLIENT_CHECK_SECONDS))
+            _check_quiesce(member)
             conn.check_connected()
+
+
+def _check_quiesce(member: Member) -> None:
+    """ShutdownInProgress for a hello while the member shuts down in quiesce mode (5.0+).
+
+    The simulator's quiesce period is empty: the remaining time is always 0.
+    """
+    if member.quiescing:
+        raise CommandError(
+            91,
+            "The server is in quiesce mode and will shut down",
+            extra={"remainingQuiesceTimeMillis": 0},
+        )
 
 
 # -- hello -------------------------------------------------------------------------------------
@@ -120,6 +134,7 @@ def hello(ctx: CommandContext) -> dict[str, Any]:
         conn.client_metadata = metadata
         conn.app_name = app.get("name") if isinstance(app, dict) else None
     offered = _compression_offer(ctx)
+    _check_quiesce(member)
     if ("topologyVersion" in body) != ("maxAwaitTimeMS" in body):
         raise CommandError(
             31368,
@@ -582,7 +597,7 @@ def repl_set_step_down(ctx: CommandContext) -> dict[str, Any]:
         raise CommandError(2, "stepdown period must be longer than secondaryCatchUpPeriodSecs")
     if not ctx.member.is_primary:
         raise CommandError(10107, "not primary so can't step down")
-    if len(ctx.deployment.members) == 1 and not ctx.body.get("force"):
+    if sum(m.up for m in ctx.deployment.members) == 1 and not ctx.body.get("force"):
         raise CommandError(
             262,
             f"No electable secondaries caught up as of {ctx.deployment.clock.wall().isoformat()}. "

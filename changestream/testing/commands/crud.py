@@ -21,6 +21,7 @@ from bson.regex import Regex
 
 from ..core.context import CommandContext
 from ..core.errors import CommandError
+from ..core.nesting import storage_depth_error
 from ..storage import (
     CollectionState,
     DuplicateKey,
@@ -215,6 +216,9 @@ def _prepare_insert(raw: Any) -> dict[str, Any]:
     """``_id`` first (an ObjectId when missing), with mongod's ``_id``/field-name checks."""
     if not isinstance(raw, dict):
         raise CommandError(14, "documents must be objects")
+    too_deep = storage_depth_error(raw)  # checked first, as in fixDocumentForInsert
+    if too_deep is not None:
+        raise CommandError(15, too_deep)
     doc: dict[str, Any] = raw
     if "_id" not in doc:
         doc = {"_id": ObjectId(), **doc}

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from bson.timestamp import Timestamp
 
-from .errors import ClientDisconnected
+from .errors import ClientDisconnected, CommandError
 
 if TYPE_CHECKING:
     from ..storage.deployment import Deployment, Member
@@ -45,33 +45,53 @@ class ConnectionInfo:
     sasl: ScramConversation | None = field(default=None, repr=False)
     """The SCRAM exchange in progress on this connection (``saslStart`` .. ``saslContinue``)."""
     _closed: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _interrupted: tuple[int, str] | None = field(default=None, init=False, repr=False)
 
     @property
     def closed(self) -> bool:
-        """The server dropped this connection, or found that the client had."""
-        return self._closed.is_set()
+        """The server dropped this connection, or found that the client had.
+
+        An interrupted connection is not closed: it still gets its replies.
+        """
+        return self._closed.is_set() and self._interrupted is None
 
     def close(self) -> None:
         """Mark the connection closed; an operation waiting in :meth:`sleep` ends at once."""
+        self._interrupted = None
         self._closed.set()
 
+    def interrupt(self, code: int, errmsg: str) -> None:
+        """Kill the connection's operations with this error (mongod's shutdown).
+
+        An operation waiting now ends with it (and is replied to), and so does
+        every command the connection sends from now on.
+        """
+        self._interrupted = (code, errmsg)
+        self._closed.set()
+
+    def check_interrupted(self) -> None:
+        """Raise the interrupting error, if the connection's operations were killed."""
+        if self._interrupted is not None:
+            raise CommandError(*self._interrupted)
+
     def check_connected(self) -> None:
-        """Raise :class:`ClientDisconnected` if the connection is gone.
+        """Raise if the operation must end: the interrupting error, or :class:`ClientDisconnected`.
 
         Called by waiting operations, every :data:`CLIENT_CHECK_SECONDS` at most,
         as mongod checks operations marked "kill on client disconnect".
         """
         if self._closed.is_set():
+            self.check_interrupted()
             raise ClientDisconnected
         if self.sock is not None and peer_closed(self.sock):
             self._closed.set()
             raise ClientDisconnected
 
     def sleep(self, seconds: float, *, kill_on_disconnect: bool = True) -> None:
-        """Sleep ``seconds``; raise :class:`ClientDisconnected` if the connection goes first.
+        """Sleep ``seconds``; raise if the connection goes or is interrupted first.
 
-        The server closing the connection always interrupts the sleep (as
-        shutdown interrupts mongod's operations); the client closing it only
+        The server closing or interrupting the connection always ends the sleep
+        (as shutdown interrupts mongod's operations); the client closing it only
         when ``kill_on_disconnect``.
         """
         deadline = time.monotonic() + seconds
@@ -80,6 +100,7 @@ class ConnectionInfo:
             if left <= 0:
                 return
             if self._closed.wait(min(left, CLIENT_CHECK_SECONDS)):
+                self.check_interrupted()
                 raise ClientDisconnected
             if kill_on_disconnect:
                 self.check_connected()

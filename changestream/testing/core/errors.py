@@ -22,6 +22,7 @@ CODE_NAMES: dict[int, str] = {
     11: "UserNotFound",
     13: "Unauthorized",
     14: "TypeMismatch",
+    15: "Overflow",
     18: "AuthenticationFailed",
     20: "IllegalOperation",
     24: "LockTimeout",

@@ -17,7 +17,9 @@ class ListenerStats(Protocol):
     @property
     def connection_count(self) -> int: ...
 
-    total_created: int
+    @property
+    def total_created(self) -> int: ...
+
     network: NetworkCounters
 
 

@@ -26,18 +26,20 @@ def notify_topology_change(deployment: Deployment) -> None:
         deployment.topology_changed.notify_all()
 
 
-def elect_next(deployment: Deployment, *, restart_old: bool = False) -> Member:
-    """Step the primary down and elect the next member (itself if alone): term + 1.
+def elect_next(deployment: Deployment, *, restart_old: bool = False) -> Member | None:
+    """Step the primary down and elect the next member that is up (itself if alone): term + 1.
 
     Every member's topologyVersion counter moves (their hello replies all
     change), the new primary writes mongod's "new primary" no-op, and waiting
     hellos wake. ``restart_old`` also gives the old primary a new processId
-    and clears its failpoints, as a restarted mongod has. Caller holds
-    ``deployment.lock``.
+    and clears its failpoints, as a restarted mongod has. With no member up,
+    the set is left without a primary (None). Caller holds ``deployment.lock``.
     """
     members = deployment.members
     old = deployment.primary
-    new = members[(old.index + 1) % len(members)] if old is not None else members[0]
+    start = old.index + 1 if old is not None else 0
+    rotation = [members[(start + i) % len(members)] for i in range(len(members))]
+    new = next((m for m in rotation if m.up), None)
     deployment.term += 1
     deployment.primary = new
     for member in members:
@@ -46,6 +48,7 @@ def elect_next(deployment: Deployment, *, restart_old: bool = False) -> Member:
         old.process_id = ObjectId()
         old.topology_counter = 0
         old.failpoints.reset()
-    deployment.log("n", "", {"msg": "new primary"})
+    if new is not None:
+        deployment.log("n", "", {"msg": "new primary"})
     notify_topology_change(deployment)
     return new

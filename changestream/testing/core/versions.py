@@ -49,6 +49,8 @@ class VersionProfile:
     """``retriedStmtIds`` / ``retriedStmtId`` in replies to retried writes (6.0+, SERVER-60524)."""
     two_phase_index_builds: bool
     """Index builds on non-empty collections log ``startIndexBuild``/``commitIndexBuild`` (4.4+)."""
+    quiesce_mode: bool
+    """Shutdown starts in quiesce mode: hello fails with ShutdownInProgress (91) (5.0+)."""
 
     @property
     def major_minor(self) -> tuple[int, int]:
@@ -82,6 +84,7 @@ def _profile(version: str, wire: int) -> VersionProfile:
         bulk_write=mm >= (8, 0),
         retried_stmt_ids=mm >= (6, 0),
         two_phase_index_builds=mm >= (4, 4),
+        quiesce_mode=mm >= (5, 0),
     )
 
 

@@ -149,6 +149,7 @@ class Dispatcher:
                     "https://dochub.mongodb.org/core/legacy-opcode-removal",
                 )
             ctx = self._context(conn, db, name, body)
+            conn.check_interrupted()  # the member is shutting down
             if spec.admin_only and db != "admin":
                 raise CommandError(13, f"{name} may only be run against the admin database.")
             if spec.auth and conn.user is None and self.deployment.users.enabled:

@@ -1,24 +1,25 @@
-"""The TCP server of one simulated member: a listener plus one thread per connection.
+"""The server of one simulated member: commands served on a :class:`~.transport.Listener`.
 
-A connection that sends garbage is closed on its own; every other connection
-keeps being served. :meth:`MemberServer.close_all` drops every connection of
-the member at once (failover), :meth:`MemberServer.close` one of them.
+The listener owns sockets and threads (one I/O thread, workers per request in
+flight; see its docstring for why); this module turns each message into a
+reply. A connection that sends garbage is closed on its own; every other
+connection keeps being served. :meth:`MemberServer.close_all` drops every
+connection of the member at once (failover), :meth:`MemberServer.close` one of
+them, :meth:`MemberServer.crash` the whole member with no goodbye, and
+:meth:`MemberServer.shutdown` ends it as mongod's shutdown does: operations in
+flight fail with InterruptedAtShutdown, then the sockets close.
 
-A connection's thread ends, and closes its socket, as soon as the client
-closes its end: between requests the read sees EOF; an operation that waits
-(awaitable hello, a getMore waiting for events, failCommand's
-``blockConnection``, waitForFailPoint) checks the client as mongod does and
-ends with :class:`~changestream.testing.core.errors.ClientDisconnected`.
+An operation that waits (awaitable hello, a getMore waiting for events,
+failCommand's ``blockConnection``, waitForFailPoint) checks its client as
+mongod does and ends with
+:class:`~changestream.testing.core.errors.ClientDisconnected` when it left.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import logging
-import socket
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from ..core.netstats import NetworkCounters
 from ..core.topology import notify_topology_change
 from . import wire
 from .dispatch import Dispatcher
+from .transport import Connection, Listener
 
 if TYPE_CHECKING:
     from ..storage.deployment import Deployment, Member
@@ -38,14 +40,10 @@ log = logging.getLogger(__name__)
 
 MAX_REPLY_SIZE = 16 * 1024 * 1024 + 16 * 1024
 """mongod's BSONObjMaxInternalSize: the largest reply document it sends."""
-_ACCEPT_POLL_SECONDS = 0.5
-
-
-@dataclasses.dataclass(slots=True)
-class _Connection:
-    info: ConnectionInfo
-    sock: socket.socket
-    thread: threading.Thread | None = None
+INTERRUPTED_AT_SHUTDOWN = (11600, "interrupted at shutdown")
+"""What an operation in flight gets when mongod shuts down (``setKillAllOperations``)."""
+QUIESCE_MODE = (91, "The server is in quiesce mode and will shut down")
+"""What a waiting awaitable hello gets when mongod enters quiesce mode (5.0+)."""
 
 
 class MemberServer:
@@ -59,61 +57,30 @@ class MemberServer:
         self.host = host
         self.port = port
         self.dispatcher = Dispatcher(deployment, member)
-        self.total_created = 0
         self.network = NetworkCounters()
-        self._connection_ids = itertools.count(1)
-        """``connectionId`` of this member's connections (each mongod counts its own)."""
+        self.listener = Listener(self, host, port, check_header=wire.check_header, name="sim")
         self._request_ids = itertools.count(1)
         """``requestID`` of the messages this member sends."""
-        self._lock = threading.Lock()
-        self._conns: dict[int, _Connection] = {}
-        self._listener: socket.socket | None = None
-        self._accept_thread: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self._stopping = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> int:
         """Bind, start accepting, and return the bound port (also set on the member)."""
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((self.host, self.port))
-            listener.listen(128)
-        except OSError:
-            listener.close()
-            raise
-        listener.settimeout(_ACCEPT_POLL_SECONDS)
-        self._listener = listener
-        self.port = listener.getsockname()[1]
+        self.port = self.listener.start()
         self.member.port = self.port
         self.member.server = self
-        self._accept_thread = threading.Thread(
-            target=self._accept_loop, name=f"sim-accept-{self.port}", daemon=True
-        )
-        self._accept_thread.start()
         return self.port
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop listening, close every connection and join the threads (``timeout`` in all)."""
-        deadline = time.monotonic() + timeout
-        self._stopping.set()
-        if self._listener is not None:
-            with contextlib.suppress(OSError):
-                self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept() at once
-            self._listener.close()
-        if self._accept_thread is not None:
-            self._accept_thread.join(timeout)
-        # No connection is registered after the accept loop ended: these are all of them.
-        with self._lock:
-            threads = [c.thread for c in self._conns.values() if c.thread is not None]
-        self.close_all()
-        for thread in threads:
-            if thread.ident is not None:  # started
-                thread.join(max(0.0, deadline - time.monotonic()))
-        alive = [t.name for t in threads if t.is_alive()]
+        """Stop listening, close every connection and end the threads (``timeout`` in all)."""
+        self._stopping = True
+        for conn in self.listener.connections():
+            _info(conn).close()
+        self._wake_waiters()
+        alive = self.listener.stop(timeout)
         if alive:
             log.warning(
-                "%s:%d stopped with connection threads still running: %s",
+                "%s:%d stopped with workers still running: %s",
                 self.host,
                 self.port,
                 ", ".join(alive),
@@ -121,32 +88,60 @@ class MemberServer:
         if self.member.server is self:
             self.member.server = None
 
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """mongod's shutdown: stop accepting, fail operations in flight, then close sockets.
+
+        Waiting operations end with InterruptedAtShutdown (11600), replied to
+        with the labels mongod gives at this version; the sockets close once
+        those replies are sent (or ``timeout`` passed).
+        """
+        deadline = time.monotonic() + timeout
+        self.listener.stop_accepting()
+        for conn in self.listener.connections():
+            _info(conn).interrupt(*INTERRUPTED_AT_SHUTDOWN)
+        self._wake_waiters()
+        self.listener.drain()
+        self.listener.wait_idle(deadline)
+        self.stop(max(0.0, deadline - time.monotonic()))
+
+    def crash(self) -> None:
+        """Die as a killed process does: no reply to anyone, every socket dropped at once."""
+        self._stopping = True
+        for conn in self.listener.connections():
+            _info(conn).close()
+        self.listener.close_all()
+        self.listener.stop_accepting()
+        self._wake_waiters()
+        self.stop(5.0)
+
     # -- connections -------------------------------------------------------------------------
     @property
     def connection_count(self) -> int:
-        with self._lock:
-            return len(self._conns)
+        return self.listener.connection_count
+
+    @property
+    def total_created(self) -> int:
+        return self.listener.total_created
 
     def connection_ids(self) -> list[int]:
-        with self._lock:
-            return list(self._conns)
+        return [c.id for c in self.listener.connections()]
 
     def close(self, conn_id: int) -> bool:
-        """Close one connection (its thread notices and exits); False if unknown."""
-        with self._lock:
-            conn = self._conns.get(conn_id)
-        if conn is None:
-            return False
-        _shutdown(conn)
-        self._wake_waiters()
-        return True
+        """Close one connection (an operation it waits in ends); False if unknown."""
+        for conn in self.listener.connections():
+            if conn.id == conn_id:
+                _info(conn).close()
+                self.listener.close(conn_id)
+                self._wake_waiters()
+                return True
+        return False
 
     def close_all(self) -> int:
         """Close every connection of this member; return how many."""
-        with self._lock:
-            conns = list(self._conns.values())
+        conns = self.listener.connections()
         for conn in conns:
-            _shutdown(conn)
+            _info(conn).close()
+        self.listener.close_all()
         if conns:
             self._wake_waiters()
         return len(conns)
@@ -156,59 +151,38 @@ class MemberServer:
         notify_topology_change(self.deployment)
         self.deployment.oplog.notify()
 
-    def _accept_loop(self) -> None:
-        listener = self._listener
-        assert listener is not None
-        while not self._stopping.is_set():
-            try:
-                sock, peer = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if not self._stopping.is_set():
-                    log.exception("accept failed on %s:%d", self.host, self.port)
-                return
-            sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            info = ConnectionInfo(id=next(self._connection_ids), peer=peer, sock=sock)
-            conn = _Connection(info, sock)
-            thread = threading.Thread(
-                target=self._serve, args=(conn,), name=f"sim-conn-{conn.info.id}", daemon=True
-            )
-            conn.thread = thread
-            with self._lock:
-                if self._stopping.is_set():
-                    sock.close()
-                    return
-                self._conns[conn.info.id] = conn
-                self.total_created += 1
-            thread.start()
+    # -- the listener's handler ------------------------------------------------------------------
+    def connection_made(self, conn: Connection) -> None:
+        conn.context = ConnectionInfo(id=conn.id, peer=conn.peer, sock=conn.sock)
 
-    def _serve(self, conn: _Connection) -> None:
+    def connection_lost(self, conn: Connection) -> None:
+        _info(conn).close()
+
+    def handle(self, conn: Connection, message: bytes) -> None:
+        """Serve one message (on a worker); closing the connection is raising."""
+        info = _info(conn)
         try:
-            while not conn.info.closed:
-                request = wire.read_request(conn.sock, self.member.compressors)
-                self.network.received(request.size, request.wire_size)
-                self._handle(conn, request)
-        except (wire.ConnectionClosed, CloseConnection, OSError):
-            pass
-        except wire.ProtocolError as exc:
-            log.debug("closing connection %d: %s", conn.info.id, exc)
-        except Exception:
-            log.exception("connection %d failed", conn.info.id)
-        finally:
-            conn.info.close()
-            with self._lock:
-                self._conns.pop(conn.info.id, None)
-            conn.sock.close()
-
-    def _handle(self, conn: _Connection, request: wire.Request) -> None:
-        """Run one request; keep replying while an exhaust stream continues."""
-        reply = self.dispatcher.run(conn.info, request)
-        if request.more_to_come:
+            request = wire.parse_message(message, self.member.compressors)
+        except wire.InvalidRequest as exc:
+            self.network.received(exc.request.size, exc.request.wire_size)
+            reply = self.dispatcher.error_reply(None, CommandError(exc.code, exc.errmsg))
+            if not exc.request.more_to_come:
+                self._reply(conn, exc.request, exc.request.request_id, reply)
             return
-        if request.op_code == wire.OP_QUERY:
-            self._send(conn, request, wire.encode_op_reply(self._new_request_id(), request.request_id, self._encode(reply)))
+        self.network.received(request.size, request.wire_size)
+        try:
+            self._handle(conn, request)
+        except CloseConnection:
+            info.close()
+            raise
+        except wire.ProtocolError:
+            raise
+
+    def _handle(self, conn: Connection, request: wire.Request) -> None:
+        """Run one request; keep replying while an exhaust stream continues."""
+        info = _info(conn)
+        reply = self.dispatcher.run(info, request)
+        if request.more_to_come:
             return
         response_to = request.request_id
         while True:
@@ -217,25 +191,37 @@ class MemberServer:
                 if request.exhaust_allowed
                 else None
             )
-            reply_id = self._new_request_id()
-            message = wire.encode_op_msg(
-                reply_id,
-                response_to,
-                self._encode(reply),
-                more_to_come=following is not None,
-                checksum=request.checksum,
-            )
-            self._send(conn, request, message)
-            if following is None or conn.info.closed or self._stopping.is_set():
+            response_to = self._reply(conn, request, response_to, reply, following is not None)
+            if following is None or info.closed or self._stopping:
                 return
             request = dataclasses.replace(request, body=following)
-            response_to = reply_id
-            reply = self.dispatcher.run(conn.info, request)
+            reply = self.dispatcher.run(info, request)
 
-    def _new_request_id(self) -> int:
-        return next(self._request_ids) & 0x7FFFFFFF
+    def _reply(
+        self,
+        conn: Connection,
+        request: wire.Request,
+        response_to: int,
+        reply: dict[str, Any],
+        more_to_come: bool = False,
+    ) -> int:
+        """Send ``reply`` in the request's format (OP_REPLY for OP_QUERY); return its id."""
+        reply_id = next(self._request_ids) & 0x7FFFFFFF
+        if request.op_code == wire.OP_QUERY:
+            payload = self._encode(reply)
+            self._send(conn, request, wire.encode_op_reply(reply_id, response_to, payload))
+            return reply_id
+        message = wire.encode_op_msg(
+            reply_id,
+            response_to,
+            self._encode(reply),
+            more_to_come=more_to_come,
+            checksum=request.checksum,
+        )
+        self._send(conn, request, message)
+        return reply_id
 
-    def _send(self, conn: _Connection, request: wire.Request, message: bytes) -> None:
+    def _send(self, conn: Connection, request: wire.Request, message: bytes) -> None:
         """Send a reply, compressed with the request's compressor when it came compressed."""
         physical = message
         codec = (
@@ -245,7 +231,9 @@ class MemberServer:
         )
         if codec is not None:
             physical = wire.compress_message(message, codec, self.member.compressors)
-        conn.sock.sendall(physical)
+        if _info(conn).closed:
+            raise CloseConnection  # dropped (failover, crash): the reply goes to no one
+        conn.send(physical)
         self.network.sent(len(message), len(physical))
 
     def _encode(self, reply: dict[str, Any]) -> bytes:
@@ -266,7 +254,7 @@ class MemberServer:
         return payload
 
 
-def _shutdown(conn: _Connection) -> None:
-    conn.info.close()
-    with contextlib.suppress(OSError):
-        conn.sock.shutdown(socket.SHUT_RDWR)
+def _info(conn: Connection) -> ConnectionInfo:
+    info = conn.context
+    assert isinstance(info, ConnectionInfo)
+    return info

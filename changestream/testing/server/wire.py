@@ -8,7 +8,6 @@ closing just that connection, as mongod does.
 
 from __future__ import annotations
 
-import socket
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from bson.errors import BSONError
 
 from ..core.codec import DECODE_OPTIONS, ENCODE_OPTIONS, MAX_MESSAGE_SIZE
 from ..core.compression import CompressionError
+from ..core.nesting import MAX_BSON_DEPTH, could_exceed, message_depth_error
 
 if TYPE_CHECKING:
     from ..core.compression import Codec, CompressorSet
@@ -50,8 +50,22 @@ class ProtocolError(Exception):
     """The peer sent something that is not a valid message: drop the connection."""
 
 
-class ConnectionClosed(Exception):
-    """The peer closed the connection (cleanly, between messages)."""
+class InvalidRequest(Exception):
+    """A message mongod answers with an error reply instead of closing the connection.
+
+    ``request`` carries what the reply needs (id, opcode, compressor, flags);
+    its body is empty.
+    """
+
+    def __init__(self, request: Request, code: int, errmsg: str) -> None:
+        super().__init__(errmsg)
+        self.request = request
+        self.code = code
+        self.errmsg = errmsg
+
+
+class _TooDeep(Exception):
+    """A document is nested deeper than ``maxBSONDepth`` (mongod: Overflow, 15)."""
 
 
 @dataclass(slots=True)
@@ -115,43 +129,49 @@ def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
 # -- reading -------------------------------------------------------------------------------
 
 
-def _recv_exactly(sock: socket.socket, n: int, *, at_start: bool = False) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            if at_start and got == 0:
-                raise ConnectionClosed
-            raise ProtocolError(f"connection closed after {got} of {n} bytes")
-        got += k
-    return buf
+def check_header(header: bytes) -> int:
+    """The total length a message header announces (raises :class:`ProtocolError`).
 
-
-def read_request(sock: socket.socket, compressors: CompressorSet | None = None) -> Request:
-    """Read and decode one request from ``sock``.
-
-    OP_COMPRESSED is decompressed with the member's ``compressors`` (any
-    enabled one: mongod does not require it to have been negotiated). Raises
-    :class:`ConnectionClosed` on a clean EOF and :class:`ProtocolError` for
-    anything malformed (socket errors propagate as ``OSError``).
+    Checked before any of the body is read, so a header announcing a message
+    that is too large, or an opcode the server does not speak, closes the
+    connection at once.
     """
-    header = _recv_exactly(sock, 16, at_start=True)
-    length, request_id, _response_to, op_code = _HEADER.unpack(header)
+    length, _request_id, _response_to, op_code = _HEADER.unpack_from(header)
     if length < 21 or length > MAX_MESSAGE_SIZE:
         raise ProtocolError(f"invalid message length {length}")
     if op_code not in (OP_MSG, OP_QUERY, OP_COMPRESSED):
         raise ProtocolError(f"unsupported opcode {op_code}")
-    rest = _recv_exactly(sock, length - 16)
+    return int(length)
+
+
+def parse_message(message: bytes, compressors: CompressorSet | None = None) -> Request:
+    """Decode one complete message (header included) into a :class:`Request`.
+
+    OP_COMPRESSED is decompressed with the member's ``compressors`` (any
+    enabled one: mongod does not require it to have been negotiated). Raises
+    :class:`ProtocolError` for anything malformed and :class:`InvalidRequest`
+    for a message mongod answers with an error (a document nested too deep).
+    """
+    length = check_header(message)
+    if len(message) != length:
+        raise ProtocolError(f"message of {len(message)} bytes announces {length}")
+    header = bytearray(message[:16])
+    request_id = _HEADER.unpack_from(header)[1]
+    op_code = _HEADER.unpack_from(header)[3]
+    rest = bytearray(message[16:])
     compressor_id: int | None = None
     if op_code == OP_COMPRESSED:
         compressor_id, header, rest = _decompress(header, rest, compressors)
         op_code = _HEADER.unpack(header)[3]
-    if op_code == OP_MSG:
-        request = _parse_op_msg(request_id, header, rest)
-    else:
-        request = _parse_op_query(request_id, rest)
+    try:
+        if op_code == OP_MSG:
+            request = _parse_op_msg(request_id, header, rest)
+        else:
+            request = _parse_op_query(request_id, rest)
+    except _TooDeep as exc:
+        flags = _UINT32.unpack_from(rest, 0)[0] if op_code == OP_MSG else 0
+        partial = Request(request_id, op_code, {}, None, flags, compressor_id, length)
+        raise InvalidRequest(partial, 15, str(exc)) from None
     request.compressor_id = compressor_id
     request.wire_size = length
     request.size = len(rest) + 16
@@ -181,10 +201,22 @@ def _decompress(
 
 
 def _decode(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """One document of a message, validated for nesting as mongod validates it."""
     try:
-        return bson.decode(data, DECODE_OPTIONS)
-    except (BSONError, ValueError, TypeError, OverflowError, UnicodeDecodeError) as exc:
+        doc: dict[str, Any] = bson.decode(data, DECODE_OPTIONS)
+    except (RecursionError, BSONError, ValueError, TypeError, OverflowError) as exc:
+        if isinstance(exc, RecursionError) or "recursion" in str(exc):
+            # Far deeper than any limit: the decoder itself gave up.
+            raise _TooDeep(
+                "BSONObj exceeds maximum nested object depth in element with field name "
+                "'?' in object with unknown _id"
+            ) from None
         raise ProtocolError(f"invalid BSON: {exc}") from None
+    if could_exceed(len(data), MAX_BSON_DEPTH + 2):
+        error = message_depth_error(doc)
+        if error is not None:
+            raise _TooDeep(error)
+    return doc
 
 
 def _doc_len(data: bytes | bytearray | memoryview, pos: int, end: int) -> int:

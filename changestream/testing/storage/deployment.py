@@ -62,6 +62,9 @@ class Member:
         self.topology_counter = 0
         """``topologyVersion.counter``; bumped on every role change."""
         self.up = True
+        """False while the member is killed (``ReplicaSet.kill_member``) or stopped."""
+        self.quiescing = False
+        """Shutting down in quiesce mode: hello fails with ShutdownInProgress."""
         self.server: ListenerStats | None = None
         """Its running listener (set by the server layer; None while it is not serving)."""
 

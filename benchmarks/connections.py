@@ -84,6 +84,7 @@ def _start_server(server_path: Path, limit: int | None) -> tuple[subprocess.Pope
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        cwd=server_path,  # `-m` puts the working directory first on sys.path
         preexec_fn=limit_descriptors,
     )
     assert proc.stdout is not None

@@ -51,6 +51,10 @@ WORKER_IDLE_SECONDS = 10.0
 """A worker with nothing to do for this long exits."""
 ACCEPT_BACKOFF_SECONDS = (0.05, 1.0)
 """First and longest pause in accepting after the process ran out of descriptors."""
+LINGER_SECONDS = 0.2
+"""How long a worker that sent a reply waits on that connection for the next request."""
+LINGER_WORKERS = 8
+"""How many workers of a listener may wait so at a time."""
 _RECV_CHUNK = 256 * 1024
 _TICK_SECONDS = 0.25
 """How often the I/O thread looks at timeouts and at accepting paused for EMFILE."""
@@ -178,11 +182,14 @@ def raise_descriptor_limit() -> tuple[int, int]:
 class WorkerPool:
     """Threads started on demand for blocking work; idle ones exit after a while.
 
-    Up to ``min_threads`` start at once; beyond that a thread is added only
-    when queued work has waited ``spawn_delay`` seconds without any worker
-    taking a task, so a burst of quick requests is served by a few threads
-    while operations that wait (each holding its worker) never starve the
-    others: mongod also has a thread per operation in flight. When a thread
+    A new request starts a thread at once while fewer than ``min_threads``
+    workers run quick requests (workers busy for over ``spawn_delay`` are
+    taken to be waiting: an awaitable hello, a getMore, a blocked command);
+    otherwise a thread is added only when queued work has waited
+    ``spawn_delay`` seconds without any worker taking a task. So a burst of
+    quick requests is served by a few threads, while operations that wait
+    (each holding its worker) never delay the others: mongod also has a
+    thread per operation in flight. When a thread
     cannot be started, the work waits in the queue and :meth:`retry` (called
     by the I/O thread) tries again.
     """
@@ -207,6 +214,8 @@ class WorkerPool:
         self._names = itertools.count(1)
         self._starved = False
         self._last_take = time.monotonic()
+        self._task_started: dict[int, float] = {}
+        """When each busy worker (by thread id) started its current task."""
         self.busy = 0
 
     @property
@@ -223,9 +232,12 @@ class WorkerPool:
         self._queue.put(task)
         if self._idle.acquire(blocking=False):
             return
+        # Workers busy for longer than spawn_delay are waiting (a hello, a getMore):
+        # only those still running quick requests count against min_threads.
+        now = time.monotonic()
         with self._lock:
-            few = len(self._threads) < self.min_threads
-        if few:
+            quick = sum(1 for t in self._task_started.values() if now - t < self.spawn_delay)
+        if quick < self.min_threads:
             self._spawn()
 
     def retry(self) -> None:
@@ -284,8 +296,10 @@ class WorkerPool:
                 self._last_take = time.monotonic()
                 if task is None:
                     return
+                ident = me.ident or 0
                 with self._lock:
                     self.busy += 1
+                    self._task_started[ident] = time.monotonic()
                 try:
                     task()
                 except Exception:
@@ -293,6 +307,7 @@ class WorkerPool:
                 finally:
                     with self._lock:
                         self.busy -= 1
+                        self._task_started.pop(ident, None)
                 self._idle.release()
         finally:
             with self._lock:
@@ -332,6 +347,7 @@ class Listener:
         self._accept_backoff = ACCEPT_BACKOFF_SECONDS[0]
         self._draining = False
         self._returned: deque[Connection] = deque()
+        self._lingering = 0
         self._calls: deque[tuple[Callable[[], None], threading.Event]] = deque()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -612,10 +628,14 @@ class Listener:
         self.workers.submit(lambda: self._serve(conn, message))
 
     def _serve(self, conn: Connection, message: bytes) -> None:
-        """On a worker: serve ``message`` and any complete one already buffered behind it."""
+        """On a worker: serve ``message``, then what follows on the connection soon after."""
         try:
             current: bytes | None = message
-            while current is not None and not conn.closed and not self._draining:
+            while not conn.closed and not self._draining:
+                if current is None:
+                    current = self._linger(conn)
+                    if current is None:
+                        break
                 self.handler.handle(conn, current)
                 current = conn.take_message()
         except Exception as exc:
@@ -628,6 +648,46 @@ class Listener:
                 self._idle_cond.notify_all()
             self._returned.append(conn)
             self._wake()
+
+    def _linger(self, conn: Connection) -> bytes | None:
+        """Wait a moment on the worker for the connection's next message (None: hand it back).
+
+        A client in a request/reply loop sends its next request right after
+        a reply; the worker still holding the connection is then woken by the
+        kernel directly, as a thread per connection would be, instead of the
+        I/O thread waking a worker (a second scheduling delay on a busy
+        machine). At most :data:`LINGER_WORKERS` workers linger at a time, so
+        many connections served once cost no more threads.
+        """
+        with self._lock:
+            if self._lingering >= LINGER_WORKERS:
+                return None
+            self._lingering += 1
+        try:
+            deadline = time.monotonic() + LINGER_SECONDS
+            poller = select.poll()
+            poller.register(conn.sock, select.POLLIN)
+            while not conn.closed and not self._draining:
+                left = deadline - time.monotonic()
+                if left <= 0 or not poller.poll(min(left, _TICK_SECONDS) * 1000):
+                    if left <= 0:
+                        return None
+                    continue
+                try:
+                    data = conn.sock.recv(_RECV_CHUNK)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                if not data:
+                    conn.shutdown()  # the client left: the I/O thread drops it
+                    return None
+                conn.feed(data)
+                message = conn.take_message()
+                if message is not None:
+                    return message
+            return None
+        finally:
+            with self._lock:
+                self._lingering -= 1
 
     def _take_back(self) -> None:
         """Watch connections again whose worker is done with them."""

@@ -40,7 +40,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -336,7 +336,8 @@ class Listener:
         self.total_created = 0
         self.accept_failures = 0
         """How many times accepting was paused for lack of descriptors or memory."""
-        self._ids = itertools.count(1)
+        self.connection_ids: Iterator[int] = itertools.count(1)
+        """Where connection ids come from (each mongod numbers its own from 1)."""
         self._conns: dict[int, Connection] = {}
         self._lock = threading.Lock()
         self._idle_cond = threading.Condition(self._lock)
@@ -561,7 +562,7 @@ class Listener:
             except OSError:
                 client.close()
                 continue
-            conn = Connection(next(self._ids), client, peer, self.check_header)
+            conn = Connection(next(self.connection_ids), client, peer, self.check_header)
             with self._lock:
                 self._conns[conn.id] = conn
                 self.total_created += 1

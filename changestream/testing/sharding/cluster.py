@@ -33,7 +33,8 @@ from ..core.oplog import Oplog
 from ..core.versions import DEFAULT_VERSION, VersionProfile, get_profile
 from ..replset import ReplicaSet
 from ..server.dispatch import Dispatcher
-from ..server.listener import MemberServer, _Connection
+from ..server.listener import MemberServer
+from ..server.transport import Connection
 from ..server.wire import Request
 from ..storage.catalog import CollectionState
 from ..storage.deployment import Deployment
@@ -448,15 +449,18 @@ class MongosServer(MemberServer):
         self._cluster = mongos.cluster
         self.load_balanced = load_balanced
         if load_balanced:  # its connections are told apart from the other listener's by id
-            self._connection_ids = itertools.count(LB_CONNECTION_IDS)
+            self.listener.connection_ids = itertools.count(LB_CONNECTION_IDS)
 
-    def _serve(self, conn: _Connection) -> None:
+    def connection_made(self, conn: Connection) -> None:
+        super().connection_made(conn)
         if self.load_balanced:
-            self._cluster.mark_load_balanced(self.member.name, conn.info.id)
+            self._cluster.mark_load_balanced(self.member.name, conn.id)
+
+    def connection_lost(self, conn: Connection) -> None:
         try:
-            super()._serve(conn)
+            super().connection_lost(conn)
         finally:
-            self._cluster.connection_closed(self.member.name, conn.info.id)
+            self._cluster.connection_closed(self.member.name, conn.id)
 
 
 class Mongos:

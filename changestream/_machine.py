@@ -43,10 +43,16 @@ from ._options import ChangeStreamOptions
 from ._position import Position, newest_reply_time
 from ._split import SplitReassembler
 from ._states import Phase, Step, advance
-from ._token import raw_event_token
-from .errors import ChangeStreamError, MissingResumeTokenError, SplitEventError
+from ._token import check_resume_token, describe, raw_token_bytes
+from .errors import (
+    ChangeStreamError,
+    MalformedReplyError,
+    MissingResumeTokenError,
+    SplitEventError,
+)
 
 __all__ = [
+    "MAX_IDLE_RESUMES",
     "NOT_BUFFERED",
     "Action",
     "ChangeStreamMachine",
@@ -67,6 +73,18 @@ NOT_BUFFERED: Any = object()
 """Returned by :meth:`ChangeStreamMachine.next_buffered` when the fast path does not apply."""
 log = logging.getLogger("changestream.stream")
 """Resumes are logged here (INFO), whichever shell drives the machine."""
+_RAW_DATA_PREFIX = b"\x02_data\x00"
+"""BSON of a string field named ``_data``: how a raw resume token starts."""
+MAX_IDLE_RESUMES = 3
+"""Consecutive resumes allowed without a successful getMore (or a non-empty batch) in between.
+
+Each resumable error still causes exactly one resume (the spec), but when a
+server accepts the resume aggregate and then fails every getMore, resuming
+for ever would be a hot loop. Once this many resumes in a row brought
+nothing, the next resumable error is raised instead (the stream stays
+resumable: the next call resumes once more). Callers such as
+:func:`changestream.consume` then back off.
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +246,8 @@ class ChangeStreamMachine:
         self._server_time: Timestamp | None = None
         """Newest cluster time seen in a reply (see :attr:`position`)."""
         self._resumes = 0
+        self._idle_resumes = 0
+        """Resumes since the last successful getMore or non-empty batch (see MAX_IDLE_RESUMES)."""
 
     # -- state ------------------------------------------------------------------
     @property
@@ -271,6 +291,11 @@ class ChangeStreamMachine:
     def buffered(self) -> int:
         """Documents received but not yet returned."""
         return len(self._batch)
+
+    @property
+    def idle_resumes(self) -> int:
+        """Resumes in a row that brought no successful getMore and no document (0: healthy)."""
+        return self._idle_resumes
 
     @property
     def busy(self) -> bool:
@@ -353,7 +378,7 @@ class ChangeStreamMachine:
         event = batch[0]
         decode = self._decode
         try:
-            token = event["_id"] if type(event) is not RawBSONDocument else _event_token(event)
+            token = _event_token(event)
             delivered = event if decode is None else decode(event)
         except Exception:
             return NOT_BUFFERED  # the operation re-reads the event and fails the stream
@@ -368,15 +393,21 @@ class ChangeStreamMachine:
         if isinstance(command, KillCursors):
             self._ready = self._after_kill_step()
             return
-        self._server_time = newest_reply_time(reply, self._server_time)
         try:
+            if isinstance(reply, Mapping):
+                self._server_time = newest_reply_time(reply, self._server_time)
             if isinstance(command, RunAggregate):
                 self._on_aggregate_reply(command, reply, info)
             else:
                 self._on_getmore_reply(reply)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except ChangeStreamError as exc:
+            self._ready = self._fail(exc)
+        except Exception as exc:  # a reply shape the checks above did not foresee
             name = "aggregate" if isinstance(command, RunAggregate) else "getMore"
-            error = ChangeStreamError(f"malformed {name} reply ({exc!r}): {reply!r:.300}")
+            error = MalformedReplyError(
+                f"malformed {name} reply ({exc!r}): {describe(reply, 300)}", field="reply",
+                value=reply,
+            )
             self._ready = self._fail(error)
 
     def receive_error(self, error: ErrorInfo) -> None:
@@ -474,8 +505,12 @@ class ChangeStreamMachine:
             token = _event_token(event)
         except KeyError:
             return self._fail(MissingResumeTokenError())
-        except Exception as exc:
+        except ChangeStreamError as exc:
             return self._fail(exc)
+        except Exception as exc:  # e.g. InvalidBSON from a raw event
+            return self._fail(MalformedReplyError(
+                f"a change event's _id cannot be read ({exc!r})", field="_id", value=event,
+            ))
         try:
             delivered = event if self._decode is None else self._decode(event)
         except Exception as exc:
@@ -501,13 +536,16 @@ class ChangeStreamMachine:
     def _on_aggregate_reply(
         self, command: RunAggregate, reply: Mapping[str, Any], info: ReplyInfo
     ) -> None:
-        cursor = reply["cursor"]
+        cursor, batch, cursor_id, post_batch_token = _parse_cursor(reply, "firstBatch", "aggregate")
         ns = cursor.get("ns") or f"{command.database}.{self._spec.collection or '$cmd.aggregate'}"
-        database, _, collection = str(ns).partition(".")
-        batch = deque(cursor["firstBatch"])
-        post_batch_token = cursor.get("postBatchResumeToken")
-        self._cursor = _Cursor(int(cursor["id"]), database, collection, info.address,
+        if not isinstance(ns, str):
+            raise MalformedReplyError(f"malformed aggregate reply: cursor.ns must be a string, not "
+                                      f"{describe(ns)}", field="cursor.ns", value=ns)
+        database, _, collection = ns.partition(".")
+        self._cursor = _Cursor(cursor_id, database, collection, info.address,
                                info.wire_version, info.load_balanced)
+        if batch:
+            self._idle_resumes = 0
         self._load_batch(batch, post_batch_token)
         options = self._spec.options
         if (
@@ -520,17 +558,23 @@ class ChangeStreamMachine:
             and info.wire_version >= 7
             and reply.get("operationTime") is not None
         ):
-            self._operation_time = reply["operationTime"]
+            operation_time = reply["operationTime"]
+            if not isinstance(operation_time, Timestamp):
+                raise MalformedReplyError(
+                    f"malformed aggregate reply: operationTime must be a timestamp, not "
+                    f"{describe(operation_time)}", field="operationTime", value=operation_time,
+                )
+            self._operation_time = operation_time
         self._phase = advance(self._phase, Step.AGGREGATE_OK)
         if self._op is _Op.START:
             self._ready = NoDocument()
 
     def _on_getmore_reply(self, reply: Mapping[str, Any]) -> None:
-        cursor = reply["cursor"]
-        batch = deque(cursor["nextBatch"])
+        _, batch, cursor_id, post_batch_token = _parse_cursor(reply, "nextBatch", "getMore")
         assert self._cursor is not None
-        self._cursor.id = int(cursor["id"])
-        self._load_batch(batch, cursor.get("postBatchResumeToken"))
+        self._cursor.id = cursor_id
+        self._idle_resumes = 0
+        self._load_batch(batch, post_batch_token)
 
     def _on_aggregate_error(self, command: RunAggregate, error: ErrorInfo) -> Action:
         if command.attempt == 1 and self.is_retryable_read(error):
@@ -550,6 +594,10 @@ class ChangeStreamMachine:
             return Raise(error.exception)
         if self.is_resumable(error):
             self._phase = advance(self._phase, Step.GETMORE_RESUMABLE)
+            if self._idle_resumes >= MAX_IDLE_RESUMES:
+                # Resuming brought nothing several times in a row: no hot loop; the
+                # caller decides when to try again (the next call resumes once).
+                return Raise(error.exception)
             if self._op is _Op.TRY_NEXT:
                 self._getmores_left = 0
             if error.is_network and self._cursor is not None and self._cursor.load_balanced:
@@ -574,6 +622,7 @@ class ChangeStreamMachine:
         self._post_batch_token = None
         if self._fragments is not None:
             self._fragments.reset()
+        self._idle_resumes += 1
         if self._cursor is not None and self._cursor.id != 0:
             return self._kill(then=_RESUME_AGGREGATE)
         self._cursor = None
@@ -681,10 +730,54 @@ class ChangeStreamMachine:
 def _event_token(event: Mapping[str, Any]) -> Mapping[str, Any]:
     """The event's ``_id`` (its resume token); ``KeyError`` if it has none.
 
-    A raw event's token is sliced out of its bytes (:func:`raw_event_token`).
+    For a raw event whose first field is ``_id`` (as the server sends it), the
+    token's bytes are sliced out directly instead of inflating the whole event,
+    and copied so the token does not pin the reply's buffer. Anything but a
+    document with a ``_data`` string raises
+    :class:`~changestream.errors.InvalidResumeTokenError`.
     """
-    if type(event) is RawBSONDocument:
-        token = raw_event_token(event.raw)
-        if token is not None:
-            return token
-    return event["_id"]  # type: ignore[no-any-return]
+    kind = type(event)
+    if kind is RawBSONDocument:
+        token = raw_token_bytes(event.raw)  # type: ignore[attr-defined]
+        if token is not None and token[4:11] == _RAW_DATA_PREFIX:
+            return RawBSONDocument(token)
+    elif kind is not dict and not isinstance(event, Mapping):
+        raise MalformedReplyError(
+            f"a change event must be a document, not {describe(event)}", field="event",
+            value=event,
+        )
+    token = event["_id"]
+    if type(token) is dict and type(token.get("_data")) is str:
+        return token
+    return check_resume_token(token, "_id")
+
+
+def _parse_cursor(
+    reply: Any, batch_field: str, name: str
+) -> tuple[Mapping[str, Any], deque[Mapping[str, Any]], int, Mapping[str, Any] | None]:
+    """Check a cursor reply's shape before anything of it is used (fields named on errors)."""
+    if not isinstance(reply, Mapping):
+        raise MalformedReplyError(f"malformed {name} reply: it must be a document, not {describe(reply)}",
+                                  field="reply", value=reply)
+    cursor = reply.get("cursor")
+    if not isinstance(cursor, Mapping):
+        raise MalformedReplyError(
+            f"malformed {name} reply: 'cursor' must be a document, not {describe(cursor)}",
+            field="cursor", value=cursor,
+        )
+    batch = cursor.get(batch_field)
+    if not isinstance(batch, list):
+        raise MalformedReplyError(
+            f"malformed {name} reply: cursor.{batch_field} must be an array, not {describe(batch)}",
+            field=f"cursor.{batch_field}", value=batch,
+        )
+    cursor_id = cursor.get("id")
+    if isinstance(cursor_id, bool) or not isinstance(cursor_id, int):
+        raise MalformedReplyError(
+            f"malformed {name} reply: cursor.id must be an integer, not {describe(cursor_id)}",
+            field="cursor.id", value=cursor_id,
+        )
+    post_batch_token = cursor.get("postBatchResumeToken")
+    if post_batch_token is not None:
+        check_resume_token(post_batch_token, "cursor.postBatchResumeToken")
+    return cursor, deque(batch), int(cursor_id), post_batch_token

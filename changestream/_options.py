@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -245,6 +246,10 @@ def _check(name: str, value: Any, types: tuple[type[Any], ...], what: str) -> No
         raise TypeError(f"{name} must be {what} or None, not {type(value).__name__}")
 
 
+_INT32_MAX = 2**31 - 1
+"""The largest ``maxTimeMS`` / ``batchSize`` a server accepts."""
+
+
 def _non_negative(name: str, value: Any, *, integral: bool) -> None:
     if value is None:
         return
@@ -252,5 +257,12 @@ def _non_negative(name: str, value: Any, *, integral: bool) -> None:
     if isinstance(value, bool) or not isinstance(value, kinds):
         what = "an integer" if integral else "a number"
         raise TypeError(f"{name} must be {what} or None, not {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, not {value}")
     if value < 0:
         raise ValueError(f"{name} must be >= 0, not {value}")
+    if value > _INT32_MAX:
+        raise ValueError(
+            f"{name} must be at most {_INT32_MAX} (the server's limit, about 24.8 days in ms), "
+            f"not {value:g}"
+        )

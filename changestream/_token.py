@@ -30,8 +30,12 @@ from bson.codec_options import CodecOptions, TypeRegistry
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from .errors import InvalidResumeTokenError
+
 __all__ = [
     "ResumeToken",
+    "check_resume_token",
+    "describe",
     "raw_event_token",
     "raw_token_bytes",
     "token_cluster_time",
@@ -254,3 +258,35 @@ def _keystring_time(data: Any) -> Timestamp | None:
     if len(key) < 9 or key[0] != _KEYSTRING_TIMESTAMP:
         return None
     return Timestamp(int.from_bytes(key[1:5], "big"), int.from_bytes(key[5:9], "big"))
+
+
+def check_resume_token(value: Any, field: str) -> Mapping[str, Any]:
+    """``value`` if it is a resume token (a document whose ``_data`` is a string).
+
+    Otherwise :class:`~changestream.errors.InvalidResumeTokenError` naming
+    ``field`` and the value: a token the server could not resume from is
+    refused where it arrives, never cached.
+    """
+    if isinstance(value, Mapping):
+        try:
+            data = value.get("_data")
+        except Exception:  # a RawBSONDocument over invalid bytes
+            data = None
+        if isinstance(data, str):
+            return value
+    raise InvalidResumeTokenError(
+        f"{field} is not a resume token (a document with a '_data' string): {describe(value)}",
+        field=field,
+        value=value,
+    )
+
+
+def describe(value: Any, limit: int = 120) -> str:
+    """``value`` for an error message: its type and a bounded repr."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = "<unprintable>"
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return f"{type(value).__name__} {text}"

@@ -5,6 +5,8 @@ They subclass PyMongo's exceptions so code that already catches
 
     ChangeStreamError                 the stream cannot continue for a client-side reason
     ├── MissingResumeTokenError       an event had no _id
+    ├── MalformedReplyError           a reply field has the wrong shape; .field, .value
+    │   └── InvalidResumeTokenError   an event _id / postBatchResumeToken is not a token
     ├── SplitEventError               fragments of a split event missing or out of order
     ├── TokenStoreError               a stored token cannot be read (changestream.stores)
     ├── SchemaMismatchError           a document does not fit the Spark schema (spark_adapter)
@@ -33,6 +35,8 @@ __all__ = [
     "ChangeStreamError",
     "ConsumeError",
     "HistoryLostError",
+    "InvalidResumeTokenError",
+    "MalformedReplyError",
     "MissingResumeTokenError",
     "NotResumableError",
     "RetriesExhaustedError",
@@ -98,3 +102,25 @@ class StreamInvalidatedError(ConsumeError):
 
 class RetriesExhaustedError(ConsumeError):
     """Transient failures went on for longer than ``retry_for`` seconds."""
+
+
+class MalformedReplyError(ChangeStreamError):
+    """A server reply (or an event in it) has a field of the wrong shape.
+
+    ``field`` names it (``"cursor.nextBatch"``, ``"postBatchResumeToken"``, ...) and
+    ``value`` is what arrived. The stream is closed; nothing from the reply was kept.
+    """
+
+    def __init__(self, message: str, *, field: str, value: object) -> None:
+        super().__init__(message)
+        self.field = field
+        self.value = value
+
+
+class InvalidResumeTokenError(MalformedReplyError):
+    """An event ``_id`` or a ``postBatchResumeToken`` is not a resume token.
+
+    A resume token is a document whose ``_data`` is a string. An invalid one is
+    refused when it arrives (never cached), so the stream's :attr:`resume_token`
+    stays the last valid one.
+    """

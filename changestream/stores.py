@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,7 +84,26 @@ class TokenStoreError(ChangeStreamError):
 
 def _plain_token(token: Mapping[str, Any]) -> dict[str, Any]:
     """A token as a plain dict (also from ``RawBSONDocument``), keeping its exact BSON."""
-    return ResumeToken.of(token).document()
+    resume = ResumeToken.of(token)
+    document = resume.document()
+    problem = _token_problem(document)
+    if problem is not None:
+        raise ValueError(f"not a resume token: {problem}")
+    return document
+
+
+def _token_problem(token: Any) -> str | None:
+    """Why ``token`` is not a resume token ``{_data: <hex string>, ...}`` (``None``: it is)."""
+    if not isinstance(token, Mapping) or "_data" not in token:
+        return "'token' is missing or is not a resume token"
+    data = token["_data"]
+    if not isinstance(data, str):
+        return f"'token._data' must be a hex string, not {type(data).__name__} {data!r:.60}"
+    try:
+        bytes.fromhex(data)
+    except ValueError:
+        return f"'token._data' must be a hex string, not {data!r:.60}"
+    return None
 
 
 def _now() -> datetime:
@@ -103,8 +123,8 @@ def _stored(record: Any, where: str) -> StoredToken:
     problem = None
     if not isinstance(record, Mapping):
         problem = f"expected a document, found {type(record).__name__}"
-    elif not isinstance(record.get("token"), Mapping) or "_data" not in record["token"]:
-        problem = "'token' is missing or is not a resume token"
+    elif _token_problem(record.get("token")) is not None:
+        problem = _token_problem(record.get("token"))
     elif record.get("batch_id") is not None and not isinstance(record["batch_id"], int):
         problem = "'batch_id' is not an integer"
     elif not isinstance(record.get("saved_at"), datetime):
@@ -137,33 +157,94 @@ class MemoryTokenStore:
         return "MemoryTokenStore()"
 
 
+_MAX_FILE_BYTES = 64 * 1024
+"""A token file is a few hundred bytes; anything this large is not one of ours."""
+
+
 class FileTokenStore:
     """One token in a file, as canonical Extended JSON, replaced atomically.
 
     :meth:`save` writes a temporary file next to the target, fsyncs it,
     renames it over the target and fsyncs the directory: after a crash the
-    file holds either the old or the new token, never a mix.
+    file holds either the old or the new token, never a mix. Temporary files
+    left by a process killed mid-save are removed by the next :meth:`load`
+    (one store per file: two live processes must not share a token file).
+
+    The path must be a regular file (or not exist yet): a FIFO, a device or a
+    directory is refused with :class:`TokenStoreError` instead of blocking.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._path = Path(os.fspath(path))
+        self._check_kind()
 
     @property
     def path(self) -> Path:
         return self._path
 
-    def load(self) -> StoredToken | None:
-        """The stored token; ``None`` if the file does not exist; :class:`TokenStoreError` if corrupt."""
+    def _check_kind(self) -> None:
+        """Refuse a path that exists and is not a regular file (``stat`` never blocks)."""
         try:
-            text = self._path.read_text(encoding="utf-8")
+            mode = os.stat(self._path).st_mode
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise TokenStoreError(f"cannot use the token file {self._path}: {exc}") from exc
+        if not stat.S_ISREG(mode):
+            raise TokenStoreError(
+                f"the token file {self._path} is not a regular file ({_file_kind(mode)}); "
+                "give the path of a file (it is created on the first save)"
+            )
+
+    def _read(self) -> str | None:
+        """The file's text, opened without blocking (a FIFO swapped in is refused, not waited on)."""
+        try:
+            fd = os.open(self._path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
             raise TokenStoreError(f"cannot read the token file {self._path}: {exc}") from exc
+        with os.fdopen(fd, "rb") as file:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise TokenStoreError(
+                    f"the token file {self._path} is not a regular file ({_file_kind(mode)})"
+                )
+            data = file.read(_MAX_FILE_BYTES + 1)
+        if len(data) > _MAX_FILE_BYTES:
+            raise TokenStoreError(
+                f"the token file {self._path} is corrupt (larger than {_MAX_FILE_BYTES} bytes; "
+                "a token file holds one small document)"
+            )
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TokenStoreError(f"cannot read the token file {self._path}: {exc}") from exc
+
+    def _remove_stale_temporaries(self) -> None:
+        """Delete ``.<name>.*.tmp`` files a killed save left behind (best effort)."""
+        prefix = f".{self._path.name}."
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self._path.parent):
+                if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
+    def load(self) -> StoredToken | None:
+        """The stored token; ``None`` if the file does not exist; :class:`TokenStoreError` if corrupt."""
+        self._check_kind()
+        self._remove_stale_temporaries()
+        text = self._read()
+        if text is None:
+            return None
         where = f"the token file {self._path}"
         try:
             record = json_util.loads(text, json_options=_JSON)
-        except (ValueError, TypeError, KeyError) as exc:
+        except RecursionError as exc:
+            raise TokenStoreError(
+                f"the token file {self._path} is corrupt (nested too deeply to be a token)"
+            ) from exc
+        except (ValueError, TypeError, KeyError, OverflowError) as exc:
             raise TokenStoreError(
                 f"the token file {self._path} is corrupt (not Extended JSON: {exc}); restore it "
                 "from a backup, or delete it to start from the current time (events since the "
@@ -174,10 +255,17 @@ class FileTokenStore:
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
         """Atomically replace the file's token (see the class docstring)."""
         text = json_util.dumps(_record(token, batch_id), json_options=_JSON) + "\n"
+        self._check_kind()
         directory = self._path.parent
-        fd, temporary = tempfile.mkstemp(
-            prefix=f".{self._path.name}.", suffix=".tmp", dir=directory
-        )
+        try:
+            fd, temporary = tempfile.mkstemp(
+                prefix=f".{self._path.name}.", suffix=".tmp", dir=directory
+            )
+        except OSError as exc:
+            raise TokenStoreError(
+                f"cannot write the token file {self._path}: {exc.strerror or exc} "
+                f"(in the directory {directory})"
+            ) from exc
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as file:
                 file.write(text)
@@ -192,6 +280,15 @@ class FileTokenStore:
 
     def __repr__(self) -> str:
         return f"FileTokenStore({str(self._path)!r})"
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -225,3 +225,79 @@ def test_mongo_stores_check_their_arguments(mongodb_uri: str) -> None:
             MongoTokenStore(client.db.c, 1)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="AsyncCollection"):
             AsyncMongoTokenStore(client.db.c, "k")  # type: ignore[arg-type]
+
+
+# -- FileTokenStore hardening -------------------------------------------------------------------
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo (POSIX)")
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    path = tmp_path / "token.fifo"
+    os.mkfifo(path)
+    with pytest.raises(TokenStoreError, match=r"token\.fifo is not a regular file \(a FIFO\)"):
+        FileTokenStore(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo (POSIX)")
+def test_a_fifo_swapped_in_after_creation_is_refused_on_load_and_save(tmp_path: Path) -> None:
+    path = tmp_path / "token.json"
+    store = FileTokenStore(path)
+    os.mkfifo(path)
+    with pytest.raises(TokenStoreError, match="FIFO"):
+        store.load()
+    with pytest.raises(TokenStoreError, match="FIFO"):
+        store.save(NEW)
+
+
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TokenStoreError, match="a directory"):
+        FileTokenStore(tmp_path)
+
+
+def test_a_missing_directory_is_one_clear_error_on_save(tmp_path: Path) -> None:
+    store = FileTokenStore(tmp_path / "missing" / "token.json")
+    assert store.load() is None
+    with pytest.raises(TokenStoreError, match=r"cannot write the token file .*missing"):
+        store.save(NEW)
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("[" * 20_000, "nested too deeply"),
+        ('{"a":' * 20_000, "is corrupt"),
+        (" " * 70_000 + "{}", "larger than"),
+        ('{"token": {"_data": "zzzz"}, "batch_id": null, "saved_at": {"$date": 0}}',
+         "'token._data' must be a hex string, not 'zzzz'"),
+        ('{"token": {"_data": 5}, "batch_id": null, "saved_at": {"$date": 0}}',
+         "'token._data' must be a hex string, not int 5"),
+    ],
+    ids=["deep-arrays", "deep-documents", "oversized", "not-hex", "not-a-string"],
+)
+def test_what_is_loaded_is_validated_naming_the_file(tmp_path: Path, content: str,
+                                                     problem: str) -> None:
+    path = tmp_path / "token.json"
+    path.write_text(content)
+    with pytest.raises(TokenStoreError) as info:
+        FileTokenStore(path).load()
+    assert str(path) in str(info.value)
+    assert problem in str(info.value)
+
+
+def test_a_token_that_could_not_be_loaded_back_is_never_saved(tmp_path: Path) -> None:
+    store = FileTokenStore(tmp_path / "t.json")
+    with pytest.raises(ValueError, match="hex string"):
+        store.save({"_data": "zzzz"})
+    with pytest.raises(ValueError, match="hex string"):
+        store.save({"_data": 5})
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_stale_temporary_files_of_killed_saves_are_removed_on_load(tmp_path: Path) -> None:
+    path = tmp_path / "t.token"
+    store = FileTokenStore(path)
+    store.save(NEW)
+    for n in range(5):  # what kill -9 between mkstemp and rename leaves behind
+        (tmp_path / f".t.token.abc{n}.tmp").write_text("{}")
+    (tmp_path / ".other.token.x.tmp").write_text("{}")  # another store's: left alone
+    loaded = store.load()
+    assert loaded is not None and same_bson(loaded.token, NEW)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.token.x.tmp", "t.token"]

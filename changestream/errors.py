@@ -27,9 +27,10 @@ to recover in its own terms (store, checkpoint); the classes are shared, so one
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from pymongo.errors import InvalidOperation
+from pymongo.errors import InvalidOperation, OperationFailure
 
 __all__ = [
     "ChangeStreamError",
@@ -42,6 +43,7 @@ __all__ = [
     "RetriesExhaustedError",
     "SplitEventError",
     "StreamInvalidatedError",
+    "describe_error",
 ]
 
 
@@ -124,3 +126,36 @@ class InvalidResumeTokenError(MalformedReplyError):
     refused when it arrives (never cached), so the stream's :attr:`resume_token`
     stays the last valid one.
     """
+
+
+_MAX_MESSAGE = 500
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for people: ``code codeName: errmsg`` for a server error.
+
+    PyMongo's own message appends the whole reply (``full error: {...}``, with
+    ``$clusterTime`` and its signature bytes) and server selection errors a
+    topology dump; both bury the cause, so they are left out. Other errors are
+    ``TypeName: message``.
+    """
+    details = getattr(exc, "details", None)
+    if isinstance(exc, OperationFailure) or (
+        isinstance(details, Mapping) and "errmsg" in details
+    ):
+        details = details if isinstance(details, Mapping) else {}
+        code = details.get("code", getattr(exc, "code", None))
+        name = details.get("codeName")
+        message = details.get("errmsg") or _cut(str(exc))
+        head = " ".join(str(part) for part in (code, name) if part is not None)
+        text = f"{head}: {message}" if head else str(message)
+    else:
+        text = f"{type(exc).__name__}: {_cut(str(exc))}"
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_MESSAGE else text[:_MAX_MESSAGE] + "..."
+
+
+def _cut(message: str) -> str:
+    for marker in (", full error:", ", Topology Description:"):
+        message = message.split(marker, 1)[0]
+    return message

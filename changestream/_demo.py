@@ -15,11 +15,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pymongo
 from pymongo import MongoClient, monitoring
+from pymongo.common import MIN_SUPPORTED_WIRE_VERSION
 
 from ._api import watch
 from ._token import token_cluster_time
-from .testing import ReplicaSet
+from .testing import VERSIONS, ReplicaSet
 
 __all__ = ["main", "run"]
 
@@ -120,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--version", default="8.0", help="emulated server version (default 8.0)")
     args = parser.parse_args(argv)
+    usable = [v for v, profile in VERSIONS.items()
+              if profile.max_wire_version >= MIN_SUPPORTED_WIRE_VERSION]
+    if args.version not in usable:
+        why = (f"PyMongo {pymongo.version} cannot talk to MongoDB {args.version}"
+               if args.version in VERSIONS else f"unknown version {args.version!r}")
+        print(f"changestream demo: error: --version: {why}; choose one of {', '.join(usable)}",
+              file=sys.stderr)
+        return 2
 
     def say(line: str) -> None:
         print(line, flush=True)

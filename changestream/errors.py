@@ -27,6 +27,7 @@ to recover in its own terms (store, checkpoint); the classes are shared, so one
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -156,6 +157,6 @@ def describe_error(exc: BaseException) -> str:
 
 
 def _cut(message: str) -> str:
-    for marker in (", full error:", ", Topology Description:"):
+    for marker in (", full error:", ", Timeout:", ", Topology Description:"):
         message = message.split(marker, 1)[0]
-    return message
+    return re.sub(r" \(configured timeouts: [^)]*\)", "", message)

@@ -15,6 +15,7 @@ import contextlib
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -222,12 +223,23 @@ class FileTokenStore:
             raise TokenStoreError(f"cannot read the token file {self._path}: {exc}") from exc
 
     def _remove_stale_temporaries(self) -> None:
-        """Delete ``.<name>.*.tmp`` files a killed save left behind (best effort)."""
+        """Delete ``.<name>.<pid>.*.tmp`` files a killed save left behind (best effort).
+
+        A temporary file is stale when it is older than a save could take and
+        the process that wrote it is gone (or it is very old): a reader must
+        never delete the file a live writer is about to rename.
+        """
         prefix = f".{self._path.name}."
+        now = time.time()
         with contextlib.suppress(OSError):
             for entry in os.scandir(self._path.parent):
-                if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
-                    with contextlib.suppress(OSError):
+                name = entry.name
+                if not (name.startswith(prefix) and name.endswith(".tmp")):
+                    continue
+                with contextlib.suppress(OSError):
+                    age = now - entry.stat(follow_symlinks=False).st_mtime
+                    writer = name[len(prefix):].split(".", 1)[0]
+                    if age > _STALE_AFTER and (age > _ORPHANED_AFTER or not _alive(writer)):
                         os.unlink(entry.path)
 
     def load(self) -> StoredToken | None:
@@ -259,7 +271,7 @@ class FileTokenStore:
         directory = self._path.parent
         try:
             fd, temporary = tempfile.mkstemp(
-                prefix=f".{self._path.name}.", suffix=".tmp", dir=directory
+                prefix=f".{self._path.name}.{os.getpid()}.", suffix=".tmp", dir=directory
             )
         except OSError as exc:
             raise TokenStoreError(
@@ -280,6 +292,25 @@ class FileTokenStore:
 
     def __repr__(self) -> str:
         return f"FileTokenStore({str(self._path)!r})"
+
+
+_STALE_AFTER = 30.0
+"""Seconds after which a temporary token file of a dead process is removed."""
+_ORPHANED_AFTER = 3600.0
+"""Seconds after which any temporary token file is removed (its pid may be reused)."""
+
+
+def _alive(pid_text: str) -> bool:
+    """Does process ``pid_text`` exist? Unknown (not a pid, no permission): assume so."""
+    if not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _file_kind(mode: int) -> str:

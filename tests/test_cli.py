@@ -123,7 +123,7 @@ def test_watch_prints_json_lines_keeps_the_token_file_and_resumes(
         assert time.monotonic() < deadline, f"token file not current: {stored}"
         time.sleep(0.02)
 
-    assert process.stop(signal.SIGINT) == 0
+    assert process.stop(signal.SIGINT) == 0, "".join(process.stderr)
     assert "stopped" in "".join(process.stderr)
     assert FileTokenStore(token_file).load() is not None
 

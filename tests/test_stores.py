@@ -295,9 +295,23 @@ def test_stale_temporary_files_of_killed_saves_are_removed_on_load(tmp_path: Pat
     path = tmp_path / "t.token"
     store = FileTokenStore(path)
     store.save(NEW)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    old = datetime.now().timestamp() - 120
     for n in range(5):  # what kill -9 between mkstemp and rename leaves behind
-        (tmp_path / f".t.token.abc{n}.tmp").write_text("{}")
-    (tmp_path / ".other.token.x.tmp").write_text("{}")  # another store's: left alone
+        leftover = tmp_path / f".t.token.{dead}.abc{n}.tmp"
+        leftover.write_text("{}")
+        os.utime(leftover, (old, old))
+    fresh = tmp_path / f".t.token.{dead}.new.tmp"  # could still be renamed: kept for now
+    fresh.write_text("{}")
+    live = tmp_path / f".t.token.{os.getpid()}.live.tmp"  # a live writer's: kept
+    live.write_text("{}")
+    os.utime(live, (old, old))
+    other = tmp_path / ".other.token.1.x.tmp"  # another store's: left alone
+    other.write_text("{}")
+    os.utime(other, (old, old))
     loaded = store.load()
     assert loaded is not None and same_bson(loaded.token, NEW)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.token.x.tmp", "t.token"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [other.name, fresh.name, live.name, "t.token"]
+    )

@@ -1,0 +1,139 @@
+"""The command line under bad input and sick servers: one line, the right exit status, no hang."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+from pymongo.errors import PyMongoError
+
+CLI = [sys.executable, "-m", "changestream"]
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["watch", "--max-await-ms", "-5", "mongodb://127.0.0.1:1"], "--max-await-ms"),
+        (["watch", "--max-await-ms", "1e99", "mongodb://127.0.0.1:1"], "--max-await-ms"),
+        (["watch", "http://127.0.0.1:27117"], "must start with mongodb://"),
+        (["watch", "mongodb://127.0.0.1:99999"], "invalid URI"),
+        (["watch", "mongodb://u:secret@127.0.0.1:99999"], "invalid URI"),
+        (["watch", "mongodb://127.0.0.1:1", "--token-file", "/nonexistent/dir/t.json"],
+         "the directory /nonexistent/dir does not exist"),
+        (["watch", "mongodb://127.0.0.1:1", "--call-timeout", "nan"], "--call-timeout"),
+        (["watch", "mongodb://127.0.0.1:1", "--connect-timeout", "0"], "--connect-timeout"),
+        (["watch", "mongodb://127.0.0.1:1", "--coll", "c"], "--coll needs --db"),
+        (["watch"], "required: URI"),
+        (["nonsense"], "invalid choice"),
+        (["demo", "--version", "4.2"], "cannot talk to MongoDB 4.2"),
+        (["demo", "--version", "9.9"], "unknown version '9.9'"),
+        (["serve", "--members", "60", "--port", "65530"], "--members must be between 1 and 50"),
+        (["serve", "--members", "3", "--port", "65534"], "above 65535"),
+        (["serve", "--port", "70000"], "--port must be between 0 and 65535"),
+    ],
+)
+def test_every_bad_argument_is_one_line_and_exit_2(args: list[str], expected: str) -> None:
+    result = run(*args)
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    assert expected in line
+    assert "secret" not in line, "credentials are never printed"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo (POSIX)")
+def test_a_fifo_token_file_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "token.fifo"
+    os.mkfifo(fifo)
+    result = run("watch", "mongodb://127.0.0.1:1", "--token-file", str(fifo), timeout=30)
+    assert result.returncode == 2
+    assert "not a regular file (a FIFO)" in one_line(result.stderr)
+
+
+def test_an_unreachable_deployment_fails_fast_with_one_line(tmp_path: Path) -> None:
+    token_file = tmp_path / "unreach.token"
+    started = time.monotonic()
+    result = run("watch", "mongodb://127.0.0.1:1/?replicaSet=rs0", "--connect-timeout", "1",
+                 "--token-file", str(token_file))
+    assert time.monotonic() - started < 30
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert "could not reach the deployment (127.0.0.1:1) within 1 s" in line
+    assert "Topology Description" not in line
+    assert not token_file.exists()
+
+
+@pytest.fixture
+def database(mongodb_uri: str) -> Iterator[str]:
+    name = f"cli_rel_{uuid.uuid4().hex[:8]}"
+    yield name
+    with MongoClient(mongodb_uri) as client:
+        client.drop_database(name)
+
+
+@pytest.fixture
+def fail_point(mongodb_uri: str) -> Iterator[Any]:
+    admin: MongoClient[dict[str, Any]] = MongoClient(mongodb_uri)
+
+    def configure(mode: Any, **data: Any) -> None:
+        admin.admin.command("configureFailPoint", "failCommand", mode=mode, data=data)
+
+    yield configure
+    with contextlib.suppress(PyMongoError):
+        configure("off")
+    admin.close()
+
+
+def test_server_errors_print_as_code_name_and_message(mongodb_uri: str, database: str,
+                                                      fail_point: Any) -> None:
+    fail_point({"times": 1}, failCommands=["aggregate"], errorCode=13)
+    result = run("watch", mongodb_uri, "--db", database, timeout=120)
+    assert result.returncode == 1
+    line = one_line(result.stderr.replace("changestream: watching", "").split("\n", 1)[-1]
+                    if "watching" in result.stderr.splitlines()[0] else result.stderr)
+    assert "13 Unauthorized:" in line
+    assert "full error" not in line and "$clusterTime" not in line and "signature" not in line
+
+
+def test_sigterm_and_sigint_stop_without_a_traceback(mongodb_uri: str, database: str,
+                                                     tmp_path: Path) -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        process = subprocess.Popen(
+            [*CLI, "watch", mongodb_uri, "--db", database, "--max-await-ms", "50"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            assert process.stderr is not None
+            assert "watching" in process.stderr.readline()
+            process.send_signal(signum)
+            # a second signal while shutting down must not print a traceback either
+            time.sleep(0.05)
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)
+            _, err = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert "Traceback" not in err and "Exception ignored" not in err, err
+        assert process.returncode in (0, -signum), (process.returncode, err)
+        assert "the token is in" not in err, "no token file was given"

@@ -22,7 +22,7 @@ from pymongo.errors import PyMongoError
 
 import changestream
 import changestream.aio
-from changestream.machine import MAX_IDLE_RESUMES
+from changestream._machine import MAX_IDLE_RESUMES
 from changestream.stores import MemoryTokenStore
 
 FAST = {"max_await_time_ms": 50}

@@ -20,12 +20,12 @@ from test_machine import (
     token,
 )
 
+from changestream._machine import MAX_IDLE_RESUMES, NoDocument, Phase
 from changestream.errors import (
     ChangeStreamError,
     InvalidResumeTokenError,
     MalformedReplyError,
 )
-from changestream._machine import MAX_IDLE_RESUMES, NoDocument, Phase
 
 BAD_TOKENS = ["82AB", 5, {}, {"_data": 5}, {"_data": None}, [token(1)], None]
 

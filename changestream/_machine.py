@@ -491,6 +491,8 @@ class ChangeStreamMachine:
         """Take one buffered document; ``None`` if it was a fragment of an incomplete event."""
         document = self._batch.popleft()
         last_in_batch = not self._batch
+        if not isinstance(document, Mapping):
+            return self._fail(_not_an_event(document))
         event: Mapping[str, Any] | None = document
         if self._fragments is not None:
             try:
@@ -742,14 +744,17 @@ def _event_token(event: Mapping[str, Any]) -> Mapping[str, Any]:
         if token is not None and token[4:11] == _RAW_DATA_PREFIX:
             return RawBSONDocument(token)
     elif kind is not dict and not isinstance(event, Mapping):
-        raise MalformedReplyError(
-            f"a change event must be a document, not {describe(event)}", field="event",
-            value=event,
-        )
+        raise _not_an_event(event)
     token = event["_id"]
     if type(token) is dict and type(token.get("_data")) is str:
         return token
     return check_resume_token(token, "_id")
+
+
+def _not_an_event(value: Any) -> MalformedReplyError:
+    return MalformedReplyError(
+        f"a change event must be a document, not {describe(value)}", field="event", value=value
+    )
 
 
 def _parse_cursor(

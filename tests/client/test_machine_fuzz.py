@@ -13,6 +13,7 @@ runs a longer campaign.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -150,10 +151,10 @@ class Server:
             cursor["postBatchResumeToken"] = token(self.next_event)
         reply = self.draw(mutated({"cursor": cursor, "ok": 1, "operationTime": Timestamp(9, 1)}))
         if isinstance(reply, Mapping) and self.draw(st.booleans()):
-            try:  # as the transport hands it over: raw BSON, decoded lazily
+            # As the transport hands it over: raw BSON, decoded lazily (a reply that
+            # cannot be encoded, e.g. an int beyond 64 bits, stays a dict).
+            with contextlib.suppress(Exception):
                 reply = RawBSONDocument(bson.encode(reply))
-            except Exception:
-                pass  # not encodable (e.g. an int beyond 64 bits): keep the dict
         if isinstance(reply, Mapping) and isinstance(reply.get("cursor"), Mapping):
             for key in ("firstBatch", "nextBatch"):
                 batch = reply["cursor"].get(key)

@@ -1,0 +1,288 @@
+"""Chaos: every client path reads ordered writes while the deployment misbehaves.
+
+``python -m pytest -m chaos`` (seeded and bounded in time; see
+``tests/chaos_support.py`` for the profiles). Faults: closed connections on
+getMore and on the resume aggregate, CursorNotFound, step-downs with and
+without closing connections, killed cursors, and for the CLI kill -9 of the
+consumer followed by a restart from its token file. Asserts 0 lost, 0 out of
+order, 0 duplicates in-process, and at most one re-delivery per consumer kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+from chaos_support import EVENTS, SEED, Chaos, Verdict, deadline_for
+from pymongo import AsyncMongoClient, MongoClient
+from pymongo.errors import PyMongoError
+
+import changestream
+import changestream.aio
+from changestream.stores import FileTokenStore, MemoryTokenStore, StoredToken
+
+pytestmark = pytest.mark.chaos
+
+
+@pytest.fixture(scope="module")
+def rs() -> Iterator[Any]:
+    if os.environ.get("MONGODB_URI"):
+        pytest.skip("chaos needs the simulator's fault injection (MONGODB_URI is set)")
+    from changestream.testing import ReplicaSet
+
+    with ReplicaSet("8.0", members=3) as replset:
+        yield replset
+
+
+@pytest.fixture
+def names(rs: Any) -> Iterator[tuple[str, str]]:
+    database = f"chaos_{uuid.uuid4().hex[:8]}"
+    with MongoClient(rs.uri) as client:
+        client[database].create_collection("orders")
+        yield database, "orders"
+        client.drop_database(database)
+
+
+def start_token(rs: Any, names: tuple[str, str]) -> Any:
+    """A token from before the first write: every consumer starts there."""
+    with MongoClient(rs.uri) as client, changestream.watch(
+        client[names[0]][names[1]], max_await_time_ms=50
+    ) as stream:
+        return stream.resume_token
+
+
+def wait_until(condition: Any, chaos: Chaos, what: str) -> None:
+    deadline = time.monotonic() + deadline_for(chaos.events)
+    while not condition():
+        assert not chaos.errors, chaos.errors
+        assert time.monotonic() < deadline, f"chaos run timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def judge(name: str, received: list[int], chaos: Chaos, started: float,
+          kills: int = 0) -> Verdict:
+    verdict = Verdict.of(received, chaos.events, time.monotonic() - started)
+    print(verdict.report(name, chaos, kills))
+    assert verdict.lost == 0
+    assert sum(chaos.counts.values()) > 0, "no fault was injected"
+    return verdict
+
+
+def test_watch_with_manual_token_saving(rs: Any, names: tuple[str, str]) -> None:
+    """The resumability guide's loop: save the token after every try_next, reopen from it."""
+    token = start_token(rs, names)
+    received: list[int] = []
+    stop = threading.Event()
+
+    def consumer() -> None:
+        nonlocal token
+        with MongoClient(rs.uri) as client:
+            coll = client[names[0]][names[1]]
+            while not stop.is_set():
+                try:
+                    with changestream.watch(coll, resume_after=token,
+                                            max_await_time_ms=100) as stream:
+                        while not stop.is_set():
+                            change = stream.try_next()
+                            if change is not None:
+                                received.append(change["documentKey"]["_id"])
+                            token = stream.resume_token  # saved after every call
+                except PyMongoError:
+                    time.sleep(0.1)  # the stream's one resume failed: reopen from the token
+
+    chaos = Chaos(rs, *names, seed=SEED).start()
+    started = time.monotonic()
+    thread = threading.Thread(target=consumer, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len(received) >= EVENTS, chaos, "every event")
+    finally:
+        stop.set()
+        chaos.stop()
+        thread.join(60)
+    verdict = judge("watch", received, chaos, started)
+    assert verdict.duplicated == 0 and verdict.out_of_order == 0
+
+
+def test_consume(rs: Any, names: tuple[str, str]) -> None:
+    token = start_token(rs, names)
+    store = MemoryTokenStore(StoredToken(token, None, changestream.stores._now()))
+    received: list[int] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def handle(change: Any) -> None:
+        received.append(change["documentKey"]["_id"])
+        if len(received) >= EVENTS:
+            stop.set()
+
+    def consumer() -> None:
+        with MongoClient(rs.uri) as client:
+            coll = client[names[0]][names[1]]
+            try:
+                changestream.consume(
+                    lambda t: changestream.watch(coll, resume_after=t, max_await_time_ms=100),
+                    handle, store, stop=stop, retry_for=None, backoff_initial=0.1,
+                    backoff_max=1.0, call_timeout=30,
+                )
+            except BaseException as exc:
+                errors.append(exc)
+
+    chaos = Chaos(rs, *names, seed=SEED + 1).start()
+    started = time.monotonic()
+    thread = threading.Thread(target=consumer, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: stop.is_set() or bool(errors), chaos, "every event")
+    finally:
+        stop.set()
+        chaos.stop()
+        thread.join(60)
+    assert not errors, errors
+    verdict = judge("consume", received, chaos, started)
+    assert verdict.duplicated == 0 and verdict.out_of_order == 0
+
+
+def test_aio_consume(rs: Any, names: tuple[str, str]) -> None:
+    token = start_token(rs, names)
+    received: list[int] = []
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    async def run() -> None:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(rs.uri)
+        coll = client[names[0]][names[1]]
+        stop = asyncio.Event()
+
+        async def open_stream(t: Any) -> changestream.aio.AsyncChangeStream[Any]:
+            return await changestream.aio.watch(coll, resume_after=t, max_await_time_ms=100)
+
+        def handle(change: Any) -> None:
+            received.append(change["documentKey"]["_id"])
+            if len(received) >= EVENTS:
+                stop.set()
+
+        async def watch_done() -> None:
+            while not done.is_set():
+                await asyncio.sleep(0.1)
+            stop.set()
+
+        watcher = asyncio.create_task(watch_done())
+        try:
+            await changestream.aio.consume(
+                open_stream, handle,
+                MemoryTokenStore(StoredToken(token, None, changestream.stores._now())),
+                stop=stop, retry_for=None, backoff_initial=0.1, backoff_max=1.0,
+                call_timeout=30,
+            )
+        finally:
+            watcher.cancel()
+            await client.close()
+
+    def consumer() -> None:
+        try:
+            asyncio.run(run())
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    chaos = Chaos(rs, *names, seed=SEED + 2).start()
+    started = time.monotonic()
+    thread = threading.Thread(target=consumer, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len(received) >= EVENTS or bool(errors), chaos, "every event")
+    finally:
+        done.set()
+        chaos.stop()
+        thread.join(60)
+    assert not errors, errors
+    verdict = judge("aio.consume", received, chaos, started)
+    assert verdict.duplicated == 0 and verdict.out_of_order == 0
+
+
+class CliConsumer:
+    """``changestream watch`` with a token file, killed with SIGKILL and restarted at will."""
+
+    def __init__(self, uri: str, names: tuple[str, str], token_file: Path) -> None:
+        self.args = [sys.executable, "-m", "changestream", "watch", uri, "--db", names[0],
+                     "--coll", names[1], "--token-file", str(token_file),
+                     "--max-await-ms", "100", "--call-timeout", "30"]
+        self.runs: list[list[int]] = []
+        self.kills = 0
+        self.lock = threading.Lock()
+        self.process: subprocess.Popen[str] | None = None
+        self.start()
+
+    def start(self) -> None:
+        process = subprocess.Popen(self.args, stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, text=True)
+        run: list[int] = []
+        self.runs.append(run)
+        self.process = process
+        assert process.stdout is not None
+        threading.Thread(target=self._read, args=(process.stdout, run), daemon=True).start()
+
+    @staticmethod
+    def _read(stdout: IO[str], run: list[int]) -> None:
+        for line in stdout:
+            with contextlib.suppress(ValueError, KeyError):  # a line cut short by SIGKILL
+                run.append(json.loads(line)["documentKey"]["_id"])
+
+    def kill_and_restart(self) -> None:
+        with self.lock:
+            assert self.process is not None
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(30)
+            self.kills += 1
+            self.start()
+
+    def received(self) -> list[int]:
+        return [i for run in self.runs for i in run]
+
+    def stop(self) -> None:
+        with self.lock:
+            if self.process is not None and self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(30)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+
+
+def test_cli_with_kill_9_and_restart(rs: Any, names: tuple[str, str], tmp_path: Path) -> None:
+    token_file = tmp_path / "orders.token"
+    FileTokenStore(token_file).save(start_token(rs, names))
+    cli = CliConsumer(rs.uri, names, token_file)
+    chaos = Chaos(rs, *names, seed=SEED + 3, extra_faults={"kill_consumer": cli.kill_and_restart})
+    chaos.start()
+    started = time.monotonic()
+    try:
+        wait_until(lambda: len(set(cli.received())) >= EVENTS, chaos, "every event")
+    finally:
+        chaos.stop()
+        cli.stop()
+    received = cli.received()
+    kills = cli.kills
+    verdict = judge("cli", received, chaos, started, kills=kills)
+    # Within one process, strictly in order; across a kill at most one change again.
+    for run in cli.runs:
+        assert run == sorted(run) and len(run) == len(set(run))
+    assert verdict.duplicated <= kills
+    for before, after in itertools.pairwise(cli.runs):
+        if before and after:
+            assert after[0] in (before[-1], before[-1] + 1), (before[-3:], after[:3])

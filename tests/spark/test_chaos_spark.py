@@ -1,0 +1,119 @@
+"""Chaos for both Spark paths (``foreach_batch`` and the ``changestream`` source).
+
+Ordered writes with seeded faults (see ``tests/chaos_support.py``), plus SIGKILL
+of the whole pipeline process group and a restart from its state. The
+idempotent sink is keyed by batch id: every event lands exactly once.
+Run with ``python -m pytest -m "chaos and spark" tests/spark``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chaos_support import EVENTS, SEED, Chaos, Verdict, deadline_for
+from pymongo import MongoClient
+from spark_support import PANDAS_WARNING, ParquetSink, current_token
+
+from changestream import token_to_json
+
+pytestmark = [pytest.mark.spark, pytest.mark.chaos, pytest.mark.filterwarnings(PANDAS_WARNING)]
+
+SCRIPT = Path(__file__).with_name("pipeline_process.py")
+MAX_KILLS = 2
+"""A restart costs a JVM start: a few are enough to prove the state survives."""
+
+
+@pytest.fixture(scope="module")
+def rs() -> Iterator[Any]:
+    if os.environ.get("MONGODB_URI"):
+        pytest.skip("chaos needs the simulator's fault injection (MONGODB_URI is set)")
+    from changestream.testing import ReplicaSet
+
+    with ReplicaSet("8.0", members=3) as replset:
+        yield replset
+
+
+class Pipeline:
+    """``pipeline_process.py`` in its own process group, restartable from its state."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.args = args
+        self.log = log
+        self.kills = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, str(SCRIPT), *self.args], stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True, cwd=SCRIPT.parent,
+            )
+
+    def kill(self) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # no stray JVM may write on
+            try:
+                os.killpg(self.process.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+    def kill_and_restart(self) -> bool:
+        if self.kills >= MAX_KILLS:
+            return False
+        self.kill()
+        self.kills += 1
+        self.start()
+        return True
+
+
+@pytest.mark.parametrize("mode", ["helper", "source"])
+def test_spark_under_chaos(rs: Any, tmp_path: Path, mode: str) -> None:
+    database = f"chaos_spark_{uuid.uuid4().hex[:8]}"
+    with MongoClient(rs.uri) as client:
+        coll = client[database]["orders"]
+        client[database].create_collection("orders")
+        start = current_token(coll)
+        out, state = tmp_path / "out", tmp_path / "state"
+        state.mkdir()
+        pipeline = Pipeline(
+            [mode, rs.uri, database, "orders", token_to_json(start), str(out), str(state), "0"],
+            tmp_path / "pipeline.log",
+        )
+        sink = ParquetSink(out)
+        chaos = Chaos(rs, database, "orders", seed=SEED + 10,
+                      extra_faults={"kill_consumer": pipeline.kill_and_restart})
+        started = time.monotonic()
+        chaos.start()
+        try:
+            deadline = time.monotonic() + deadline_for(EVENTS) + 120  # JVM starts
+            while len(set(sink.ids())) < EVENTS:
+                assert not chaos.errors, chaos.errors
+                assert pipeline.process is not None
+                assert pipeline.process.poll() is None, pipeline.log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the Spark chaos run timed out"
+                time.sleep(0.5)
+        finally:
+            chaos.stop()
+            pipeline.kill()
+        ids = sink.ids()
+        verdict = Verdict.of(ids, EVENTS, time.monotonic() - started)
+        print(verdict.report(f"spark-{mode}", chaos, pipeline.kills))
+        client.drop_database(database)
+    assert verdict.lost == 0
+    assert verdict.duplicated == 0, "the sink keyed by batch id holds every event once"
+    assert ids == sorted(ids), "batches in order, events in order within them"
+    assert sum(chaos.counts.values()) > 0

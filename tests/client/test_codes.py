@@ -35,8 +35,10 @@ def test_code_sets_are_the_specs() -> None:
 
 def test_one_hierarchy_without_pairs() -> None:
     for name in errors.__all__:
-        assert issubclass(getattr(errors, name), errors.ChangeStreamError)
         assert getattr(changestream, name) is getattr(errors, name)
+        if name == "describe_error":  # the one helper: a server error in one line
+            continue
+        assert issubclass(getattr(errors, name), errors.ChangeStreamError)
     for name in ("HistoryLostError", "StreamInvalidatedError", "NotResumableError",
                  "RetriesExhaustedError"):
         assert issubclass(getattr(errors, name), errors.ConsumeError)

@@ -37,6 +37,7 @@ from .errors import (
     SplitEventError,
     StreamInvalidatedError,
     describe_error,
+    one_line,
 )
 from .stores import (
     AsyncMongoTokenStore,
@@ -99,6 +100,7 @@ __all__ = [
     "aio",
     "consume",
     "describe_error",
+    "one_line",
     "snapshot_then_watch",
     "spark_adapter",
     "token_cluster_time",

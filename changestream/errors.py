@@ -45,6 +45,7 @@ __all__ = [
     "SplitEventError",
     "StreamInvalidatedError",
     "describe_error",
+    "one_line",
 ]
 
 
@@ -154,6 +155,26 @@ def describe_error(exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {_cut(str(exc))}"
     text = " ".join(text.split())
     return text if len(text) <= _MAX_MESSAGE else text[:_MAX_MESSAGE] + "..."
+
+
+def one_line(exc: BaseException) -> BaseException:
+    """``exc`` itself, or for a PyMongo error a copy whose message is :func:`describe_error`'s.
+
+    Same type, code, labels and ``details``; only ``str()`` changes, so logs
+    and Spark's error reports show the cause instead of the reply dump.
+    """
+    from pymongo.errors import PyMongoError
+
+    if not isinstance(exc, PyMongoError) or isinstance(exc, ChangeStreamError):
+        return exc  # ours are written for people already
+    text = describe_error(exc)
+    if str(exc) == text or text.endswith(f": {exc}"):
+        return exc  # nothing to cut
+    kind = type(exc)
+    clean = kind.__new__(kind)  # not __init__: subclasses differ in their arguments
+    clean.__dict__.update(exc.__dict__)
+    clean.args = (text,)
+    return clean.with_traceback(exc.__traceback__)
 
 
 def _cut(message: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient, MongoClient, monitoring
-from pymongo.errors import PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError, ServerSelectionTimeoutError
 
 import changestream
 import changestream.aio
@@ -267,3 +267,39 @@ def test_stop_on_signals_stops_cleanly_on_sigterm(
     assert "stopped cleanly after 1" in out
     assert "Traceback" not in err
     assert "received SIGTERM" in err
+
+
+def test_a_server_error_that_ends_consume_reads_code_name_and_message(
+    mongodb_uri: str, names: tuple[str, str], fail_point: Callable[..., None]
+) -> None:
+    fail_point({"times": 1}, failCommands=["aggregate"], errorCode=2)
+    with MongoClient(mongodb_uri) as client:
+        coll = client[names[0]][names[1]]
+        with pytest.raises(OperationFailure) as info:
+            changestream.consume(
+                lambda token: changestream.watch(coll, resume_after=token, **FAST),
+                lambda change: None, MemoryTokenStore(),
+            )
+    assert str(info.value).startswith("2 BadValue:")
+    assert "full error" not in str(info.value)
+    assert info.value.code == 2 and info.value.details is not None  # the rest is kept
+
+
+def test_describe_error_and_one_line() -> None:
+    details = {"ok": 0, "errmsg": "cursor id 7 not found", "code": 43,
+               "codeName": "CursorNotFound", "$clusterTime": {"signature": {"hash": b"x" * 20}}}
+    error = OperationFailure("cursor id 7 not found", 43, details)
+    assert "full error" in str(error)
+    assert changestream.describe_error(error) == "43 CursorNotFound: cursor id 7 not found"
+    clean = changestream.one_line(error)
+    assert type(clean) is OperationFailure and str(clean) == "43 CursorNotFound: cursor id 7 not found"
+    assert clean.details == details and clean.code == 43
+    timeout = ServerSelectionTimeoutError(
+        "127.0.0.1:1: [Errno 111] Connection refused (configured timeouts: socketTimeoutMS: "
+        "20000.0ms), Timeout: 30s, Topology Description: <TopologyDescription ...>"
+    )
+    assert changestream.describe_error(timeout) == (
+        "ServerSelectionTimeoutError: 127.0.0.1:1: [Errno 111] Connection refused"
+    )
+    plain = ValueError("x")
+    assert changestream.one_line(plain) is plain

@@ -13,11 +13,17 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pymongo.errors import OperationFailure
+from pymongo.errors import OperationFailure, PyMongoError
 
 from .._codes import CHANGE_STREAM_HISTORY_LOST
 from .._token import token_to_json
-from ..errors import ChangeStreamError, HistoryLostError, StreamInvalidatedError
+from ..errors import (
+    ChangeStreamError,
+    HistoryLostError,
+    StreamInvalidatedError,
+    describe_error,
+    one_line,
+)
 
 __all__ = [
     "ChangeStreamHistoryLostError",
@@ -70,10 +76,23 @@ class SchemaMismatchError(ChangeStreamError):
 
 @contextlib.contextmanager
 def history_lost_as_error(token: Mapping[str, Any] | None) -> Iterator[None]:
-    """Turn the server's ChangeStreamHistoryLost into :class:`HistoryLostError`."""
+    """Turn the server's ChangeStreamHistoryLost into :class:`HistoryLostError`.
+
+    Other server errors keep their type but read ``code codeName: errmsg``
+    (:func:`~changestream.errors.one_line`): Spark shows the message, and PyMongo's
+    would end with the whole reply, signature bytes included.
+    """
     try:
         yield
     except OperationFailure as exc:
         if exc.code == CHANGE_STREAM_HISTORY_LOST:
-            raise history_lost(token, str(exc).split(", full error")[0]) from exc
-        raise
+            raise history_lost(token, describe_error(exc)) from exc
+        clean = one_line(exc)
+        if clean is exc:
+            raise
+        raise clean from None
+    except PyMongoError as exc:
+        clean = one_line(exc)
+        if clean is exc:
+            raise
+        raise clean from None

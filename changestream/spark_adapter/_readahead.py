@@ -22,18 +22,24 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
+import tenacity
 from bson.raw_bson import RawBSONDocument
+from pymongo.errors import PyMongoError
 
 from .._api import watch
+from .._consume import RetryPolicy, is_transient, stalled
 from .._stream import ChangeStream
+from ..errors import RetriesExhaustedError, describe_error
 from ._config import SourceConfig
 from ._convert import event_token, is_invalidate, raw_bytes
 from ._errors import invalidated
@@ -48,9 +54,22 @@ several partitions, converted in parallel."""
 
 _POLL = 0.01
 """Seconds between the checks of ``take`` while it waits for events."""
+RETRY = RetryPolicy(retry_for=300.0, backoff_initial=0.5, backoff_max=30.0)
+"""How the read-ahead reopens its stream after transient failures (consume's defaults):
+exponential backoff, and :class:`~changestream.errors.RetriesExhaustedError` after
+300 s without progress."""
+log = logging.getLogger("changestream.spark")
 
 _CODEC = next((c for c in ("zstd", "lz4") if pa.Codec.is_available(c)), None)
 _HEADER = 9  # one byte: compressed or not; eight: the raw size
+
+
+def _log_retry(state: tenacity.RetryCallState) -> None:
+    outcome = state.outcome
+    exc = outcome.exception() if outcome is not None else None
+    delay = state.next_action.sleep if state.next_action is not None else 0.0
+    log.warning("change stream read-ahead failed (%s); reopening in %.2f s (attempt %d)",
+                "?" if exc is None else describe_error(exc), delay, state.attempt_number + 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,13 +279,7 @@ class ReadAhead:
         config = self._config
         if self._client is None:
             self._client = config.connect()
-        stream = watch(
-            config.target(self._client),
-            list(config.pipeline),
-            **config.watch_options(),
-            **offset_watch_option(start),
-            document_class=RawBSONDocument,
-        )
+        stream = self._open(offset_watch_option(start))
         self._clear(token)
         self._stream = stream
         self._stop = threading.Event()
@@ -277,6 +290,16 @@ class ReadAhead:
             daemon=True,
         )
         self._thread.start()
+
+    def _open(self, position: Mapping[str, Any]) -> ChangeStream[Any]:
+        config = self._config
+        return watch(
+            config.target(self._client),
+            list(config.pipeline),
+            **config.watch_options(),
+            **position,
+            document_class=RawBSONDocument,
+        )
 
     def _stop_thread(self) -> None:
         stream, thread = self._stream, self._thread
@@ -339,35 +362,94 @@ class ReadAhead:
 
     # -- the read-ahead thread -----------------------------------------------------------------
     def _run(self, stream: ChangeStream[Any], stop: threading.Event) -> None:
-        cond, events = self._cond, self._events
+        """Read ahead; after a transient failure reopen from the last fetched event, backing off.
+
+        The stream's own single resume covers a failover; when it fails (or
+        resumes bring nothing, see ``MAX_IDLE_RESUMES``) the stream is reopened
+        from its token with exponential backoff (:data:`RETRY`), and after
+        ``retry_for`` seconds without progress :class:`RetriesExhaustedError`
+        names the repeated failure. Other errors stop the read-ahead at once.
+        """
+        current: list[ChangeStream[Any] | None] = [stream]
+        resume_from: list[Any] = [None]
+
+        def session() -> bool:
+            """Read until stopped; ``True``: failed transiently after progress (fresh budget)."""
+            reading = current[0]
+            if reading is None:
+                token = resume_from[0]
+                reading = self._open({} if token is None else {"start_after": token})
+                current[0] = reading
+            progress = [False]
+            try:
+                self._read(reading, stop, progress)
+                if reading is not stream:  # a reopened stream is this thread's to close
+                    reading.close()
+            except Exception as exc:
+                current[0] = None
+                resume_from[0] = reading.resume_token
+                with contextlib.suppress(PyMongoError):
+                    reading.close()
+                if progress[0] and is_transient(exc) and not stop.is_set():
+                    log.warning("change stream read-ahead failed (%s); reopening",
+                                describe_error(exc))
+                    return True
+                raise
+            return False
+
+        def sleep(seconds: float) -> None:
+            stop.wait(seconds)
+
         try:
-            while not stop.is_set():
-                if self._full():  # Spark is behind: read no further
-                    with cond:
-                        while not stop.is_set() and self._full():
-                            cond.wait(0.1)
-                    continue
-                event = stream.try_next()
-                if event is None:
-                    with cond:
-                        self._mark = (self._fetched, stream.resume_token, time.monotonic())
-                        if not stream.alive:  # closed by an invalidate the pipeline removed
-                            self._stopped = self._stopped or _Stopped(stream.resume_token)
-                        cond.notify_all()
-                    if self._stopped is not None:
-                        return
-                    continue
-                raw = raw_bytes(event)
-                if is_invalidate(raw):
-                    with cond:
-                        self._stopped = self._stopped or _Stopped(event_token(raw))
-                        cond.notify_all()
-                    return
-                self._fetched += 1  # before the append: a mark never looks newer than it is
-                self._in_bytes += len(raw)
-                events.append(raw)
+            while not stop.is_set() and tenacity.Retrying(
+                sleep=sleep, **{**RETRY.arguments(), "before_sleep": _log_retry}
+            )(session):
+                pass
         except BaseException as exc:
             if not stop.is_set():
+                error: BaseException = exc
+                if is_transient(exc):
+                    error = RetriesExhaustedError(
+                        f"the change stream read-ahead kept failing for {RETRY.retry_for:g} s, "
+                        f"the last time with {describe_error(exc)}; the query's checkpoint "
+                        "still holds its position: restart the query once the deployment "
+                        "is reachable",
+                        token=resume_from[0],
+                    )
+                    error.__cause__ = exc
+                with self._cond:
+                    self._stopped = _Stopped(error=error)
+                    self._cond.notify_all()
+
+    def _read(
+        self, stream: ChangeStream[Any], stop: threading.Event, progress: list[bool]
+    ) -> None:
+        """Fetch into the buffer until stopped or the stream ends; ``progress[0]``: it moved."""
+        cond, events = self._cond, self._events
+        while not stop.is_set():
+            if self._full():  # Spark is behind: read no further
                 with cond:
-                    self._stopped = _Stopped(error=exc)
+                    while not stop.is_set() and self._full():
+                        cond.wait(0.1)
+                continue
+            event = stream.try_next()
+            if event is None:
+                progress[0] = progress[0] or not stalled(stream)
+                with cond:
+                    self._mark = (self._fetched, stream.resume_token, time.monotonic())
+                    if not stream.alive:  # closed by an invalidate the pipeline removed
+                        self._stopped = self._stopped or _Stopped(stream.resume_token)
                     cond.notify_all()
+                if self._stopped is not None:
+                    return
+                continue
+            raw = raw_bytes(event)
+            if is_invalidate(raw):
+                with cond:
+                    self._stopped = self._stopped or _Stopped(event_token(raw))
+                    cond.notify_all()
+                return
+            self._fetched += 1  # before the append: a mark never looks newer than it is
+            self._in_bytes += len(raw)
+            events.append(raw)
+            progress[0] = True

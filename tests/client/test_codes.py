@@ -36,7 +36,7 @@ def test_code_sets_are_the_specs() -> None:
 def test_one_hierarchy_without_pairs() -> None:
     for name in errors.__all__:
         assert getattr(changestream, name) is getattr(errors, name)
-        if name == "describe_error":  # the one helper: a server error in one line
+        if not isinstance(getattr(errors, name), type):  # describe_error, one_line
             continue
         assert issubclass(getattr(errors, name), errors.ChangeStreamError)
     for name in ("HistoryLostError", "StreamInvalidatedError", "NotResumableError",

@@ -59,6 +59,8 @@ class Consumer:
         self.tokens: list[Any] = []
         self.opened: list[Any] = []
         self.stop = threading.Event()
+        self.ready = threading.Event()
+        """Set once a stream is open: what is written after it is seen."""
         self.result: Any = None
         self.error: BaseException | None = None
         self.on_change: Callable[[Any], None] | None = None
@@ -66,7 +68,9 @@ class Consumer:
 
     def open_stream(self, token: Any) -> changestream.ChangeStream[Any]:
         self.opened.append(token)
-        return changestream.watch(self.coll, resume_after=token, **FAST)
+        stream = changestream.watch(self.coll, resume_after=token, **FAST)
+        self.ready.set()
+        return stream
 
     def handle(self, change: Any) -> None:
         if self.on_change is not None:
@@ -84,13 +88,14 @@ class Consumer:
 
     def start(self) -> Consumer:
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.opened and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.1)  # the initial aggregate has run
+        # Not a fixed sleep: on a loaded machine the initial aggregate can take longer,
+        # and changes written before it would never be seen.
+        deadline = time.monotonic() + 60
+        while not self.ready.wait(0.02) and self.thread.is_alive():
+            assert time.monotonic() < deadline, "the stream did not open"
         return self
 
-    def join(self, timeout: float = 20) -> Consumer:
+    def join(self, timeout: float = 60) -> Consumer:
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "consume() did not stop"
         return self

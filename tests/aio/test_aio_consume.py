@@ -25,15 +25,27 @@ def same(a: Any, b: Any) -> bool:
 
 
 class Opener:
-    """``open_stream`` that records the tokens it was given."""
+    """``open_stream`` that records the tokens it was given.
+
+    :meth:`ready` waits until a stream is open (its initial aggregate ran), so
+    what a test writes next is after the stream's start: a fixed sleep instead
+    loses the race on a loaded machine (the events, or an invalidate, land
+    before the stream exists and the test waits for them in vain).
+    """
 
     def __init__(self, ctx: Ctx) -> None:
         self.ctx = ctx
         self.tokens: list[Any] = []
+        self.opened = asyncio.Event()
 
     async def __call__(self, token: Any) -> AsyncChangeStream[Any]:
         self.tokens.append(token)
-        return await watch(self.ctx.coll, resume_after=token, **FAST)
+        stream = await watch(self.ctx.coll, resume_after=token, **FAST)
+        self.opened.set()
+        return stream
+
+    async def ready(self) -> None:
+        await asyncio.wait_for(self.opened.wait(), 60)
 
 
 def test_async_handler_and_async_store(run: Run) -> None:
@@ -48,10 +60,11 @@ def test_async_handler_and_async_store(run: Run) -> None:
             if len(seen) == 3:
                 stop.set()
 
-        task = asyncio.create_task(consume(Opener(ctx), handler, store, stop=stop))
-        await asyncio.sleep(0.2)
+        opener = Opener(ctx)
+        task = asyncio.create_task(consume(opener, handler, store, stop=stop))
+        await opener.ready()
         ctx.writer.insert_many([{"i": i} for i in range(3)])
-        result = await asyncio.wait_for(task, 10)
+        result = await asyncio.wait_for(task, 60)
         assert seen == [0, 1, 2] and result.handled == 3
         stored = await store.load()
         assert stored is not None and same(stored.token, result.token)
@@ -63,7 +76,7 @@ def test_sync_file_store_and_restart_without_loss(run: Run, tmp_path: Path) -> N
     async def scenario(ctx: Ctx) -> None:
         store = FileTokenStore(tmp_path / "token.json")
 
-        async def consume_until(count: int) -> list[int]:
+        async def consume_until(count: int, opener: Opener) -> list[int]:
             stop = asyncio.Event()
             seen: list[int] = []
 
@@ -72,15 +85,16 @@ def test_sync_file_store_and_restart_without_loss(run: Run, tmp_path: Path) -> N
                 if len(seen) == count:
                     stop.set()
 
-            await asyncio.wait_for(consume(Opener(ctx), handler, store, stop=stop), 10)
+            await asyncio.wait_for(consume(opener, handler, store, stop=stop), 30)
             return seen
 
-        first = asyncio.create_task(consume_until(2))
-        await asyncio.sleep(0.2)
+        opener = Opener(ctx)
+        first = asyncio.create_task(consume_until(2, opener))
+        await opener.ready()
         ctx.writer.insert_many([{"i": 0}, {"i": 1}])
         assert await first == [0, 1]
         ctx.writer.insert_many([{"i": 2}, {"i": 3}])  # written while nobody consumes
-        assert await consume_until(2) == [2, 3]
+        assert await consume_until(2, Opener(ctx)) == [2, 3]
 
     run(scenario)
 
@@ -102,7 +116,7 @@ def test_reopens_with_backoff_when_the_single_resume_fails(
 
         task = asyncio.create_task(consume(opener, handler, MemoryTokenStore(), stop=stop,
                                            backoff_initial=0.2, backoff_max=1.0))
-        await asyncio.sleep(0.2)
+        await opener.ready()
         ctx.writer.insert_one({"i": 0})
         while not seen:
             await asyncio.sleep(0.01)
@@ -111,7 +125,7 @@ def test_reopens_with_backoff_when_the_single_resume_fails(
         while len(opener.tokens) < 3:
             await asyncio.sleep(0.01)
         ctx.writer.insert_one({"i": 1})
-        result = await asyncio.wait_for(task, 10)
+        result = await asyncio.wait_for(task, 60)
         assert seen == [0, 1] and result.reopens == 2
 
     run(scenario)
@@ -125,17 +139,17 @@ def test_invalidate_and_history_lost_stop_at_once(run: Run) -> None:
         opener = Opener(ctx)
         store = MemoryTokenStore()
         task = asyncio.create_task(consume(opener, lambda change: None, store))
-        await asyncio.sleep(0.2)
+        await opener.ready()
         ctx.writer.insert_one({"i": 0})
         ctx.writer.drop()
         with pytest.raises(changestream.StreamInvalidatedError) as info:
-            await asyncio.wait_for(task, 10)
+            await asyncio.wait_for(task, 60)
         assert info.value.invalidate_token is not None and len(opener.tokens) == 1
 
         ctx.fail_point("failCommand", {"times": 1}, failCommands=["aggregate"], errorCode=286)
         again = Opener(ctx)
         with pytest.raises(changestream.HistoryLostError, match="history lost"):
-            await asyncio.wait_for(consume(again, lambda change: None, store), 10)
+            await asyncio.wait_for(consume(again, lambda change: None, store), 60)
         assert len(again.tokens) == 1
 
     run(scenario)
@@ -145,11 +159,12 @@ def test_cancellation_stores_the_last_handled_token(run: Run) -> None:
     async def scenario(ctx: Ctx) -> None:
         store = MemoryTokenStore()
         handled: list[Any] = []
+        opener = Opener(ctx)
         task = asyncio.create_task(
-            consume(Opener(ctx), lambda change: handled.append(change["_id"]), store,
+            consume(opener, lambda change: handled.append(change["_id"]), store,
                     save_every=100)
         )
-        await asyncio.sleep(0.2)
+        await opener.ready()
         ctx.writer.insert_many([{"i": 0}, {"i": 1}])
         while len(handled) < 2:
             await asyncio.sleep(0.01)

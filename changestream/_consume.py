@@ -17,13 +17,18 @@ schedule and the retry settings) are shared with
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import math
+import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from types import FrameType
 from typing import Any
 
+import pymongo
 import tenacity
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
@@ -44,6 +49,8 @@ from .errors import (
     NotResumableError,
     RetriesExhaustedError,
     StreamInvalidatedError,
+    describe_error,
+    one_line,
 )
 from .stores import StoredToken, TokenStore
 
@@ -60,6 +67,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("changestream.consume")
+DEFAULT_CALL_TIMEOUT = 60.0
+"""Seconds each stream call (open, poll, close) of :func:`consume` may take by default."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,20 +122,21 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
             f"change stream. To recover: resynchronise from the collection itself (e.g. a full "
             f"copy), then start a new stream at the time of that copy "
             f"(start_at_operation_time=...) or from now after clearing {store!r}. A larger "
-            f"oplog (replSetResizeOplog) or a faster consumer prevents this. Server: {exc}",
+            f"oplog (replSetResizeOplog) or a faster consumer prevents this. Server: "
+            f"{describe_error(exc)}",
             token=token,
         )
     if exc.code == UNAUTHORIZED:
         return NotResumableError(
             f"not authorized to watch (code 13): grant the user the 'changeStream' and 'find' "
             f"actions on the watched namespace, then run again; {store!r} still holds {where}. "
-            f"Server: {exc}",
+            f"Server: {describe_error(exc)}",
             token=token,
         )
     if exc.has_error_label(NON_RESUMABLE_LABEL):
         return NotResumableError(
-            f"the server says this change stream cannot be resumed (code {exc.code}, "
-            f"NonResumableChangeStreamError): {exc}. Fix the cause (often the pipeline, e.g. "
+            f"the server says this change stream cannot be resumed "
+            f"(NonResumableChangeStreamError): {describe_error(exc)}. Fix the cause (often the pipeline, e.g. "
             f"a stage removing '_id'), then run again from {where} in {store!r}.",
             token=token,
         )
@@ -196,12 +206,17 @@ class Progress:
         )
         return self._unsaved >= self.save_every or due
 
-    def on_idle(self, token: Any) -> bool:
-        """No change came (empty batch, or a new stream): ``True``: save the new token now."""
+    def on_idle(self, token: Any, *, healthy: bool = True) -> bool:
+        """No change came (empty batch, or a new stream): ``True``: save the new token now.
+
+        A token that moved only because the stream resumed (``healthy`` false:
+        no getMore succeeded since) is saved but is no progress: a server that
+        accepts every resume and fails every getMore must exhaust ``retry_for``.
+        """
         if token is not None:
             self.token = token
         if self.pending:
-            self.advanced = True
+            self.advanced = self.advanced or healthy
             return True
         return False
 
@@ -255,9 +270,9 @@ class RetryPolicy:
         if is_transient(exc):
             source = "the handler" if from_handler else "the change stream"
             return RetriesExhaustedError(
-                f"{source} kept failing for {self.retry_for:g} s ({type(exc).__name__}: {exc});"
-                f" {store!r} holds {_describe_token(token)}: run again once the deployment is"
-                " reachable and it resumes from there",
+                f"{source} kept failing for {self.retry_for:g} s, the last time with "
+                f"{describe_error(exc)}; {store!r} holds {_describe_token(token)}: run again once"
+                " the deployment is reachable and it resumes from there",
                 token=token,
             )
         return None if from_handler else unrecoverable(exc, token, store)
@@ -268,8 +283,9 @@ def _log_retry(state: tenacity.RetryCallState) -> None:
     exc = outcome.exception() if outcome is not None else None
     delay = state.next_action.sleep if state.next_action is not None else 0.0
     log.warning(
-        "change stream failed (%s: %s); reopening from the last handled token in %.2f s "
-        "(attempt %d)", type(exc).__name__, exc, delay, state.attempt_number + 1,
+        "change stream failed (%s); reopening from the last handled token in %.2f s "
+        "(attempt %d)", "?" if exc is None else describe_error(exc), delay,
+        state.attempt_number + 1,
     )
 
 
@@ -278,6 +294,59 @@ def check_save_options(save_every: int, save_interval: float | None) -> None:
         raise ValueError(f"save_every must be an integer >= 1, not {save_every!r}")
     if save_interval is not None and save_interval < 0:
         raise ValueError(f"save_interval must be >= 0 or None, not {save_interval!r}")
+
+
+def check_call_timeout(call_timeout: float) -> None:
+    if (
+        isinstance(call_timeout, bool)
+        or not isinstance(call_timeout, (int, float))
+        or not math.isfinite(call_timeout)
+        or not 0 < call_timeout <= 86400
+    ):
+        raise ValueError(
+            f"call_timeout must be a number of seconds in (0, 86400], not {call_timeout!r}"
+        )
+
+
+def stalled(stream: Any) -> bool:
+    """The stream resumed and no getMore succeeded since (see ``_machine.MAX_IDLE_RESUMES``)."""
+    machine = getattr(stream, "_machine", None)
+    return bool(getattr(machine, "idle_resumes", 0))
+
+
+@contextlib.contextmanager
+def signals_stop(enabled: bool, set_stop: Callable[[], object]) -> Iterator[None]:
+    """With ``enabled``, SIGTERM and SIGINT call ``set_stop`` instead of killing the process.
+
+    Python delivers signals to the main thread only, so this needs it; the
+    previous handlers come back when the block ends.
+    """
+    if not enabled:
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError("stop_on_signals=True needs the main thread (signals arrive there)")
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        log.warning("received %s: stopping after the current change", signal.Signals(signum).name)
+        set_stop()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def bounded(stream: ChangeStream[Any], call_timeout: float) -> Iterator[ChangeStream[Any]]:
+    """``with stream:`` whose close is bounded by ``call_timeout`` and best effort."""
+    try:
+        yield stream
+    finally:
+        with pymongo.timeout(call_timeout), contextlib.suppress(PyMongoError):
+            stream.close()  # the server reaps an unkilled cursor itself
 
 
 # -- one run, without its I/O (shared with the async loop) ------------------------------------
@@ -307,8 +376,11 @@ class Run:
         backoff_initial: float,
         backoff_max: float,
         stats: StatsReporter,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ) -> None:
         check_save_options(save_every, save_interval)
+        check_call_timeout(call_timeout)
+        self.call_timeout = call_timeout
         self.policy = RetryPolicy(retry_for, backoff_initial, backoff_max)
         self.progress = Progress(save_every, save_interval)
         self.store = store
@@ -339,14 +411,18 @@ class Run:
         self.progress.advanced = False
         return SAVE if due else NOTHING
 
-    def polled(self, change: Any, token: Any, alive: bool) -> str:
-        """``try_next`` returned ``change`` and left ``token``; raise at the stream's end."""
+    def polled(self, change: Any, token: Any, alive: bool, stalled: bool = False) -> str:
+        """``try_next`` returned ``change`` and left ``token``; raise at the stream's end.
+
+        ``stalled``: the stream resumed and no getMore succeeded since, so a
+        moved token is saved but does not count as progress.
+        """
         progress = self.progress
         self.stats.poll(progress.handled, self.opened - 1)
         if change is None:
             if not alive:
                 raise invalidated(None, progress.token, token)
-            return SAVE if progress.on_idle(token) else NOTHING
+            return SAVE if progress.on_idle(token, healthy=not stalled) else NOTHING
         if is_invalidate(change):
             raise invalidated(change, progress.token, token)
         return HANDLE
@@ -367,8 +443,8 @@ class Run:
     def reopen_after(self, exc: BaseException) -> bool:
         """The stream failed with ``exc``: reopen at once (it had made progress) or not."""
         if self.progress.advanced and is_transient(exc):
-            log.warning("change stream failed after progress (%s: %s); reopening",
-                        type(exc).__name__, exc)
+            log.warning("change stream failed after progress (%s); reopening",
+                        describe_error(exc))
             return True
         return False
 
@@ -380,6 +456,19 @@ class Run:
         """What the run raises for ``exc`` that ended it (``None``: ``exc`` itself)."""
         return self.policy.dead_end(exc, self.progress.token, self.store,
                                     from_handler=exc is self.handler_error)
+
+    def final_error(self, exc: BaseException) -> BaseException:
+        """The exception the run raises for ``exc`` that ended it (``exc``: re-raise it).
+
+        A dead end becomes its :class:`ConsumeError` (caused by ``exc``); another
+        server error keeps its type but reads ``code codeName: errmsg``; the
+        handler's own errors propagate untouched. Raise it ``from error.__cause__``.
+        """
+        dead_end = self.dead_end(exc)
+        if dead_end is not None:
+            dead_end.__cause__ = exc
+            return dead_end
+        return exc if exc is self.handler_error else one_line(exc)
 
     def finished(self) -> None:
         """The run ends (returns or raises): the last statistics."""
@@ -408,6 +497,8 @@ def consume(
     stop: threading.Event | None = None,
     on_stats: StatsCallback | None = None,
     stats_interval: float = 10.0,
+    call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    stop_on_signals: bool = False,
 ) -> ConsumeResult:
     """Handle every change at least once, keeping the resume token in ``store``.
 
@@ -429,7 +520,16 @@ def consume(
     so the change is handled again). Raises :class:`HistoryLostError`,
     :class:`NotResumableError` or :class:`StreamInvalidatedError` on dead
     ends. Returns when ``stop`` is set (checked between polls, so within
-    about ``max_await_time_ms``).
+    about ``max_await_time_ms``); with ``stop_on_signals=True`` (main thread
+    only) SIGTERM and SIGINT set it, for a clean stop in containers.
+
+    Every stream call (opening, each poll, closing) runs under a client-side
+    timeout of ``call_timeout`` seconds (default 60; the stream's own
+    ``timeout_ms`` applies if earlier): a server that stops answering becomes
+    a logged, retried failure, never an endless wait. A server that accepts
+    each resume and then fails again is not retried in a tight loop: the
+    stream gives up after ``MAX_IDLE_RESUMES`` (3) fruitless resumes and the
+    reopen backs off as above.
 
     ``on_stats(stats)`` receives a :class:`~changestream.metrics.ConsumeStats`
     (changes handled, events/s, lag, resumes, reopens, time of the last
@@ -450,7 +550,7 @@ def consume(
     )
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,
-              stats=StatsReporter(on_stats, stats_interval))
+              stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout)
     run.loaded(store.load())
     stop = stop if stop is not None else threading.Event()
 
@@ -462,15 +562,17 @@ def consume(
         """Run one stream; ``True``: it failed transiently after progress, open a new one."""
         if stop.is_set():
             return False
-        stream = open_stream(run.opening())
+        with pymongo.timeout(run.call_timeout):
+            stream = open_stream(run.opening())
         try:
-            with stream:
+            with bounded(stream, run.call_timeout):
                 if run.started(stream) is SAVE:
                     save()
                 while not stop.is_set():
-                    change = stream.try_next()
+                    with pymongo.timeout(run.call_timeout):
+                        change = stream.try_next()
                     token = stream.resume_token
-                    step = run.polled(change, token, stream.alive)
+                    step = run.polled(change, token, stream.alive, stalled(stream))
                     if step is HANDLE:
                         try:
                             handler(change)
@@ -490,15 +592,16 @@ def consume(
         stop.wait(seconds)
 
     try:
-        while tenacity.Retrying(sleep=sleep, **run.retrying())(session):
-            pass
+        with signals_stop(stop_on_signals, stop.set):
+            while tenacity.Retrying(sleep=sleep, **run.retrying())(session):
+                pass
     except Exception as exc:
         _flush_quietly(run, save)
         run.finished()
-        dead_end = run.dead_end(exc)
-        if dead_end is not None:
-            raise dead_end from exc
-        raise
+        error = run.final_error(exc)
+        if error is exc:
+            raise
+        raise error from error.__cause__
     except BaseException:
         _flush_quietly(run, save)
         run.finished()

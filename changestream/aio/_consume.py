@@ -13,12 +13,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+import pymongo
 import tenacity
+from pymongo.errors import PyMongoError
 
-from .._consume import HANDLE, SAVE, ConsumeResult, Run, log
+from .._consume import (
+    DEFAULT_CALL_TIMEOUT,
+    HANDLE,
+    SAVE,
+    ConsumeResult,
+    Run,
+    log,
+    signals_stop,
+    stalled,
+)
 from .._metrics import StatsCallback, StatsReporter
 from ..stores import AsyncTokenStore, TokenStore
 from ._snapshot_watch import stream_opener
@@ -32,6 +43,18 @@ async def _call(method: Callable[..., Any], *args: Any) -> Any:
     if inspect.iscoroutinefunction(method):
         return await method(*args)
     return await asyncio.to_thread(method, *args)
+
+
+@contextlib.asynccontextmanager
+async def bounded(
+    stream: AsyncChangeStream[Any], call_timeout: float
+) -> AsyncIterator[AsyncChangeStream[Any]]:
+    """``async with stream:`` whose close is bounded by ``call_timeout`` and best effort."""
+    try:
+        yield stream
+    finally:
+        with pymongo.timeout(call_timeout), contextlib.suppress(PyMongoError):
+            await stream.close()  # the server reaps an unkilled cursor itself
 
 
 async def consume(
@@ -50,6 +73,8 @@ async def consume(
     stop: asyncio.Event | None = None,
     on_stats: StatsCallback | None = None,
     stats_interval: float = 10.0,
+    call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    stop_on_signals: bool = False,
 ) -> ConsumeResult:
     """Handle every change at least once, keeping the resume token in ``store``.
 
@@ -60,6 +85,7 @@ async def consume(
     set; cancelling the task stores the last handled token and re-raises.
     ``open_stream`` may also be an ``AsyncCollection`` (with ``pipeline``,
     ``watch_options`` and ``initial_snapshot`` as in the sync ``consume``).
+    ``call_timeout`` and ``stop_on_signals`` work as there.
     """
     open_stream = stream_opener(
         open_stream, initial_snapshot=initial_snapshot, pipeline=pipeline,
@@ -67,7 +93,7 @@ async def consume(
     )
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,
-              stats=StatsReporter(on_stats, stats_interval))
+              stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout)
     run.loaded(await _call(store.load))
     stop = stop if stop is not None else asyncio.Event()
 
@@ -79,15 +105,17 @@ async def consume(
         """Run one stream; ``True``: it failed transiently after progress, open a new one."""
         if stop.is_set():
             return False
-        stream = await open_stream(run.opening())
+        with pymongo.timeout(run.call_timeout):
+            stream = await open_stream(run.opening())
         try:
-            async with stream:
+            async with bounded(stream, run.call_timeout):
                 if run.started(stream) is SAVE:
                     await save()
                 while not stop.is_set():
-                    change = await stream.try_next()
+                    with pymongo.timeout(run.call_timeout):
+                        change = await stream.try_next()
                     token = stream.resume_token
-                    step = run.polled(change, token, stream.alive)
+                    step = run.polled(change, token, stream.alive, stalled(stream))
                     if step is HANDLE:
                         try:
                             result = handler(change)
@@ -109,16 +137,18 @@ async def consume(
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), seconds)
 
+    loop = asyncio.get_running_loop()
     try:
-        while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):
-            pass
+        with signals_stop(stop_on_signals, lambda: loop.call_soon_threadsafe(stop.set)):
+            while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):
+                pass
     except Exception as exc:
         await _flush_quietly(run, save)
         run.finished()
-        dead_end = run.dead_end(exc)
-        if dead_end is not None:
-            raise dead_end from exc
-        raise
+        error = run.final_error(exc)
+        if error is exc:
+            raise
+        raise error from error.__cause__
     except BaseException:
         await _flush_quietly(run, save)
         run.finished()

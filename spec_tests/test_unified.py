@@ -13,8 +13,10 @@ variables): ``--spec-versions`` (SPEC_TESTS_VERSIONS), ``--spec-files``
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -26,6 +28,29 @@ from spec_tests.runner.matrix import Case, build_cases, execute_case
 from spec_tests.runner.targets import TargetPool
 
 _POOL = pytest.StashKey[TargetPool]()
+
+
+@contextlib.contextmanager
+def no_gc_pauses() -> Iterator[None]:
+    """Run one spec test without a garbage collection in the middle of it.
+
+    The CSOT tests leave 20-50 ms between ``blockTimeMS`` (plus mongod's 1 s
+    await) and ``timeoutMS``. A full collection of this process (the whole
+    collected suite, the simulators, the clients) takes ~90 ms on a loaded
+    2-core machine and used to land inside that window now and then: a
+    NetworkTimeout that had nothing to do with the client. So the young
+    generations are collected between tests, never during one (a test
+    allocates little), and everything alive after collection is frozen out
+    of later full collections (``pytest_collection_finish`` in conftest).
+    """
+    enabled = gc.isenabled()
+    gc.collect(1)
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def option(config: pytest.Config, name: str, env: str, default: str | None = None) -> str | None:
@@ -109,10 +134,11 @@ class SpecItem(pytest.Item):
         self.client = client
 
     def runtest(self) -> None:
-        try:
-            execute_case(self.case, get_pool(self.config), self.client)
-        except SpecSkip as exc:
-            pytest.skip(str(exc))
+        with no_gc_pauses():
+            try:
+                execute_case(self.case, get_pool(self.config), self.client)
+            except SpecSkip as exc:
+                pytest.skip(str(exc))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, (SpecFailure, RunnerError)):

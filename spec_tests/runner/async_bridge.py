@@ -37,6 +37,9 @@ _T = TypeVar("_T")
 CLOSE_TIMEOUT_S = 20.0
 """How long closing a stream, a client or the loop may take (a stuck one is reported, not waited on)."""
 
+DISCOVERY_WAIT_SECONDS = 10.0
+"""How long a new async twin may take to discover a data-bearing server before the test runs."""
+
 
 class _End:
     """Marks the end of a stream (``StopAsyncIteration``, or a cancelled wait)."""
@@ -101,6 +104,12 @@ class AsyncBridge:
         async def connect() -> AsyncMongoClient[Any]:
             twin: AsyncMongoClient[Any] = AsyncMongoClient(uri, **options)
             await twin.aconnect()
+            # As entities.await_discovery for sync clients: discovery is not the test's.
+            deadline = asyncio.get_running_loop().time() + DISCOVERY_WAIT_SECONDS
+            while not twin.topology_description.has_writable_server():
+                if asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.002)
             return twin
 
         self._mirrors[id(client)] = _Mirror(client, self.run(connect()))

@@ -11,6 +11,7 @@ errors (cleanup must not hide the test's own result).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,25 @@ from .async_bridge import AsyncBridge
 from .events import EventRecorder
 from .matcher import bson_type
 from .targets import SERVER_SELECTION_TIMEOUT_MS, Target
+
+DISCOVERY_WAIT_SECONDS = 10.0
+
+
+def await_discovery(client: Any) -> None:
+    """Wait (bounded) until ``client`` has discovered a data-bearing server.
+
+    The tests' first operation must not pay for topology discovery (the
+    monitor's connection and first hello): CSOT tests leave 20-50 ms of slack
+    (``blockTimeMS`` 150 under ``timeoutMS`` 200), which discovery alone can
+    exceed on a loaded machine. It is what a long-lived application client has
+    done long before. Emits no command events. (Async clients: ``async_bridge``.)
+    """
+    deadline = time.monotonic() + DISCOVERY_WAIT_SECONDS
+    while not client.topology_description.has_writable_server():
+        if time.monotonic() > deadline:
+            return  # the test's own operations report the problem
+        time.sleep(0.002)
+
 
 FAST_HEARTBEAT_MS = 500
 """heartbeatFrequencyMS for clients of tests that set failpoints (the spec allows lowering
@@ -195,6 +215,7 @@ class EntityMap:
             kwargs["event_listeners"] = [recorder]
         uri = self._client_uri(options.get("useMultipleMongoses"))
         client: MongoClient[dict[str, Any]] = MongoClient(uri, **kwargs)
+        await_discovery(client)
         entity = ClientEntity(client, recorder, self.bridge)
         self.add(name, "client", entity)  # first, so it is closed even if mirroring fails
         if self.bridge is not None:

@@ -11,30 +11,63 @@ are never printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import math
 import os
 import signal
 import sys
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import pymongo
 from bson import json_util
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
+from pymongo.read_preferences import ReadPreference
 
 from ._api import watch
 from ._cli_progress import StatusLine, WatchProgress, parse_operation_time
-from ._consume import ConsumeError, StreamInvalidatedError, consume
+from ._consume import DEFAULT_CALL_TIMEOUT, ConsumeError, StreamInvalidatedError, consume
 from ._stream import ChangeStream
 from ._token import token_from_json, token_to_json
+from .errors import describe_error
 from .stores import FileTokenStore, MemoryTokenStore, TokenStore, TokenStoreError
 
 __all__ = ["main"]
 
 _RELAXED = json_util.RELAXED_JSON_OPTIONS
+_INT32_MAX = 2**31 - 1
+DEFAULT_CONNECT_TIMEOUT = 10.0
+"""Seconds ``watch`` waits to reach the deployment the first time before giving up (exit 1)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr and exit status 2 (argparse prints the usage too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _milliseconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of ms, not {text!r}") from None
+    if not 0 <= value <= _INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {_INT32_MAX} ms, not {value}")
+    return value
+
+
+def _call_seconds(text: str) -> float:
+    """A per-call time limit: finite, more than 0, at most a day."""
+    value = _seconds(text)
+    if not math.isfinite(value) or value > 86400:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 86400 s, not {text}")
+    return value
 
 
 def _version() -> str:
@@ -58,13 +91,13 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):
+    if not 0 < value < float("inf"):  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text}")
     return value
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="changestream",
         description="MongoDB change streams from the command line.",
     )
@@ -112,8 +145,18 @@ def _parser() -> argparse.ArgumentParser:
         "SECONDS:INCREMENT or ISO-8601 (e.g. 2026-11-26T02:00:00Z)",
     )
     watch_parser.add_argument(
-        "--max-await-ms", type=int, default=1000, metavar="MS",
+        "--max-await-ms", type=_milliseconds, default=1000, metavar="MS",
         help="how long each getMore waits for changes (default %(default)s)",
+    )
+    watch_parser.add_argument(
+        "--call-timeout", type=_call_seconds, default=DEFAULT_CALL_TIMEOUT, metavar="S",
+        help="longest a single server call may take before it is retried with a warning "
+        f"(default {DEFAULT_CALL_TIMEOUT:g})",
+    )
+    watch_parser.add_argument(
+        "--connect-timeout", type=_call_seconds, default=DEFAULT_CONNECT_TIMEOUT, metavar="S",
+        help="give up (exit 1) if the deployment cannot be reached at start within S seconds "
+        f"(default {DEFAULT_CONNECT_TIMEOUT:g})",
     )
     watch_parser.add_argument(
         "--batch-size", type=_positive_int, metavar="N",
@@ -152,6 +195,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status."""
+    try:
+        return _main(argv)
+    finally:
+        if argv is None:  # the program itself (not a test calling main()): exiting now
+            _quiet_exit()
+
+
+def _quiet_exit() -> None:
+    """A Ctrl-C or SIGTERM while the interpreter shuts down ends it without a traceback."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            signal.signal(signum, signal.SIG_DFL)
+
+
+def _main(argv: list[str] | None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["serve"]:
         from .testing.cli import main as serve
@@ -184,7 +242,45 @@ def main(argv: list[str] | None = None) -> int:
             args.start_at_operation_time = parse_operation_time(args.start_at_operation_time)
         except ValueError as exc:
             parser.error(f"--start-at-operation-time: {exc}")
-    return _watch(args, pipeline, start_after)
+    store: TokenStore = MemoryTokenStore()
+    if args.token_file:
+        directory = Path(args.token_file).parent
+        if not directory.is_dir():
+            parser.error(f"--token-file: the directory {directory} does not exist")
+        try:
+            store = FileTokenStore(args.token_file)
+        except TokenStoreError as exc:
+            parser.error(f"--token-file: {exc}")
+    if not args.uri.startswith(("mongodb://", "mongodb+srv://")):
+        scheme = args.uri.split("://", 1)[0] + "://" if "://" in args.uri else repr(args.uri[:20])
+        parser.error(f"the URI must start with mongodb:// or mongodb+srv://, not {scheme}")
+    try:
+        client: MongoClient[dict[str, Any]] = MongoClient(args.uri, connect=False)
+    except (PyMongoError, ValueError, TypeError) as exc:
+        parser.error(f"invalid URI: {_redact(describe_error(exc), args.uri)}")
+    return _watch(args, client, store, pipeline, start_after)
+
+
+def _redact(text: str, uri: str) -> str:
+    """Never print the credentials of a URI (``user:password@``)."""
+    userinfo = uri.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[0]
+    return text.replace(userinfo, "***") if userinfo else text
+
+
+def _reach(client: MongoClient[dict[str, Any]], seconds: float) -> str | None:
+    """``None`` once any member answers a ping; else one line saying what was tried."""
+    try:
+        with pymongo.timeout(seconds):
+            client.admin.command("ping", read_preference=ReadPreference.NEAREST)
+    except PyMongoError as exc:
+        seeds = ", ".join(
+            f"{host}:{port}" for host, port in client.topology_description.server_descriptions()
+        )
+        if getattr(exc, "timeout", False) or not hasattr(exc, "code"):
+            return (f"could not reach the deployment ({seeds}) within {seconds:g} s: "
+                    f"{describe_error(exc)}")
+        return f"the deployment ({seeds}) refused the first command: {describe_error(exc)}"
+    return None
 
 
 def _say(message: str) -> None:
@@ -202,7 +298,8 @@ def _log_level(args: argparse.Namespace) -> int:
     return {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
 
 
-def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> int:
+def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store: TokenStore,
+           pipeline: list[Any], start_after: Any) -> int:
     logging.basicConfig(level=logging.WARNING, format="changestream: %(message)s")
     logging.getLogger("changestream").setLevel(_log_level(args))
     stop = threading.Event()
@@ -213,9 +310,6 @@ def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> i
     # Also when started in the background, where SIGINT is inherited as ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
-    store: TokenStore = (
-        FileTokenStore(args.token_file) if args.token_file else MemoryTokenStore()
-    )
     options: dict[str, Any] = {"max_await_time_ms": args.max_await_ms}
     if args.full_document is not None:
         options["full_document"] = args.full_document
@@ -228,7 +322,6 @@ def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> i
     # With --resume-after, stored tokens are passed as resumeAfter; else as startAfter.
     token_key = "resume_after" if args.resume_after is not None else "start_after"
     namespace = ".".join(part for part in (args.db, args.coll) if part) or "the deployment"
-    client: MongoClient[dict[str, Any]] = MongoClient(args.uri)
     target: Any = client
     if args.db:
         target = client[args.db][args.coll] if args.coll else client[args.db]
@@ -264,13 +357,18 @@ def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> i
             stop.set()
 
     try:
+        problem = _reach(client, args.connect_timeout)
+        if problem is not None:
+            _say(_redact(problem, args.uri))
+            return 1
         if start_after is not None:
             store.save(start_after)
         consume(open_stream, print_change, store, stop=stop, on_stats=progress,
-                stats_interval=progress.interval)
+                stats_interval=progress.interval, call_timeout=args.call_timeout)
     except KeyboardInterrupt:
         progress.clear()
-        _say("stopped" + (f"; the token is in {args.token_file}" if args.token_file else ""))
+        saved = args.token_file and Path(args.token_file).is_file()
+        _say("stopped" + (f"; the token is in {args.token_file}" if saved else ""))
         return 0
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): the unprinted change was not stored.
@@ -280,8 +378,11 @@ def _watch(args: argparse.Namespace, pipeline: list[Any], start_after: Any) -> i
         _say(str(exc))
         _say(f"to continue, run again with --start-after '{token_to_json(exc.invalidate_token)}'")
         return 1
-    except (ConsumeError, TokenStoreError, PyMongoError) as exc:
-        _say(str(exc))
+    except (ConsumeError, TokenStoreError) as exc:
+        _say(_redact(str(exc), args.uri))
+        return 1
+    except PyMongoError as exc:
+        _say(_redact(describe_error(exc), args.uri))
         return 1
     finally:
         progress.clear()

@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import NoReturn
 
 from .core.versions import DEFAULT_VERSION, VERSIONS
 from .replset import ReplicaSet
@@ -14,8 +15,31 @@ from .sharding import ShardedCluster
 from .storage.persist import DbPathError
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr and exit status 2 (not the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+MAX_MEMBERS = 50
+"""A replica set has at most 50 members (mongod's limit)."""
+
+
+def _check_ports(port: int, members: int) -> str | None:
+    """Why ``--port``/``--members`` cannot work (``None``: they can)."""
+    if not 1 <= members <= MAX_MEMBERS:
+        return f"--members must be between 1 and {MAX_MEMBERS}, not {members}"
+    if not 0 <= port <= 65535:
+        return f"--port must be between 0 and 65535, not {port}"
+    if port and port + members - 1 > 65535:
+        return (f"--port {port} with {members} members needs ports up to {port + members - 1}"
+                " (above 65535); choose a lower --port or --port 0")
+    return None
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description="A wire-level MongoDB replica-set simulator for tests.",
     )
@@ -155,6 +179,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m changestream.test
     args = parser.parse_args(argv)
     if args.standalone and args.members != 1:
         parser.error("--standalone runs exactly one member")
+    problem = _check_ports(args.port, args.members)
+    if problem is not None:
+        parser.error(problem)
     users: dict[str, str] = {}
     for spec in args.auth:
         user, sep, password = spec.partition(":")

@@ -30,6 +30,7 @@ from pymongo.read_preferences import ReadPreference
 from pymongo.synchronous.collection import Collection
 from pymongo.write_concern import WriteConcern
 
+from ._snapshot import SNAPSHOT_MARK
 from ._token import ResumeToken
 from .errors import ChangeStreamError
 
@@ -100,6 +101,8 @@ def _token_problem(token: Any) -> str | None:
     data = token["_data"]
     if not isinstance(data, str):
         return f"'token._data' must be a hex string, not {type(data).__name__} {data!r:.60}"
+    if data == SNAPSHOT_MARK:
+        return None  # the position snapshot_then_watch stores while it copies
     try:
         bytes.fromhex(data)
     except ValueError:

@@ -339,6 +339,19 @@ def signals_stop(enabled: bool, set_stop: Callable[[], object]) -> Iterator[None
             signal.signal(sig, old)
 
 
+def call_bound(stream: Any, call_timeout: float) -> contextlib.AbstractContextManager[Any]:
+    """The client-side timeout around one poll of ``stream``.
+
+    A change stream (it has a state machine) gets ``pymongo.timeout``. The
+    initial-snapshot wrapper does not: its copy runs getMore on a plain cursor
+    through ``Database.command``, where a CSOT context adds ``maxTimeMS``, which
+    the server refuses on a getMore of a non-awaitData cursor.
+    """
+    if getattr(stream, "_machine", None) is None:
+        return contextlib.nullcontext()
+    return pymongo.timeout(call_timeout)
+
+
 @contextlib.contextmanager
 def bounded(stream: ChangeStream[Any], call_timeout: float) -> Iterator[ChangeStream[Any]]:
     """``with stream:`` whose close is bounded by ``call_timeout`` and best effort."""
@@ -569,7 +582,7 @@ def consume(
                 if run.started(stream) is SAVE:
                     save()
                 while not stop.is_set():
-                    with pymongo.timeout(run.call_timeout):
+                    with call_bound(stream, run.call_timeout):
                         change = stream.try_next()
                     token = stream.resume_token
                     step = run.polled(change, token, stream.alive, stalled(stream))

@@ -26,6 +26,7 @@ from .._consume import (
     SAVE,
     ConsumeResult,
     Run,
+    call_bound,
     log,
     signals_stop,
     stalled,
@@ -112,7 +113,7 @@ async def consume(
                 if run.started(stream) is SAVE:
                     await save()
                 while not stop.is_set():
-                    with pymongo.timeout(run.call_timeout):
+                    with call_bound(stream, run.call_timeout):
                         change = await stream.try_next()
                     token = stream.resume_token
                     step = run.polled(change, token, stream.alive, stalled(stream))

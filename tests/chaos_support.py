@@ -41,6 +41,8 @@ SERVER_FAULTS = (
     "stepdown_close",
     "stepdown_keep",
     "kill_cursors",
+    "kill_restart_primary",
+    "stop_restart_primary",
 )
 
 
@@ -153,6 +155,17 @@ class Chaos:
             self.rs.step_down(close_connections=False)
         elif kind == "kill_cursors":
             self.rs.kill_cursors()
+        elif kind in ("kill_restart_primary", "stop_restart_primary"):
+            primary = self.rs.primary
+            if primary is None:
+                raise _Skipped
+            index = self.rs.members.index(primary)
+            if kind == "kill_restart_primary":
+                self.rs.kill_member(index)  # kill -9: sockets dropped, the next member elected
+            else:
+                self.rs.stop_member(index)  # SIGTERM: quiesce (91), InterruptedAtShutdown (11600)
+            self._stop.wait(0.3)
+            self.rs.restart_member(index)
         else:
             raise ValueError(f"unknown fault {kind!r}")
 

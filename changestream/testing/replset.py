@@ -218,19 +218,12 @@ class ReplicaSet:
         member that is up is elected at once (term + 1), so drivers fail over
         as after a crash. The set keeps listing it in ``hosts``.
         """
-        self._require_started()
-        member, server = self._member_and_server(index)
-        if server is None:
-            raise RuntimeError(f"member {index} ({member.name}) is not running")
-        deployment = self.deployment
+        member, server = self._running(index)
         # The crash drops the sockets first: a client waiting in a getMore sees
         # a network error (resumable), never a reply.
         server.crash()
         self._servers[index] = None
-        with deployment.lock:
-            member.up = False
-            if deployment.primary is member and not deployment.standalone:
-                elect_next(deployment)
+        self._mark_down(member)
         self._forget_cursors(member)
 
     def stop_member(self, index: int, timeout: float = 5.0) -> None:
@@ -241,21 +234,29 @@ class ReplicaSet:
         ShutdownInProgress, 91); then operations in flight fail with
         InterruptedAtShutdown (11600) and its sockets close.
         """
+        member, server = self._running(index)
+        if self.deployment.profile.quiesce_mode:
+            member.quiescing = True
+            notify_topology_change(self.deployment)
+        self._mark_down(member)
+        server.shutdown(timeout)
+        self._servers[index] = None
+        self._forget_cursors(member)
+
+    def _running(self, index: int) -> tuple[Member, MemberServer]:
         self._require_started()
         member, server = self._member_and_server(index)
         if server is None:
             raise RuntimeError(f"member {index} ({member.name}) is not running")
+        return member, server
+
+    def _mark_down(self, member: Member) -> None:
+        """``member`` is down; if it was the primary, the next member that is up is elected."""
         deployment = self.deployment
-        if deployment.profile.quiesce_mode:
-            member.quiescing = True
-            notify_topology_change(self.deployment)
         with deployment.lock:
             member.up = False
             if deployment.primary is member and not deployment.standalone:
                 elect_next(deployment)
-        server.shutdown(timeout)
-        self._servers[index] = None
-        self._forget_cursors(member)
 
     def _forget_cursors(self, member: Member) -> None:
         """The cursors a member that went away held are gone with it."""

@@ -3,7 +3,8 @@
 ``python -m pytest -m chaos`` (seeded and bounded in time; see
 ``tests/chaos_support.py`` for the profiles). Faults: closed connections on
 getMore and on the resume aggregate, CursorNotFound, step-downs with and
-without closing connections, killed cursors, and for the CLI kill -9 of the
+without closing connections, killed cursors, the primary killed or shut down
+and restarted, and for the CLI kill -9 of the
 consumer followed by a restart from its token file. Asserts 0 lost, 0 out of
 order, 0 duplicates in-process, and at most one re-delivery per consumer kill.
 """

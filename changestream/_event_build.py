@@ -240,30 +240,46 @@ def _compile_reader(
         "_EMPTY": _EMPTY,
         "_extra": _extra,
         "_known": frozenset(f.key for f in (*main, *rare)) | consumed,
+        "_dict": dict,
+        "_str": str,
+        "_ns_get": _NS_CACHE.get,
     }
 
     def read_field(i: int, f: _Field) -> list[str]:
         names[f"_fast{i}"], names[f"_coerce{i}"], names[f"_default{i}"] = f.fast, f.coerce, f.default
-        return [
+        lines = [
             f"value = get({f.key!r})",
             "if value is None:",
             f"    value = _default{i}",
-            "else:",
-            "    present += 1",
-            f"    if type(value) not in _fast{i}:",
-            f"        value = _coerce{i}(value)",
-            "        if value is _BAD:",
-            f"            bad = [{f.key!r}] if bad is None else [*bad, {f.key!r}]",
-            f"            value = _default{i}",
+            "    present -= 1",  # counted as present below; a null counts as absent
+        ]
+        if f.coerce is _namespace:
+            # The cache hit of _namespace inline (a plain {db: str, coll: str}): no call.
+            lines += [
+                "elif (type(value) is _dict and len(value) == 2"
+                " and type(_db := value.get('db')) is _str"
+                " and type(_coll := value.get('coll')) is _str"
+                " and (_hit := _ns_get((_db, _coll))) is not None):",
+                "    value = _hit",
+            ]
+        return [
+            *lines,
+            f"elif type(value) not in _fast{i}:",
+            f"    value = _coerce{i}(value)",
+            "    if value is _BAD:",
+            f"        bad = [{f.key!r}] if bad is None else [*bad, {f.key!r}]",
+            f"        value = _default{i}",
             f"self.{f.attr} = value",
         ]
 
-    body = [f"present = {len(consumed)}", "bad = None"]
+    # ``present`` counts the keys accounted for: every field is assumed present and
+    # a null one uncounted, so the usual non-null value costs no arithmetic.
+    body = [f"present = {len(consumed) + len(main)}", "bad = None"]
     for i, f in enumerate(main):
         body += read_field(i, f)
     body += ["if present == len(source) and bad is None:"]
     body += [f"    self.{f.attr} = _default{i}" for i, f in enumerate(rare, start=len(main))]
-    body += ["    self.extra = _EMPTY", "else:"]
+    body += ["    self.extra = _EMPTY", "else:", f"    present += {len(rare)}"]
     for i, f in enumerate(rare, start=len(main)):
         body += [f"    {line}" for line in read_field(i, f)]
     body += [
@@ -520,6 +536,12 @@ class EventParser:
         else:
             self._next_phase()
         if not self._deferring:
+            if type(doc) is dict:
+                # parse_event's path for a plain dict of a known type, one call shorter.
+                op = doc.get("operationType")
+                known = _READERS.get(op) if type(op) is str else None
+                if known is not None:
+                    return known[1](doc, doc.get, known[0], doc)
             return parse_event(doc)
         if type(doc) is dict or isinstance(doc, Mapping):
             op = doc.get("operationType")

@@ -70,6 +70,39 @@ def test_every_operation_type_equals_parse_event(
     assert event.raw is doc
 
 
+class _Str(str):
+    pass
+
+
+@pytest.mark.parametrize("make", PARSERS, ids=["deferring", "eager"])
+def test_two_key_namespaces_that_are_not_plain_never_hit_the_namespace_cache(
+    make: Callable[[], EventParser],
+) -> None:
+    # Warm the cache with ("d", "c") and ("d", None), then feed look-alikes of two keys.
+    parser = make()
+    doc = CASES[0][0]
+    for ns in ({"db": "d", "coll": "c"}, {"db": "d"}):
+        parser({**doc, "ns": ns}).ns  # type: ignore[union-attr]  # noqa: B018
+    shapes: list[dict[str, Any]] = [
+        {"db": "d", "other": 1},
+        {"coll": "c", "other": 1},
+        {"db": "d", "coll": ["c"]},
+        {"db": ["d"], "coll": "c"},
+        {"db": _Str("d"), "coll": "c"},
+        {"db": "d", "coll": _Str("c")},
+        {"db": "d", "coll": "c"},
+    ]
+    for ns in shapes:
+        source = {**doc, "ns": ns}
+        event = parser(source)
+        assert event == parse_event(source)
+        check_lossless(source, event)
+    plain = parser({**doc, "ns": {"db": "d", "coll": "c"}})
+    assert plain.ns == Namespace(db="d", coll="c") and plain.ns.extra == {}  # type: ignore[union-attr]
+    assert parser({**doc, "ns": {"db": "d", "other": 1}}).ns == Namespace(  # type: ignore[union-attr]
+        db="d", extra={"other": 1})
+
+
 def test_a_deferred_event_has_its_class_before_any_field_is_read() -> None:
     doc = CASES[0][0]
     event = deferring()(doc)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bson.int64 import Int64
@@ -182,6 +183,7 @@ def forward(router: Router, ctx: CommandContext, shard: Shard, **changes: Any) -
     cursor = out.get("cursor")
     if isinstance(cursor, dict) and cursor.get("id"):
         remote = RemoteCursor(shard, ctx.db, str(cursor["ns"]), int(cursor["id"]), _lsid(ctx))
+        remote.session = ctx.lsid
         cid = ctx.deployment.cursors.register(remote, ctx.member.name)
         out["cursor"] = {**cursor, "id": Int64(cid)}
     return out
@@ -202,6 +204,8 @@ class RemoteCursor:
         self.shard, self.db, self.ns, self.cid, self.lsid_id = shard, db, ns, cid, lsid_id
         self._collection = ns.split(".", 1)[1]
         self._done = False
+        self.session: dict[str, Any] | None = None
+        """The ``lsid`` the shard cursor was opened in (its getMores must carry it)."""
 
     def get_more(
         self, ctx: CommandContext, batch_size: int | None, max_time_ms: int | None
@@ -209,11 +213,18 @@ class RemoteCursor:
         body: dict[str, Any] = {"getMore": Int64(self.cid), "collection": self._collection}
         if batch_size:
             body["batchSize"] = batch_size
+        if self.session is not None:
+            body["lsid"] = self.session
         reply = self.shard.run(self.db, body)
         _raise_for(reply)
         cursor = reply["cursor"]
         self._done = not cursor.get("id")
-        return CursorBatch(list(cursor.get("nextBatch", ())), exhausted=self._done)
+        at = cursor.get("atClusterTime")
+        return CursorBatch(
+            list(cursor.get("nextBatch", ())),
+            exhausted=self._done,
+            at_cluster_time=at if isinstance(at, Timestamp) else None,
+        )
 
     def close(self) -> None:
         if not self._done:
@@ -225,30 +236,58 @@ class RemoteCursor:
 
 
 class BufferedCursor:
-    """A mongos cursor over results merged here (reads of a sharded collection)."""
+    """A mongos cursor over results merged here (reads of a sharded collection).
+
+    A snapshot read's cursor reports its time in every batch and, as the shard
+    cursors behind a real mongos would, fails with SnapshotTooOld (239) once
+    the time has left a shard's history window.
+    """
 
     tailable_await = False
 
-    def __init__(self, ns: str, remaining: list[Any], lsid_id: bytes | None) -> None:
+    def __init__(
+        self,
+        ns: str,
+        remaining: list[Any],
+        lsid_id: bytes | None,
+        snapshot: SnapshotTarget | None = None,
+    ) -> None:
         self.ns, self.remaining, self.lsid_id = ns, remaining, lsid_id
+        self.snapshot = snapshot
 
     def get_more(
         self, ctx: CommandContext, batch_size: int | None, max_time_ms: int | None
     ) -> CursorBatch:
+        snapshot = self.snapshot
+        if snapshot is not None:
+            for shard in snapshot.shards:
+                shard.deployment.history.check(snapshot.at)
         count = len(self.remaining) if batch_size is None else batch_size
         docs, self.remaining = self.remaining[:count], self.remaining[count:]
-        return CursorBatch(docs, exhausted=not self.remaining)
+        return CursorBatch(
+            docs,
+            exhausted=not self.remaining,
+            at_cluster_time=snapshot.at if snapshot is not None else None,
+        )
 
     def close(self) -> None:
         self.remaining = []
 
 
 def _buffered_reply(
-    ctx: CommandContext, ns: str, docs: list[Any], batch_size: int | None
+    ctx: CommandContext,
+    ns: str,
+    docs: list[Any],
+    batch_size: int | None,
+    snapshot: SnapshotTarget | None = None,
 ) -> dict[str, Any]:
     size = len(docs) if batch_size is None else batch_size
-    cursor = BufferedCursor(ns, docs[size:], _lsid(ctx))
-    batch = CursorBatch(docs[:size], exhausted=not cursor.remaining)
+    cursor = BufferedCursor(ns, docs[size:], _lsid(ctx), snapshot)
+    batch = CursorBatch(
+        docs[:size],
+        exhausted=not cursor.remaining,
+        at_cluster_time=snapshot.at if snapshot is not None else None,
+    )
     cid = 0 if batch.exhausted else ctx.deployment.cursors.register(cursor, ctx.member.name)
     return cursor_reply(cid, ns, batch, first=True)
 
@@ -268,6 +307,37 @@ def _drain(shard: Shard, ctx: CommandContext, body: dict[str, Any]) -> list[Any]
         docs.extend(cursor.get("nextBatch", ()))
         cid = cursor.get("id")
     return docs
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotTarget:
+    """A point-in-time read through mongos: its cluster time and the shards it reads."""
+
+    at: Timestamp
+    shards: tuple[Shard, ...]
+
+    def concern(self, ctx: CommandContext) -> dict[str, Any]:
+        """The ``readConcern`` sent to every shard: the client's, at this one time."""
+        return {**ctx.body["readConcern"], "atClusterTime": self.at}
+
+
+def _snapshot(router: Router, ctx: CommandContext, shards: list[Shard]) -> SnapshotTarget | None:
+    """The read's cluster time when it is a snapshot read outside a transaction (5.0+).
+
+    Without ``atClusterTime`` mongos picks the latest cluster time (every
+    shard applies its writes under its lock before a read there runs, so a
+    write with an earlier time is already visible) and reports it. A bad
+    ``atClusterTime`` and servers before 5.0 are left to the shards to refuse.
+    """
+    concern = ctx.body.get("readConcern")
+    if not isinstance(concern, dict) or concern.get("level") != "snapshot":
+        return None
+    if ctx.autocommit is not None or router.profile.major_minor < (5, 0):
+        return None
+    at = concern.get("atClusterTime", router.clock.current())
+    if not isinstance(at, Timestamp):
+        return None
+    return SnapshotTarget(at, tuple(shards))
 
 
 def _collection(ctx: CommandContext) -> str:
@@ -532,17 +602,21 @@ def find(router: Router, ctx: CommandContext) -> dict[str, Any]:
     if sharded is None:
         target = _unsharded_target(router, ctx, create=False)
         if target is None:
-            return cursor_reply(0, ns, CursorBatch([]), first=True)
-        return forward(router, ctx, target)
+            return _empty_snapshot_reply(router, ctx, ns)
+        return _forward_read(router, ctx, target)
     _reject_transactions(ctx)
     body = ctx.body
+    targets = router.targets(sharded, body.get("filter"))
+    snapshot = _snapshot(router, ctx, targets)
     skip = int(body.get("skip") or 0)
     limit = int(body.get("limit") or 0)
     single = body.get("singleBatch") is True
     changes: dict[str, Any] = {"skip": _DROP, "batchSize": _FIND_BATCH, "singleBatch": _DROP}
     changes["limit"] = skip + limit if limit else _DROP
+    if snapshot is not None:
+        changes["readConcern"] = snapshot.concern(ctx)
     docs: list[Any] = []
-    for shard in router.targets(sharded, body.get("filter")):
+    for shard in targets:
         docs.extend(_drain(shard, ctx, _body(ctx, **changes)))
     sort = body.get("sort")
     if isinstance(sort, dict) and sort:
@@ -551,9 +625,28 @@ def find(router: Router, ctx: CommandContext) -> dict[str, Any]:
     if limit:
         docs = docs[:limit]
     batch_size = body.get("batchSize")
+    at = snapshot.at if snapshot is not None else None
     if single:
-        return cursor_reply(0, ns, CursorBatch(docs[: batch_size or None]), first=True)
-    return _buffered_reply(ctx, ns, docs, int(batch_size) if batch_size is not None else 101)
+        batch = CursorBatch(docs[: batch_size or None], at_cluster_time=at)
+        return cursor_reply(0, ns, batch, first=True)
+    size = int(batch_size) if batch_size is not None else 101
+    return _buffered_reply(ctx, ns, docs, size, snapshot)
+
+
+def _forward_read(router: Router, ctx: CommandContext, shard: Shard) -> dict[str, Any]:
+    """A read of an unsharded collection, sent whole to its shard (at mongos's time when it
+    is a snapshot read)."""
+    snapshot = _snapshot(router, ctx, [shard])
+    if snapshot is None:
+        return forward(router, ctx, shard)
+    return forward(router, ctx, shard, readConcern=snapshot.concern(ctx))
+
+
+def _empty_snapshot_reply(router: Router, ctx: CommandContext, ns: str) -> dict[str, Any]:
+    """No database: no documents (at mongos's time when it is a snapshot read)."""
+    snapshot = _snapshot(router, ctx, [])
+    at = snapshot.at if snapshot is not None else None
+    return cursor_reply(0, ns, CursorBatch([], exhausted=True, at_cluster_time=at), first=True)
 
 
 @router_command("count", locks=False)
@@ -606,15 +699,21 @@ def aggregate(router: Router, ctx: CommandContext) -> dict[str, Any]:
         shard = _unsharded_target(router, ctx, create=False)
         if shard is None:
             shard = router.all_shards()[0]
-        return forward(router, ctx, shard)
+        return _forward_read(router, ctx, shard)
+    targets = router.targets(sharded, None)
+    snapshot = _snapshot(router, ctx, targets)
+    source: dict[str, Any] = {"find": coll, "batchSize": _FIND_BATCH}
+    if snapshot is not None:
+        source["readConcern"] = snapshot.concern(ctx)
     docs: list[Any] = []
-    for shard in router.targets(sharded, None):
-        docs.extend(_drain(shard, ctx, {"find": coll, "batchSize": _FIND_BATCH}))
+    for shard in targets:
+        docs.extend(_drain(shard, ctx, source))
     for name, spec in lite_parse(router.profile, pipeline):
         docs = _run_stage(docs, name, spec)
     cursor = body.get("cursor")
     size = cursor.get("batchSize") if isinstance(cursor, dict) else None
-    return _buffered_reply(ctx, f"{ctx.db}.{coll}", docs, int(size) if size is not None else 101)
+    ns = f"{ctx.db}.{coll}"
+    return _buffered_reply(ctx, ns, docs, int(size) if size is not None else 101, snapshot)
 
 
 def _change_stream(

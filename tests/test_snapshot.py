@@ -389,3 +389,41 @@ def test_consume_with_writers_throughout_and_a_window_overrun(
     assert sink.repeat_flags[:30] == [False] * 30 and all(sink.repeat_flags[30:])
     (t,) = sink.stream_after
     assert all(e["clusterTime"] > t for e in sink.events)
+
+
+def test_through_mongos_a_sharded_collection_is_copied_once_then_streamed() -> None:
+    from changestream.testing import ShardedCluster
+
+    with ShardedCluster("8.0", shards=2, mongoses=1, noop_interval=0.2) as cluster:
+        client: Client = MongoClient(cluster.uri, serverSelectionTimeoutMS=10000)
+        try:
+            admin = client.admin
+            coll = make_collection(client.test, "c", 0)
+            admin.command("shardCollection", "test.c", key={"_id": 1})
+            admin.command("split", "test.c", middle={"_id": 150})
+            admin.command("moveChunk", "test.c", find={"_id": 150}, to=cluster.shard_names[1])
+            admin.command("moveChunk", "test.c", find={"_id": 0}, to=cluster.shard_names[0])
+            coll.insert_many([{"_id": i, "v": 0} for i in range(300)])
+            on_shards = [
+                rs.deployment.catalog.get("test", "c") for rs in cluster.shards
+            ]
+            assert all(s is not None and any(True for _ in s.documents()) for s in on_shards)
+            writer = Writer(coll, 300)
+            sink = Sink()
+            with changestream.snapshot_then_watch(coll, copy_batch_size=7, **WATCH) as stream:
+                seen = 0
+                while stream.copying:
+                    record = stream.try_next()
+                    if record is None:
+                        break
+                    sink.apply(record)
+                    seen += 1
+                    if seen % 10 == 0:
+                        writer.write(5)  # writes on both shards during the copy
+                writer.write(20)
+                _drain(stream, sink, writer)
+            assert not sink.interrupted
+            assert sink.read_times == sink.stream_after  # one read time: T
+            _check_exactly_once(sink, 300, writer, collection_state(coll))
+        finally:
+            client.close()

@@ -8,6 +8,7 @@ applied once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -391,7 +392,11 @@ def test_consume_with_writers_throughout_and_a_window_overrun(
     assert all(e["clusterTime"] > t for e in sink.events)
 
 
-def test_through_mongos_a_sharded_collection_is_copied_once_then_streamed() -> None:
+
+@contextlib.contextmanager
+def _sharded_collection(n: int, split: int) -> Iterator[tuple[Any, Client, Any]]:
+    """A 2-shard cluster with ``test.c`` sharded on ``_id``: ``_id < split`` on shard0, the rest
+    on shard1; ``n`` documents."""
     from changestream.testing import ShardedCluster
 
     with ShardedCluster("8.0", shards=2, mongoses=1, noop_interval=0.2) as cluster:
@@ -400,30 +405,69 @@ def test_through_mongos_a_sharded_collection_is_copied_once_then_streamed() -> N
             admin = client.admin
             coll = make_collection(client.test, "c", 0)
             admin.command("shardCollection", "test.c", key={"_id": 1})
-            admin.command("split", "test.c", middle={"_id": 150})
-            admin.command("moveChunk", "test.c", find={"_id": 150}, to=cluster.shard_names[1])
+            admin.command("split", "test.c", middle={"_id": split})
+            admin.command("moveChunk", "test.c", find={"_id": split}, to=cluster.shard_names[1])
             admin.command("moveChunk", "test.c", find={"_id": 0}, to=cluster.shard_names[0])
-            coll.insert_many([{"_id": i, "v": 0} for i in range(300)])
-            on_shards = [
-                rs.deployment.catalog.get("test", "c") for rs in cluster.shards
-            ]
-            assert all(s is not None and any(True for _ in s.documents()) for s in on_shards)
-            writer = Writer(coll, 300)
-            sink = Sink()
-            with changestream.snapshot_then_watch(coll, copy_batch_size=7, **WATCH) as stream:
-                seen = 0
-                while stream.copying:
-                    record = stream.try_next()
-                    if record is None:
-                        break
-                    sink.apply(record)
-                    seen += 1
-                    if seen % 10 == 0:
-                        writer.write(5)  # writes on both shards during the copy
-                writer.write(20)
-                _drain(stream, sink, writer)
-            assert not sink.interrupted
-            assert sink.read_times == sink.stream_after  # one read time: T
-            _check_exactly_once(sink, 300, writer, collection_state(coll))
+            coll.insert_many([{"_id": i, "v": 0} for i in range(n)])
+            for rs in cluster.shards:
+                state = rs.deployment.catalog.get("test", "c")
+                assert state is not None and any(True for _ in state.documents())
+            yield cluster, client, coll
         finally:
             client.close()
+
+
+def test_through_mongos_a_sharded_collection_is_copied_once_then_streamed() -> None:
+    with _sharded_collection(300, 150) as (_, _, coll):
+        writer = Writer(coll, 300)
+        sink = Sink()
+        with changestream.snapshot_then_watch(coll, copy_batch_size=7, **WATCH) as stream:
+            seen = 0
+            while stream.copying:
+                record = stream.try_next()
+                if record is None:
+                    break
+                sink.apply(record)
+                seen += 1
+                if seen % 10 == 0:
+                    writer.write(5)  # writes on both shards during the copy
+            writer.write(20)
+            _drain(stream, sink, writer)
+        assert not sink.interrupted
+        assert sink.read_times == sink.stream_after  # one read time: T
+        _check_exactly_once(sink, 300, writer, collection_state(coll))
+
+
+def test_through_mongos_a_shard_window_overrun_copies_the_rest_at_a_new_time() -> None:
+    with _sharded_collection(60, 30) as (cluster, _, coll):
+        for rs in cluster.shards:
+            with MongoClient(rs.uri, serverSelectionTimeoutMS=10000) as direct:
+                direct.admin.command({"setParameter": 1, "minSnapshotHistoryWindowInSeconds": 1})
+        writer = Writer(coll, 60)
+        sink = Sink()
+        with changestream.snapshot_then_watch(coll, copy_batch_size=5, **WATCH) as stream:
+            for _ in range(20):
+                sink.apply(stream.try_next())
+            (t,) = sink.read_times
+            writer.write(15)  # events between T and the new read time
+            wait_for(
+                lambda: all(rs.deployment.history.oldest() > t for rs in cluster.shards),
+                "T to leave every shard's history window",
+            )
+            while stream.copying:
+                record = stream.try_next()
+                if record is None:
+                    break
+                sink.apply(record)
+            writer.write(10)
+            deadline = time.monotonic() + 60
+            while sink.docs != collection_state(coll):
+                assert time.monotonic() < deadline, "the sink never caught up"
+                change = stream.try_next()
+                if change is not None:
+                    sink.apply(change)
+        assert len(sink.read_times) == 2 and sink.stream_after == {t}
+        assert sink.repeat_flags[:20] == [False] * 20
+        assert all(sink.repeat_flags[20:]), "records read at the new time must say events may repeat"
+        assert max(sink.copied.values()) == 1 and set(range(20)) <= set(sink.copied)
+        assert all(e["clusterTime"] > t for e in sink.events)

@@ -702,18 +702,28 @@ def aggregate(router: Router, ctx: CommandContext) -> dict[str, Any]:
         return _forward_read(router, ctx, shard)
     targets = router.targets(sharded, None)
     snapshot = _snapshot(router, ctx, targets)
-    source: dict[str, Any] = {"find": coll, "batchSize": _FIND_BATCH}
+    # the leading $match stages run on the shards (as mongos splits a pipeline), the rest here
+    pushed = 0
+    while pushed < len(pipeline) and _is_match(pipeline[pushed]):
+        pushed += 1
+    source: dict[str, Any] = {
+        "aggregate": coll, "pipeline": pipeline[:pushed], "cursor": {"batchSize": _FIND_BATCH},
+    }  # fmt: skip
     if snapshot is not None:
         source["readConcern"] = snapshot.concern(ctx)
     docs: list[Any] = []
     for shard in targets:
         docs.extend(_drain(shard, ctx, source))
-    for name, spec in lite_parse(router.profile, pipeline):
+    for name, spec in lite_parse(router.profile, pipeline[pushed:]):
         docs = _run_stage(docs, name, spec)
     cursor = body.get("cursor")
     size = cursor.get("batchSize") if isinstance(cursor, dict) else None
     ns = f"{ctx.db}.{coll}"
     return _buffered_reply(ctx, ns, docs, int(size) if size is not None else 101, snapshot)
+
+
+def _is_match(stage: Any) -> bool:
+    return isinstance(stage, dict) and list(stage) == ["$match"]
 
 
 def _change_stream(

@@ -166,7 +166,11 @@ def test_cancellation_stores_the_last_handled_token(run: Run) -> None:
         )
         await opener.ready()
         ctx.writer.insert_many([{"i": 0}, {"i": 1}])
+        deadline = asyncio.get_running_loop().time() + 60
         while len(handled) < 2:
+            # A consume that ended says why, instead of this loop waiting out pytest's timeout.
+            assert not task.done(), f"consume ended: {task.exception()!r}"
+            assert asyncio.get_running_loop().time() < deadline, f"handled only {handled}"
             await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

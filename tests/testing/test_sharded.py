@@ -110,6 +110,24 @@ def test_range_sharding_routes_documents_and_both_mongoses_agree(
     assert [d["n"] for d in coll.aggregate([{"$count": "n"}])] == [9]
 
 
+def test_get_more_on_an_unsharded_collection_keeps_the_session(
+    client: pymongo.MongoClient[Any],
+) -> None:
+    """mongos forwards getMore and killCursors in the session the shard cursor was opened in.
+
+    mongod refuses (50737) a getMore without the lsid of the find that made the cursor; the
+    Node.js driver's ``find().batchSize(1)`` through mongos found that mongos dropped it.
+    """
+    coll = client.routing.unsharded_batches
+    coll.insert_many([{"_id": i} for i in range(5)])
+    with client.start_session() as session:
+        assert [d["_id"] for d in coll.find({}, batch_size=1, session=session)] == list(range(5))
+        cursor = coll.find({}, batch_size=1, session=session)
+        assert next(cursor)["_id"] == 0
+        cursor.close()  # killCursors on mongos kills the shard cursor in the same session
+    assert [d["_id"] for d in coll.find({}, batch_size=2)] == list(range(5))  # implicit session
+
+
 def test_hashed_sharding_spreads_and_6_0_needs_no_enable_sharding(
     cluster: ShardedCluster, client: pymongo.MongoClient[Any]
 ) -> None:

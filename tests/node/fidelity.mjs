@@ -9,7 +9,12 @@
 // comments), then exactly "N passed, N failed"; exit status 1 when anything failed.
 // FIDELITY_DEBUG=1 also prints the commands and replies of the resume checks.
 //
-// --failover runs only the driven failover check: it opens a change stream, prints
+// The topology is read from hello: against mongos (msg "isdbgrid") the replica-set-only checks
+// are skipped with their reason, the sharded checks run, and every other check goes through the
+// URI's first mongos only (failpoints are per mongos, so they must be set where the stream runs);
+// the sharded checks use every mongos the URI lists.
+//
+// --failover runs only the driven failover check (replica sets): it opens a change stream, prints
 // "READY <db.coll> <resume token _data>", waits for one line on stdin
 // "go <crash|stepdown> <new primary host:port> [_id inserted meanwhile]..." (the test steps the
 // primary down, with or without closing its connections, and may insert documents), then
@@ -782,7 +787,7 @@ checks.batch_size_and_comment = async ({ log, db }) => {
   }
 };
 
-checks.start_after_resume = async ({ client, log, db }) => {
+checks.start_after_resume = async ({ client, log, db, info }) => {
   // a stream started with startAfter that has returned nothing resumes with startAfter
   const coll = db.collection('sa');
   await coll.insertOne({ _id: 0 });
@@ -796,14 +801,23 @@ checks.start_after_resume = async ({ client, log, db }) => {
   }
   const cs = coll.watch([], { startAfter: token, maxAwaitTimeMS: AWAIT_MS });
   try {
+    const opened = log.mark();
     assert((await cs.tryNext()) === null, 'startAfter the newest event replayed something');
     const mark = log.mark();
+    // the driver resumes from the last postBatchResumeToken it got: on a quiet replica set that
+    // is the startAfter token; mongos's idle getMores advance it (shards' periodic no-ops)
+    const lastPbrt = log.events.slice(0, mark).filter(e => e.kind === 'commandSucceeded' && e.event.reply?.cursor?.postBatchResumeToken)
+      .map(e => e.event.reply.cursor.postBatchResumeToken).at(-1);
+    const firstPbrt = log.since(opened, 'commandSucceeded', 'aggregate')[0]?.reply.cursor.postBatchResumeToken;
+    same(firstPbrt, token, 'postBatchResumeToken of the startAfter aggregate');
+    if (info.topology === 'replicaset') same(lastPbrt, token, 'postBatchResumeToken before any event');
     await withFailPoint(client, 'failCommand', { times: 1 }, { failCommands: ['getMore'], closeConnection: true }, async () => {
       assert((await cs.tryNext()) === null, 'tryNext after the network error returned an event');
     });
     const resumed = log.since(mark, 'commandStarted', 'aggregate')[0]?.command.pipeline[0].$changeStream;
     assert(resumed, 'no resume aggregate after the network error');
-    same([resumed.startAfter, resumed.resumeAfter], [token, undefined], 'resume options before any event');
+    same([resumed.startAfter, resumed.resumeAfter], [lastPbrt, undefined], 'resume options before any event (startAfter the cached token)');
+    assert(lastPbrt._data >= token._data, `cached token ${lastPbrt._data} sorts before the startAfter token ${token._data}`);
     await coll.insertOne({ _id: 2 });
     same((await nextEvent(cs))?.documentKey, { _id: 2 }, 'event after the resume');
     await expectQuiet(cs, 'startAfter resume');
@@ -1081,6 +1095,156 @@ checks.client_bulk_write = async ({ client, log, db }) => {
 };
 
 // ------------------------------------------------------------------------------------------------
+// sharded clusters (mongos)
+
+checks.sharded_topology = async ({ client, info, hosts }) => {
+  const hello = await client.db('admin').command({ hello: 1 });
+  same(hello.msg, 'isdbgrid', 'hello.msg of a mongos');
+  assert(hello.isWritablePrimary === true, `hello.isWritablePrimary: ${hello.isWritablePrimary}`);
+  for (const field of ['setName', 'hosts', 'primary', 'secondary', 'electionId', 'lastWrite']) {
+    same(hello[field], undefined, `hello.${field} of a mongos`);
+  }
+  assert(hello.topologyVersion?.processId instanceof ObjectId, `hello.topologyVersion: ${show(hello.topologyVersion)}`);
+  same([hello.maxBsonObjectSize, hello.maxMessageSizeBytes, hello.maxWriteBatchSize],
+    [16777216, 48000000, 100000], 'hello size limits');
+  same(hello.logicalSessionTimeoutMinutes, 30, 'hello.logicalSessionTimeoutMinutes');
+  const expectedWire = WIRE_VERSIONS[info.majorMinor];
+  if (expectedWire !== undefined) same(hello.maxWireVersion, expectedWire, `hello.maxWireVersion for ${info.version}`);
+  assert(hello.$clusterTime?.clusterTime instanceof Timestamp, 'hello reply lacks $clusterTime');
+  // the driver's own view of the URI with every mongos: a Sharded topology of Mongos servers
+  const all = new MongoClient(`mongodb://${hosts.join(',')}/`, { serverSelectionTimeoutMS: 10_000, heartbeatFrequencyMS: 500 });
+  try {
+    await all.db('admin').command({ ping: 1 });
+    const deadline = Date.now() + 10_000;
+    let description;
+    let types;
+    for (;;) {
+      description = all.topology?.description;
+      types = [...(description?.servers?.values() ?? [])].map(s => s.type);
+      if (description?.type === 'Sharded' && types.length === hosts.length && types.every(t => t === 'Mongos')) break;
+      if (Date.now() > deadline) throw new CheckFailure(`driver topology after 10 s: ${description?.type} ${show(types)}`);
+      await sleep(100);
+    }
+  } finally {
+    await all.close();
+  }
+};
+
+/** `db.spread` sharded on {x: 1}: x < 0 on the first shard, x >= 0 on the second. */
+async function rangeSharded(client, db) {
+  const admin = client.db('admin');
+  const shards = (await admin.command({ listShards: 1 })).shards;
+  assert(shards.length >= 2, `listShards: expected 2 shards or more, got ${show(shards)}`);
+  const ns = `${db.databaseName}.spread`;
+  await admin.command({ enableSharding: db.databaseName });
+  await admin.command({ shardCollection: ns, key: { x: 1 } });
+  await admin.command({ split: ns, middle: { x: 0 } });
+  await admin.command({ moveChunk: ns, find: { x: -1 }, to: shards[0]._id });
+  await admin.command({ moveChunk: ns, find: { x: 1 }, to: shards[1]._id });
+  return { coll: db.collection('spread'), shards };
+}
+
+/** How many documents of `coll` the shard `host` ("set/host:port,...") holds, asked directly. */
+async function countOnShard(shardHost, dbName, collName) {
+  const seed = shardHost.split('/').pop();
+  const direct = new MongoClient(`mongodb://${seed}/?directConnection=true`, { serverSelectionTimeoutMS: 5000 });
+  try {
+    return await direct.db(dbName).collection(collName).countDocuments({});
+  } finally {
+    await direct.close();
+  }
+}
+
+checks.sharded_merge_order = async ({ client, log, db }) => {
+  // events from both shards come out of mongos merged in resume-token order; the initial
+  // aggregate's first batch is empty and carries a postBatchResumeToken
+  const { coll, shards } = await rangeSharded(client, db);
+  const mark = log.mark();
+  const cs = await open(coll.watch([], { maxAwaitTimeMS: AWAIT_MS }));
+  try {
+    const opened = log.since(mark, 'commandSucceeded', 'aggregate').map(e => e.reply.cursor);
+    same(opened.length, 1, 'aggregates sent to open the stream');
+    same(opened[0].firstBatch.length, 0, 'size of the first batch through mongos');
+    assert(opened[0].postBatchResumeToken?._data, `first batch lacks a postBatchResumeToken: ${show(opened[0])}`);
+    const xs = [];
+    for (let i = 1; i <= 4; i++) {
+      await coll.insertOne({ _id: `n${i}`, x: -i });
+      await coll.insertOne({ _id: `p${i}`, x: i });
+      xs.push(-i, i);
+    }
+    await coll.insertMany([{ _id: 'm-5', x: -5 }, { _id: 'm5', x: 5 }]);
+    xs.push(-5, 5);
+    await coll.updateOne({ x: -2 }, { $set: { y: 1 } });
+    await coll.deleteOne({ x: 3 });
+    same([await countOnShard(shards[0].host, db.databaseName, 'spread'), await countOnShard(shards[1].host, db.databaseName, 'spread')],
+      [5, 4], 'documents on each shard (x < 0, x >= 0)');
+    const events = await collect(cs, xs.length + 2, 15_000);
+    same(events.map(e => e.operationType), [...xs.map(() => 'insert'), 'update', 'delete'], 'operation types');
+    same(events.slice(0, xs.length).map(e => e.fullDocument.x), xs, 'events in write order across both shards');
+    assertIncreasingTokens(events, 'events from both shards');
+    for (const e of events) keysOf(e.documentKey, `${e.operationType} documentKey`, ['x', '_id']);
+    same(events.at(-2).documentKey, { x: -2, _id: 'n2' }, 'update documentKey carries the shard key');
+    same(events.at(-1).documentKey, { x: 3, _id: 'p3' }, 'delete documentKey carries the shard key');
+    await expectQuiet(cs, 'after the merged events');
+  } finally {
+    await cs.close();
+  }
+};
+
+checks.sharded_resume_other_mongos = async ({ client, db, hosts }) => {
+  // a token from one mongos resumes the stream through another
+  assert(hosts.length >= 2, `this check needs a URI with two mongoses, got ${show(hosts)}`);
+  const { coll } = await rangeSharded(client, db);
+  const cs = await open(coll.watch([], { maxAwaitTimeMS: AWAIT_MS }));
+  let token;
+  try {
+    await coll.insertOne({ _id: 'a', x: -1 });
+    await coll.insertOne({ _id: 'b', x: 1 });
+    await coll.insertOne({ _id: 'c', x: -2 });
+    const events = await collect(cs, 3);
+    token = events[0]._id;
+  } finally {
+    await cs.close();
+  }
+  const other = new MongoClient(`mongodb://${hosts[1]}/`, { monitorCommands: true, serverSelectionTimeoutMS: 10_000 });
+  const otherLog = new CommandLog(other);
+  try {
+    const cs2 = other.db(db.databaseName).collection('spread').watch([], { resumeAfter: token, maxAwaitTimeMS: AWAIT_MS });
+    try {
+      const replayed = await collect(cs2, 2);
+      same(replayed.map(e => e.documentKey._id), ['b', 'c'], 'events after the token, through the other mongos');
+      await coll.insertOne({ _id: 'd', x: 2 });
+      same((await nextEvent(cs2))?.documentKey, { x: 2, _id: 'd' }, 'new event through the other mongos');
+      await expectQuiet(cs2, 'resumed through the other mongos');
+      const aggs = otherLog.since(0, 'commandStarted', 'aggregate');
+      same(aggs.map(a => a.address), [hosts[1]], 'the resumed stream runs on the other mongos');
+    } finally {
+      await cs2.close();
+    }
+  } finally {
+    await other.close();
+  }
+};
+
+// checks that need one topology; `skip <name>: <why>` on the other
+const ONLY_ON = {
+  topology: ['replicaset', 'checks a replica set hello and SDAM view; sharded_topology is the mongos equivalent'],
+  secondary_read: ['replicaset', 'reads from a secondary named in hello.hosts; a mongos lists no members'],
+  sharded_topology: ['sharded', 'needs mongos'],
+  sharded_merge_order: ['sharded', 'needs mongos and two shards'],
+  sharded_resume_other_mongos: ['sharded', 'needs two mongoses'],
+};
+
+// where the simulated mongos is known to differ from a real one or lacks a feature (reported in
+// the slow suite's output, tracked on the sharding issue): skipped on a sharded cluster
+const SHARDED_SIMULATOR_GAPS = {
+  transaction_events: "the simulator's mongos does not run transactions (code 263)",
+  client_bulk_write: "the simulator's mongos has no bulkWrite command (8.0 mongos has it)",
+  start_after_invalidate: 'the simulated mongos replays the invalidate after startAfter an invalidate token',
+  split_large_event: 'resuming after a $changeStreamSplitLargeEvent fragment through the simulated mongos fails with 280',
+};
+
+// ------------------------------------------------------------------------------------------------
 // the failover check, driven from outside through stdin/stdout
 
 async function readLine() {
@@ -1161,6 +1325,11 @@ function withTimeout(promise, ms) {
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
+/** The host:port list of a mongodb:// URI, in order. */
+function uriHosts(uri) {
+  return uri.replace(/^mongodb(\+srv)?:\/\//, '').replace(/^[^@/]*@/, '').split(/[/?]/)[0].split(',');
+}
+
 async function main() {
   const argv = process.argv.slice(2);
   let uri = process.env.MONGODB_URI;
@@ -1191,19 +1360,39 @@ async function main() {
     }
   }
 
-  const client = new MongoClient(uri, { monitorCommands: true, serverSelectionTimeoutMS: 10_000, heartbeatFrequencyMS: 500, appName: 'node-fidelity' });
-  const log = new CommandLog(client);
+  const hosts = uriHosts(uri);
   let passed = 0;
   let failed = 0;
+  let client;
   try {
+    const probe = new MongoClient(uri, { serverSelectionTimeoutMS: 10_000 });
+    let hello;
+    try {
+      hello = await probe.db('admin').command({ hello: 1 });
+    } finally {
+      await probe.close();
+    }
+    const topology = hello.msg === 'isdbgrid' ? 'sharded' : 'replicaset';
+    if (topology === 'sharded') uri = uri.replace(hosts.join(','), hosts[0]);
+    client = new MongoClient(uri, { monitorCommands: true, serverSelectionTimeoutMS: 10_000, heartbeatFrequencyMS: 500, appName: 'node-fidelity' });
+    const log = new CommandLog(client);
     await client.connect();
     const build = await client.db('admin').command({ buildInfo: 1 });
-    const info = { version: build.version, versionArray: build.versionArray, majorMinor: build.version.split('.').slice(0, 2).join('.') };
-    console.log(`# node ${process.version}, mongodb driver, server ${info.version}, checks: ${Object.keys(selected).join(' ')}`);
+    const info = { version: build.version, versionArray: build.versionArray, majorMinor: build.version.split('.').slice(0, 2).join('.'), topology };
+    console.log(`# node ${process.version}, mongodb driver, server ${info.version}, topology ${topology}${topology === 'sharded' ? ` (checks through mongos ${hosts[0]}; mongoses ${hosts.join(' ')})` : ''}, checks: ${Object.keys(selected).join(' ')}`);
     for (const [name, fn] of Object.entries(selected)) {
+      const [needs, why] = ONLY_ON[name] ?? [topology, ''];
+      if (!failoverMode && needs !== topology) {
+        console.log(`skip ${name}: ${needs} only: ${why}`);
+        continue;
+      }
+      if (!failoverMode && topology === 'sharded' && name in SHARDED_SIMULATOR_GAPS) {
+        console.log(`skip ${name}: simulator gap on mongos: ${SHARDED_SIMULATOR_GAPS[name]}`);
+        continue;
+      }
       const db = client.db(failoverMode ? uniqueName('nodefid_failover') : uniqueName(`nodefid_${name}`.slice(0, 40)));
       try {
-        await withTimeout(fn({ client, log, db, info, uri }), failoverMode ? 60_000 : CHECK_TIMEOUT_MS);
+        await withTimeout(fn({ client, log, db, info, uri, hosts }), failoverMode ? 60_000 : CHECK_TIMEOUT_MS);
         console.log(`ok ${name}`);
         passed++;
       } catch (err) {
@@ -1222,7 +1411,7 @@ async function main() {
     console.log(`FAIL connect: ${err?.name}: ${err?.message}`);
     failed++;
   } finally {
-    await client.close().catch(() => {});
+    await client?.close().catch(() => {});
   }
   console.log(`${passed} passed, ${failed} failed`);
   return failed === 0 ? 0 : 1;

@@ -1,7 +1,7 @@
 """The simulator judged by a client nobody in this project wrote: the official Node.js driver.
 
 ``fidelity.mjs`` runs its checks with the ``mongodb`` npm package against a simulated
-3-member replica set and prints ``ok``/``FAIL`` lines and ``N passed, N failed``. The failover
+3-member replica set, and against a simulated sharded cluster (2 shards, 2 mongoses), and prints ``ok``/``FAIL`` lines and ``N passed, N failed``. The failover
 check needs the Python side (``ReplicaSet.step_down``), so the script pauses on ``READY`` and
 continues on a line from stdin. Slow (npm install, Node start-up): run with ``-m slow``.
 """
@@ -20,7 +20,7 @@ from typing import IO, Any
 import pytest
 from pymongo import MongoClient
 
-from changestream.testing import ReplicaSet
+from changestream.testing import ReplicaSet, ShardedCluster
 
 pytestmark = pytest.mark.slow
 
@@ -76,26 +76,48 @@ def _verdict(output: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_node_driver_checks(node: str, version: str) -> None:
-    with ReplicaSet(version, members=3) as rs:
-        try:
-            done = subprocess.run(
-                [node, str(SCRIPT), rs.uri],
-                cwd=HERE,
-                capture_output=True,
-                text=True,
-                timeout=240,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout
-            pytest.fail(f"fidelity.mjs did not finish in 240 s; output so far:\n{partial}")
+def _run_checks(node: str, uri: str, what: str) -> str:
+    """Run every check of fidelity.mjs against ``uri``; its output, after asserting no failure."""
+    try:
+        done = subprocess.run(
+            [node, str(SCRIPT), uri],
+            cwd=HERE,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout
+        pytest.fail(f"fidelity.mjs did not finish in 240 s; output so far:\n{partial}")
     output = done.stdout + done.stderr
     print(output)
     passed, failed = _verdict(done.stdout)
-    assert failed == 0 and done.returncode == 0, f"Node driver vs simulator {version}:\n{output}"
+    assert failed == 0 and done.returncode == 0, f"Node driver vs {what}:\n{output}"
     assert passed >= 20, f"fewer checks ran than expected:\n{output}"
+    return output
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_node_driver_checks(node: str, version: str) -> None:
+    with ReplicaSet(version, members=3) as rs:
+        _run_checks(node, rs.uri, f"simulated replica set {version}")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_node_driver_checks_sharded(node: str, version: str) -> None:
+    """The same checks through mongos (2 shards, 2 mongoses), plus the sharded ones.
+
+    The script reads the topology from hello; it skips, with their reason, the replica-set-only
+    checks and the simulated mongos's known gaps (listed in fidelity.mjs). A quick no-op
+    interval keeps the idle shard from holding events back for long.
+    """
+    with ShardedCluster(version, shards=2, mongoses=2, noop_interval=0.2) as cluster:
+        assert len(cluster.mongoses) == 2
+        output = _run_checks(node, cluster.uri, f"simulated sharded cluster {version}")
+    lines = output.splitlines()
+    for name in ("sharded_topology", "sharded_merge_order", "sharded_resume_other_mongos"):
+        assert f"ok {name}" in lines, f"{name} did not pass:\n{output}"
 
 
 def _lines(stream: IO[str], sink: queue.Queue[str | None]) -> None:

@@ -440,7 +440,7 @@ checks.resume_after = async ({ log, db }) => {
   }
 };
 
-checks.start_after_invalidate = async ({ log, db }) => {
+checks.start_after_invalidate = async ({ log, db, info }) => {
   const coll = db.collection('inv');
   await coll.insertOne({ _id: 0 });
   const mark = log.mark();
@@ -474,7 +474,13 @@ checks.start_after_invalidate = async ({ log, db }) => {
   try {
     const first = await cs2.tryNext();
     assert(first === null, `startAfter the invalidate replayed something: ${show(first)}`);
-    same(cs2.resumeToken, invalidate._id, 'resumeToken right after startAfter');
+    if (info.topology === 'replicaset') {
+      same(cs2.resumeToken, invalidate._id, 'resumeToken right after startAfter');
+    } else {
+      // mongos's idle getMores advance its postBatchResumeToken (shards' periodic no-ops)
+      assert(cs2.resumeToken?._data >= invalidate._id._data,
+        `resumeToken right after startAfter ${show(cs2.resumeToken)} sorts before the invalidate ${invalidate._id._data}`);
+    }
     await coll.insertOne({ _id: 2 });
     const ev = await nextEvent(cs2);
     same([ev?.operationType, ev?.documentKey], ['insert', { _id: 2 }], 'event of the re-created collection after startAfter');
@@ -1240,7 +1246,6 @@ const ONLY_ON = {
 const SHARDED_SIMULATOR_GAPS = {
   transaction_events: "the simulator's mongos does not run transactions (code 263)",
   client_bulk_write: "the simulator's mongos has no bulkWrite command (8.0 mongos has it)",
-  start_after_invalidate: 'the simulated mongos replays the invalidate after startAfter an invalidate token',
   split_large_event: 'resuming after a $changeStreamSplitLargeEvent fragment through the simulated mongos fails with 280',
 };
 

@@ -255,6 +255,28 @@ def test_collection_stream_is_invalidated_once(
     assert [e["operationType"] for e in events] == ["insert"] * 4 + ["drop", "invalidate"]
 
 
+def test_start_after_an_invalidate_does_not_replay_it(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    """startAfter an invalidate token: the next events, never the invalidate again.
+
+    The shard that saw the drop hands the invalidate back; mongos must skip it (found by the
+    Node.js driver's fidelity checks).
+    """
+    db = client.inv_start_after
+    db.c.insert_one({"_id": 0})
+    with db.c.watch(max_await_time_ms=200) as stream:
+        db.c.drop()
+        kinds = [stream.next()["operationType"] for _ in range(2)]
+        assert kinds == ["drop", "invalidate"]
+        invalidate = stream.resume_token
+    with db.c.watch(start_after=invalidate, max_await_time_ms=200) as stream:
+        assert stream.try_next() is None
+        db.c.insert_one({"_id": 1})
+        event = wait_until(stream.try_next, "the insert after startAfter")
+        assert (event["operationType"], event["documentKey"]) == ("insert", {"_id": 1})
+
+
 def test_resume_after_through_the_other_mongos_and_unknown_token(
     cluster: ShardedCluster, client: pymongo.MongoClient[Any]
 ) -> None:

@@ -101,9 +101,13 @@ class MergedChangeStream:
         self._table_version = -1
         token = spec.resume_token
         self._check_token: str | None = None
+        # startAfter an invalidate: the shard replays that invalidate, mongos skips it
+        self._skip_through: str | None = None
         if token is not None and spec.resume_token_doc is not None:
             if not is_high_water_mark(token) and not token.from_invalidate:
                 self._check_token = _key(spec.resume_token_doc)
+            if token.from_invalidate:
+                self._skip_through = _key(spec.resume_token_doc)
             self._start = token.cluster_time
             self._pbrt: dict[str, Any] = dict(spec.resume_token_doc)
         else:
@@ -266,6 +270,8 @@ class MergedChangeStream:
                 more = True
                 break
             remote.buffer.popleft()
+            if self._skip_through is not None and key <= self._skip_through:
+                continue
             if self._check_token is not None and not self._resume_point(key, doc):
                 continue
             docs.append(doc)

@@ -1246,7 +1246,6 @@ const ONLY_ON = {
 const SHARDED_SIMULATOR_GAPS = {
   transaction_events: "the simulator's mongos does not run transactions (code 263)",
   client_bulk_write: "the simulator's mongos has no bulkWrite command (8.0 mongos has it)",
-  split_large_event: 'resuming after a $changeStreamSplitLargeEvent fragment through the simulated mongos fails with 280',
 };
 
 // ------------------------------------------------------------------------------------------------

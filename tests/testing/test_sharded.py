@@ -277,6 +277,36 @@ def test_start_after_an_invalidate_does_not_replay_it(
         assert (event["operationType"], event["documentKey"]) == ("insert", {"_id": 1})
 
 
+def test_resume_after_a_split_event_fragment_through_mongos(
+    client: pymongo.MongoClient[Any],
+) -> None:
+    """Resuming after fragment 1 of a split event gives fragment 2, not 280 (token not found).
+
+    The shard must hand mongos the token's own fragment so mongos finds it (found by the
+    Node.js driver's fidelity checks).
+    """
+    db = client.split_resume
+    db.create_collection("c", changeStreamPreAndPostImages={"enabled": True})
+    big = 10 * 1024 * 1024
+    db.c.insert_one({"_id": 1, "v": "q" * big})
+    pipeline = [{"$changeStreamSplitLargeEvent": {}}]
+    options: dict[str, Any] = {"full_document_before_change": "required", "max_await_time_ms": 200}
+    with db.c.watch(pipeline, **options) as stream:
+        assert stream.try_next() is None
+        db.c.update_one({"_id": 1}, {"$set": {"v": "z" * big}})
+        fragments = [wait_until(stream.try_next, f"fragment {i}") for i in (1, 2)]
+    assert [f["splitEvent"] for f in fragments] == [
+        {"fragment": 1, "of": 2},
+        {"fragment": 2, "of": 2},
+    ]
+    with db.c.watch(pipeline, resume_after=fragments[0]["_id"], **options) as stream:
+        after = wait_until(stream.try_next, "the fragment after the token")
+        assert (after["_id"], after["splitEvent"]) == (
+            fragments[1]["_id"],
+            {"fragment": 2, "of": 2},
+        )
+
+
 def test_resume_after_through_the_other_mongos_and_unknown_token(
     cluster: ShardedCluster, client: pymongo.MongoClient[Any]
 ) -> None:

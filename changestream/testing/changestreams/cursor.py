@@ -410,7 +410,8 @@ class ChangeStreamCursor:
         self._client_token = None
         if status == _NEEDS_SPLIT:
             assert client.fragment_num is not None
-            return client.fragment_num + 1
+            # for mongos, the token's own fragment too: mongos checks the token is present
+            return client.fragment_num + (0 if self._from_router else 1)
         if not self._token_found and not self._from_router:
             raise CommandError(
                 280,

@@ -340,15 +340,9 @@ def signals_stop(enabled: bool, set_stop: Callable[[], object]) -> Iterator[None
 
 
 def call_bound(stream: Any, call_timeout: float) -> contextlib.AbstractContextManager[Any]:
-    """The client-side timeout around one poll of ``stream``.
-
-    A change stream (it has a state machine) gets ``pymongo.timeout``. The
-    initial-snapshot wrapper does not: its copy runs getMore on a plain cursor
-    through ``Database.command``, where a CSOT context adds ``maxTimeMS``, which
-    the server refuses on a getMore of a non-awaitData cursor.
-    """
-    if getattr(stream, "_machine", None) is None:
-        return contextlib.nullcontext()
+    """The client-side timeout around one poll of ``stream`` (a change stream, or the
+    initial-snapshot wrapper, whose copy getMores go without ``maxTimeMS``:
+    :func:`changestream._pymongo.plain_command_spec`)."""
     return pymongo.timeout(call_timeout)
 
 

@@ -88,7 +88,14 @@ from pymongo.synchronous.mongo_client import MongoClient
 
 from ._machine import Command, ErrorInfo, KillCursors, ReplyInfo, RunAggregate, RunGetMore
 
-__all__ = ["AsyncTransport", "Outcome", "SyncTransport", "csot_context_active", "describe_error"]
+__all__ = [
+    "AsyncTransport",
+    "Outcome",
+    "SyncTransport",
+    "csot_context_active",
+    "describe_error",
+    "plain_command_spec",
+]
 
 Outcome = tuple[Mapping[str, Any], ReplyInfo] | ErrorInfo
 
@@ -115,6 +122,18 @@ class _AwaitSpec(SON[str, Any]):
                 return
             value = min(current, value)
         super().__setitem__(key, value)
+
+
+def plain_command_spec(body: dict[str, Any]) -> dict[str, Any] | SON[str, Any]:
+    """``body`` as sent through ``Database.command``: a getMore gets no ``maxTimeMS`` from CSOT.
+
+    Under a client-side timeout ``Connection.command`` writes ``maxTimeMS`` into
+    every command, and mongod refuses it on the getMore of a cursor that is not
+    awaitData (BadValue, "cannot set maxTimeMS on getMore command for a
+    non-awaitData cursor"); PyMongo's own cursors leave it out. The timeout
+    still bounds the socket.
+    """
+    return _AwaitSpec(body) if next(iter(body), None) == "getMore" else body
 
 
 def csot_context_active() -> bool:

@@ -16,6 +16,7 @@ from pymongo.errors import OperationFailure
 from pymongo.synchronous.collection import Collection as PyMongoCollection
 
 from ._api import Collection, watch
+from ._pymongo import plain_command_spec
 from ._snapshot import (
     DEFAULT_COPY_BATCH,
     DeliverRecord,
@@ -128,7 +129,7 @@ class SnapshotThenWatch:
             if isinstance(action, RunCommand):
                 try:
                     reply = database.command(
-                        action.command.body, session=self._session,
+                        plain_command_spec(action.command.body), session=self._session,
                         codec_options=self._collection.codec_options,
                     )
                 except OperationFailure as exc:

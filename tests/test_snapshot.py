@@ -471,3 +471,24 @@ def test_through_mongos_a_shard_window_overrun_copies_the_rest_at_a_new_time() -
         assert all(sink.repeat_flags[20:]), "records read at the new time must say events may repeat"
         assert max(sink.copied.values()) == 1 and set(range(20)) <= set(sink.copied)
         assert all(e["clusterTime"] > t for e in sink.events)
+
+
+def test_the_copy_runs_inside_a_client_side_timeout(client: Client) -> None:
+    """Under CSOT the copy's plain getMores carry no ``maxTimeMS`` (mongod refuses it there).
+
+    PyMongo's ``Database.command`` would write the remaining timeout into every
+    command; the copy's getMores must go without it, as PyMongo's own cursors do.
+    """
+    import pymongo
+
+    coll = make_collection(client.test, "c", 40)
+    copied = []
+    with pymongo.timeout(30), changestream.snapshot_then_watch(
+        coll, copy_batch_size=7, **WATCH
+    ) as stream:
+        while stream.copying:
+            record = stream.try_next()
+            if record is None:
+                break
+            copied.append(record["documentKey"]["_id"])
+    assert sorted(copied) == list(range(40))

@@ -14,6 +14,7 @@ from typing import Any
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import OperationFailure
 
+from .._pymongo import plain_command_spec
 from .._snapshot import (
     DEFAULT_COPY_BATCH,
     DeliverRecord,
@@ -111,7 +112,7 @@ class AsyncSnapshotThenWatch:
             if isinstance(action, RunCommand):
                 try:
                     reply = await database.command(
-                        action.command.body, session=self._session,
+                        plain_command_spec(action.command.body), session=self._session,
                         codec_options=self._collection.codec_options,
                     )
                 except OperationFailure as exc:

@@ -93,3 +93,33 @@ def test_async_consume_initial_snapshot(simulator: Any) -> None:
         assert len(sink.data_events()) == writer.events
     finally:
         sync.close()
+
+
+def test_async_copy_runs_inside_a_client_side_timeout(simulator: Any) -> None:
+    """The async twin's copy getMores carry no ``maxTimeMS`` under CSOT either."""
+    import pymongo
+
+    sync: MongoClient[dict[str, Any]] = MongoClient(simulator.uri)
+    make_collection(sync.test, "c", 40)
+    copied: list[Any] = []
+
+    async def main() -> None:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(simulator.uri)
+        try:
+            with pymongo.timeout(30):
+                async with await changestream.aio.snapshot_then_watch(
+                    client.test.c, copy_batch_size=7, **WATCH
+                ) as stream:
+                    while stream.copying:
+                        record = await stream.try_next()
+                        if record is None:
+                            break
+                        copied.append(record["documentKey"]["_id"])
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        sync.close()
+    assert sorted(copied) == list(range(40))

@@ -490,3 +490,26 @@ def test_a_token_older_than_a_shards_oplog_fails_with_286() -> None:
         assert err.value.code == 286
         assert "NonResumableChangeStreamError" in err.value.details["errorLabels"]
         client.close()
+
+
+def test_the_first_batchs_token_never_passes_events_still_buffered(
+    client: pymongo.MongoClient[dict[str, Any]], cluster: ShardedCluster
+) -> None:
+    """Opened at a past time with events on both shards, the empty first batch's
+    postBatchResumeToken must not promise past events mongos has not returned yet:
+    PyMongo's ``watch(resume_after=<that token>)`` still sees every event."""
+    _range_sharded(client, cluster, "cs.early")
+    start = cluster.clock.current()
+    coll = client.cs.early
+    coll.insert_many([{"_id": i, "x": x} for i, x in enumerate([-3, 4, -2, 5, -1, 6])])
+    with coll.watch(start_at_operation_time=start, max_await_time_ms=50) as opened:
+        first_token = opened.resume_token
+    assert first_token is not None
+    seen: list[Any] = []
+    with coll.watch(resume_after=first_token, max_await_time_ms=50) as stream:
+        deadline = time.monotonic() + DEADLINE
+        while len(seen) < 6 and time.monotonic() < deadline:
+            change = stream.try_next()
+            if change is not None:
+                seen.append(change["documentKey"]["_id"])
+    assert sorted(seen) == list(range(6)), seen

@@ -319,6 +319,9 @@ class MergedChangeStream:
             promise = min((r.promise for r in self._remotes.values()), key=_key)
         if self._check_token is not None and _key(promise) < self._check_token:
             return  # not past the client's token yet: it stays the resume point
+        heads = [r.buffer[0]["_id"] for r in self._remotes.values() if r.buffer]
+        if heads and min(_key(h) for h in heads) <= _key(promise):
+            return  # events at or below it are still buffered here: they come first
         if _key(promise) > _key(self._pbrt):
             self._pbrt = promise
 

@@ -122,17 +122,7 @@ def hello(ctx: CommandContext) -> dict[str, Any]:
             f"BSON field '{ctx.name}.helloOk' is the wrong type '{type(hello_ok).__name__}', "
             "expected type 'bool'",
         )
-    if "client" in body:
-        if conn.client_metadata is not None:
-            raise CommandError(
-                186, "The client metadata document may only be sent in the first hello"
-            )
-        metadata = body["client"]
-        if not isinstance(metadata, dict):
-            raise CommandError(14, "'client' field must be an object")
-        app = metadata.get("application")
-        conn.client_metadata = metadata
-        conn.app_name = app.get("name") if isinstance(app, dict) else None
+    _take_client_metadata(body, conn)
     offered = _compression_offer(ctx)
     _check_quiesce(member)
     if ("topologyVersion" in body) != ("maxAwaitTimeMS" in body):
@@ -215,6 +205,20 @@ def _auth_fields(ctx: CommandContext) -> dict[str, Any]:
         with contextlib.suppress(CommandError):
             out["speculativeAuthenticate"] = sasl_start(ctx, speculative, speculative["db"])
     return out
+
+
+def _take_client_metadata(body: dict[str, Any], conn: ConnectionInfo) -> None:
+    """The handshake's ``client`` document, accepted once per connection (mongod and mongos)."""
+    if "client" not in body:
+        return
+    if conn.client_metadata is not None:
+        raise CommandError(186, "The client metadata document may only be sent in the first hello")
+    metadata = body["client"]
+    if not isinstance(metadata, dict):
+        raise CommandError(14, "'client' field must be an object")
+    app = metadata.get("application")
+    conn.client_metadata = metadata
+    conn.app_name = app.get("name") if isinstance(app, dict) else None
 
 
 def _compression_offer(ctx: CommandContext) -> list[str] | None:

@@ -28,6 +28,7 @@ from ..commands.admin import (
     MAX_WRITE_BATCH_SIZE,
     _await_topology_change,
     _compression_offer,
+    _take_client_metadata,
 )
 from ..commands.aggregate import _run_stage
 from ..commands.registry import REGISTRY as MONGOD_COMMANDS
@@ -371,17 +372,7 @@ def hello(router: Router, ctx: CommandContext) -> dict[str, Any]:
     """mongos's handshake: ``msg: "isdbgrid"``, no set name; ``serviceId`` behind a load balancer."""
     body, conn, member = ctx.body, ctx.connection, ctx.member
     profile = router.profile
-    if "client" in body:
-        if conn.client_metadata is not None:
-            raise CommandError(
-                186, "The client metadata document may only be sent in the first hello"
-            )
-        metadata = body["client"]
-        if not isinstance(metadata, dict):
-            raise CommandError(14, "'client' field must be an object")
-        app = metadata.get("application")
-        conn.client_metadata = metadata
-        conn.app_name = app.get("name") if isinstance(app, dict) else None
+    _take_client_metadata(body, conn)
     offered = _compression_offer(ctx)
     if ("topologyVersion" in body) != ("maxAwaitTimeMS" in body):
         raise CommandError(

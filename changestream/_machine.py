@@ -75,6 +75,10 @@ log = logging.getLogger("changestream.stream")
 """Resumes are logged here (INFO), whichever shell drives the machine."""
 _RAW_DATA_PREFIX = b"\x02_data\x00"
 """BSON of a string field named ``_data``: how a raw resume token starts."""
+_RAW_ID_PREFIX = b"\x03_id\x00"
+"""BSON of an embedded-document field named ``_id``: where a raw event's token starts."""
+_IN_EVENT: Any = object()
+"""From :func:`_event_token`: the token is the raw event's own ``_id`` (see ``_token_event``)."""
 MAX_IDLE_RESUMES = 3
 """Consecutive resumes allowed without a successful getMore (or a non-empty batch) in between.
 
@@ -229,6 +233,8 @@ class ChangeStreamMachine:
         self._token: Mapping[str, Any] | None = (
             options.start_after if options.start_after is not None else options.resume_after
         )
+        self._token_event: RawBSONDocument | None = None
+        """A raw event whose ``_id`` is the token, sliced out only when the token is used."""
         self._use_start_after = options.start_after is not None
         """Started with startAfter and no document returned yet: resumes use startAfter."""
         self._operation_time = options.start_at_operation_time
@@ -253,12 +259,17 @@ class ChangeStreamMachine:
     @property
     def resume_token(self) -> Mapping[str, Any] | None:
         """The token a resume would use now (spec: ``getResumeToken()``)."""
+        event = self._token_event
+        if event is not None:
+            # Raw events: the token is copied out of the event once it is asked for,
+            # not per event (most are never asked for).
+            self._token, self._token_event = _raw_event_token(event), None
         return self._token
 
     @property
     def position(self) -> Position:
         """Cluster time of the resume token, newest server time seen, and the lag between them."""
-        return Position.of(self._token, self._server_time)
+        return Position.of(self.resume_token, self._server_time)
 
     @property
     def resumes(self) -> int:
@@ -378,12 +389,20 @@ class ChangeStreamMachine:
         event = batch[0]
         decode = self._decode
         try:
-            token = _event_token(event)
+            if type(event) is dict:  # _event_token's usual case, inline: this runs per event
+                token = event["_id"]
+                if type(token) is not dict or type(token.get("_data")) is not str:
+                    return NOT_BUFFERED
+            else:
+                token = _event_token(event)
             delivered = event if decode is None else decode(event)
         except Exception:
             return NOT_BUFFERED  # the operation re-reads the event and fails the stream
         batch.popleft()
-        self._token = token
+        if token is _IN_EVENT:
+            self._token_event = event  # type: ignore[assignment]
+        else:
+            self._token, self._token_event = token, None
         self._use_start_after = False
         return delivered
 
@@ -519,9 +538,11 @@ class ChangeStreamMachine:
             return self._fail(exc)
         # Spec: last document of the batch -> postBatchResumeToken, else its _id.
         if last_in_batch and self._post_batch_token is not None:
-            self._token = self._post_batch_token
+            self._token, self._token_event = self._post_batch_token, None
+        elif token is _IN_EVENT:
+            self._token_event = event  # type: ignore[assignment]
         else:
-            self._token = token
+            self._token, self._token_event = token, None
         self._use_start_after = False
         if last_in_batch and self._cursor is not None and self._cursor.id == 0:
             self._close_state()
@@ -533,7 +554,7 @@ class ChangeStreamMachine:
         self._post_batch_token = post_batch_token
         pending = self._fragments is not None and self._fragments.pending
         if not self._batch and post_batch_token is not None and not pending:
-            self._token = post_batch_token
+            self._token, self._token_event = post_batch_token, None
 
     def _on_aggregate_reply(
         self, command: RunAggregate, reply: Mapping[str, Any], info: ReplyInfo
@@ -708,9 +729,10 @@ class ChangeStreamMachine:
 
     def _resume_options(self) -> dict[str, Any]:
         """Spec "Resume Process": startAfter vs resumeAfter vs startAtOperationTime."""
-        if self._token is not None:
+        token = self.resume_token
+        if token is not None:
             key = "startAfter" if self._use_start_after else "resumeAfter"
-            return {key: self._token}
+            return {key: token}
         if self._operation_time is not None:
             return {"startAtOperationTime": self._operation_time}
         return {}
@@ -732,23 +754,30 @@ class ChangeStreamMachine:
 def _event_token(event: Mapping[str, Any]) -> Mapping[str, Any]:
     """The event's ``_id`` (its resume token); ``KeyError`` if it has none.
 
-    For a raw event whose first field is ``_id`` (as the server sends it), the
-    token's bytes are sliced out directly instead of inflating the whole event,
-    and copied so the token does not pin the reply's buffer. Anything but a
-    document with a ``_data`` string raises
-    :class:`~changestream.errors.InvalidResumeTokenError`.
+    For a raw event whose first field is ``_id`` (as the server sends it) and
+    whose token starts with a ``_data`` string, :data:`_IN_EVENT`: the caller
+    keeps the event and the token's bytes are sliced out only when used
+    (:func:`_raw_event_token`). Anything but a document with a ``_data`` string
+    raises :class:`~changestream.errors.InvalidResumeTokenError`.
     """
     kind = type(event)
     if kind is RawBSONDocument:
-        token = raw_token_bytes(event.raw)  # type: ignore[attr-defined]
-        if token is not None and token[4:11] == _RAW_DATA_PREFIX:
-            return RawBSONDocument(token)
+        raw = event.raw  # type: ignore[attr-defined]
+        if raw.startswith(_RAW_ID_PREFIX, 4) and raw.startswith(_RAW_DATA_PREFIX, 13):
+            end = 9 + int.from_bytes(raw[9:13], "little")  # as RawBSONDocument checks it
+            if 14 <= end < len(raw) and raw[end - 1] == 0:
+                return _IN_EVENT  # type: ignore[no-any-return]
     elif kind is not dict and not isinstance(event, Mapping):
         raise _not_an_event(event)
     token = event["_id"]
     if type(token) is dict and type(token.get("_data")) is str:
         return token
     return check_resume_token(token, "_id")
+
+
+def _raw_event_token(event: RawBSONDocument) -> RawBSONDocument:
+    """The token of a raw event :func:`_event_token` accepted, copied so it does not pin the reply."""
+    return RawBSONDocument(raw_token_bytes(event.raw) or b"")
 
 
 def _not_an_event(value: Any) -> MalformedReplyError:

@@ -216,3 +216,68 @@ def test_concurrent_first_reads_see_the_same_values() -> None:
             thread.join()
         assert seen == [dataclasses.asdict(expected)] * 4  # type: ignore[arg-type]
         assert type(event) is type(expected)
+
+
+def _same(result: object, expected: object) -> None:
+    """Equal, of the same class, with the same ``extra`` and the very same ``raw``."""
+    assert type(result) is type(expected)
+    assert result == expected
+    if isinstance(expected, ChangeEvent):
+        assert isinstance(result, ChangeEvent)
+        assert dict(result.extra) == dict(expected.extra)
+        assert result.raw is expected.raw
+
+
+def _variants(rng: random.Random, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Documents of the same shape with surprises in one value, and of other shapes."""
+    out = [dict(doc)]
+    keys = [k for k in doc if k != "operationType"]
+    for key in keys:
+        for value in (None, 5, "text", [1], {"x": 1}, RawBSONDocument(bson.encode({"y": 2}))):
+            out.append({**doc, key: value})
+        out.append({k: v for k, v in doc.items() if k != key})  # a key fewer
+    out.append({**doc, "newFieldFromAFutureServer": {"a": 1}})  # a key more
+    shuffled = list(doc.items())
+    rng.shuffle(shuffled)
+    out.append(dict(shuffled))  # same keys, another order
+    out.append({**doc, "ns": {"db": f"db{rng.randrange(10**6)}", "coll": "c"}})  # uncached ns
+    return out
+
+
+def test_shape_readers_give_exactly_what_parse_event_gives() -> None:
+    """The eager parser's per-shape readers against the general reader, shape after shape.
+
+    One parser sees every case, its variants (same keys with a value of another
+    type, keys missing or added, another order, a namespace not yet cached),
+    then the case again: each result is what :func:`parse_event` gives.
+    """
+    rng = random.Random(16)
+    parser = eager()
+    docs = [case[0] for case in CASES]
+    for doc in docs:
+        for variant in [*_variants(rng, doc), doc]:
+            _same(parser(variant), parse_event(variant))
+    for _ in range(3000):  # random documents, many sharing the same few keys
+        doc = random_doc(rng)
+        _same(parser(doc), parse_event(doc))
+    for doc in HOSTILE:
+        _same(parser(doc), parse_event(doc))
+
+
+def test_insert_and_replace_with_the_same_keys_keep_their_own_classes() -> None:
+    parser = eager()
+    insert = {"_id": {"_data": "01"}, "operationType": "insert", "ns": {"db": "d", "coll": "c"},
+              "documentKey": {"_id": 1}, "fullDocument": {"_id": 1}}
+    replace = {**insert, "operationType": "replace"}
+    for _ in range(3):
+        assert type(parser(insert)) is InsertEvent
+        assert type(parser(replace)).__name__ == "ReplaceEvent"
+        _same(parser(replace), parse_event(replace))
+
+
+def test_a_parser_keeps_at_most_max_shapes_readers() -> None:
+    parser = eager()
+    for i in range(EventParser.MAX_SHAPES * 3):
+        doc = {"_id": {"_data": "01"}, "operationType": "insert", f"k{i}": i}
+        _same(parser(doc), parse_event(doc))
+    assert len(parser._shapes) == EventParser.MAX_SHAPES

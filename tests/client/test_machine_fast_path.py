@@ -13,9 +13,10 @@ from typing import Any
 import bson
 import pytest
 from bson.raw_bson import RawBSONDocument
-from test_machine import event, getmore_reply, opened, token
+from test_machine import event, getmore_reply, opened, raised, token
 
 from changestream._machine import NOT_BUFFERED, Deliver
+from changestream.errors import ChangeStreamError
 
 
 def _drain(driver: Any, *, fast: bool, batches: list[list[dict[str, Any]]]) -> list[Any]:
@@ -82,3 +83,46 @@ def test_fast_path_is_unused_while_an_operation_is_in_progress() -> None:
     driver.machine.begin_next()
     assert driver.machine.next_buffered() is NOT_BUFFERED
 
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_raw_events_token_is_its_exact_id_bytes_and_pins_nothing(fast: bool) -> None:
+    """The token of a raw event is copied out only when used, byte for byte its ``_id``."""
+    batch = [RawBSONDocument(bson.encode(event(i))) for i in range(4)]
+    driver = opened(*batch, pbrt=token(70_000))
+    for i in range(3):
+        document = driver.machine.next_buffered() if fast else NOT_BUFFERED
+        if document is NOT_BUFFERED:
+            result = driver.next()
+            assert isinstance(result, Deliver)
+            document = result.document
+        assert document is batch[i]
+        cached = driver.machine.resume_token
+        assert type(cached) is RawBSONDocument
+        assert cached.raw == bson.encode(token(i))
+        assert cached.raw is not batch[i].raw  # a copy: the reply's buffer is not kept alive
+        assert driver.machine.resume_token is cached  # sliced once
+        assert driver.machine.position.token_time is not None
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("damage", ["size too big", "size too small", "no terminator"])
+def test_a_raw_event_with_a_damaged_id_is_refused_when_it_arrives(fast: bool, damage: str) -> None:
+    good = bytearray(bson.encode(event(1)))
+    size = int.from_bytes(good[9:13], "little")
+    if damage == "size too big":
+        good[9:13] = (len(good) + 10).to_bytes(4, "little")
+    elif damage == "size too small":
+        good[9:13] = (3).to_bytes(4, "little")
+    else:
+        good[9 + size - 1] = 1
+    bad = RawBSONDocument(bytes(good))
+    driver = opened(bad, RawBSONDocument(bson.encode(event(2))),
+                    RawBSONDocument(bson.encode(event(3))))
+    if fast:
+        assert driver.machine.next_buffered() is NOT_BUFFERED  # left to the operation
+    error = raised(driver.next({"ok": 1}))  # the cursor is killed, the stream fails at once
+    assert isinstance(error, ChangeStreamError), error
+    assert driver.names()[-1] == "killCursors"
+    assert not driver.machine.alive
+    assert driver.machine.resume_token is None

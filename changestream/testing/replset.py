@@ -11,6 +11,7 @@ a restart of one member, and :meth:`stop` mongod's shutdown.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -72,7 +73,8 @@ class ReplicaSet:
             raise ValueError(f"a replica set needs at least one member, got {members}")
         if event_cache_bytes is not None and event_cache_bytes < 0:
             raise ValueError(f"event_cache_bytes must be >= 0, got {event_cache_bytes}")
-        self.deployment = Deployment(
+        self._new_deployment = functools.partial(
+            Deployment,
             get_profile(version),
             members=members,
             set_name=set_name,
@@ -85,6 +87,9 @@ class ReplicaSet:
             users=users,
             clock=clock,
         )
+        """Builds the deployment, from ``dbpath`` when it holds data (at start and restart)."""
+        self.deployment = self._new_deployment()
+        self._host = host
         for member in self.deployment.members:
             member.host = host
         self._port = port
@@ -100,9 +105,14 @@ class ReplicaSet:
         if self._started:
             raise RuntimeError("this ReplicaSet was already started")
         self._started = True
+        members = self.deployment.members
+        self._listen([self._port + m.index if self._port else 0 for m in members])
+        return self
+
+    def _listen(self, ports: list[int]) -> None:
+        """Start a server for every member on ``ports`` (0: a free port), and the no-op writer."""
         try:
-            for member in self.deployment.members:
-                port = self._port + member.index if self._port else 0
+            for member, port in zip(self.deployment.members, ports, strict=True):
                 server = MemberServer(self.deployment, member, member.host, port)
                 server.start()
                 self._servers.append(server)
@@ -114,7 +124,6 @@ class ReplicaSet:
                 target=self._write_noops, name="sim-periodic-noop", daemon=True
             )
             self._noop_thread.start()
-        return self
 
     def stop(self, timeout: float = 5.0) -> None:
         """Shut every member down as mongod does, then end the background threads.
@@ -141,6 +150,31 @@ class ReplicaSet:
         if self._noop_thread is not None:
             self._noop_thread.join(5.0)
         self.deployment.close()  # with a dbpath: write the data for the next start
+
+    def restart(self, timeout: float = 5.0) -> None:
+        """Shut the whole set down as :meth:`stop` does, then start it again from its ``dbpath``.
+
+        Every member comes back on its port (the :attr:`uri` stays valid, so
+        drivers reconnect) as a new process, with what a restarted mongod
+        keeps: the data, the oplog (resume tokens taken before resume after),
+        the cluster time and the term (the set elects a primary again: term +
+        1 and a "new primary" no-op). Sessions, cursors and failpoints are gone.
+        """
+        self._require_started()
+        if self.deployment.dbpath is None:
+            raise RuntimeError(
+                "restart() needs a dbpath (ReplicaSet(..., dbpath=...)): without one the "
+                "data would be lost"
+            )
+        ports = [m.port for m in self.deployment.members]
+        self.stop(timeout)
+        self.deployment = self._new_deployment()
+        for member in self.deployment.members:
+            member.host = self._host
+        self._servers = []
+        self._stopped = threading.Event()
+        self._noop_thread = None
+        self._listen(ports)
 
     def __enter__(self) -> ReplicaSet:
         return self.start()

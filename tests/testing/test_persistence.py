@@ -116,6 +116,43 @@ def test_an_open_pymongo_stream_carries_on_across_a_restart(
         stream.close()
 
 
+def test_restart_brings_a_three_member_set_back_on_its_ports(
+    tmp_path: Path, start_rs: StartRs, clients: Clients
+) -> None:
+    rs = start_rs("8.0", members=3, dbpath=tmp_path)
+    uri, members = rs.uri, rs.members
+    client = clients(uri, serverSelectionTimeoutMS=20000)
+    coll = client.app.events
+    stream = coll.watch(max_await_time_ms=100)
+    try:
+        coll.insert_one({"_id": 1})
+        assert next(stream)["documentKey"] == {"_id": 1}
+        token = stream.resume_token
+        term = rs.deployment.term
+        rs.kill_member(1)  # a member that is down comes back too
+        rs.restart()
+        assert (rs.uri, rs.members) == (uri, members), "same ports, same URI"
+        assert all(m.up for m in rs.deployment.members) and rs.primary is not None
+        assert rs.deployment.term == term + 1, "the set elects a primary again"
+        coll.insert_one({"_id": 2})
+        # PyMongo's own resume: InterruptedAtShutdown or a network error, then aggregate.
+        assert next(stream)["documentKey"] == {"_id": 2}
+        with coll.watch(resume_after=token) as resumed:
+            assert next(resumed)["documentKey"] == {"_id": 2}, "the token survived"
+        rs.restart()  # restarts again (its listeners and no-op writer are new)
+        assert [d["_id"] for d in coll.find()] == [1, 2]
+    finally:
+        stream.close()
+
+
+def test_restart_needs_a_dbpath(start_rs: StartRs) -> None:
+    rs = start_rs("8.0")
+    with pytest.raises(RuntimeError, match=r"restart\(\) needs a dbpath"):
+        rs.restart()
+    with pytest.raises(RuntimeError, match="not started"):
+        ReplicaSet("8.0").restart()
+
+
 def test_one_deployment_per_dbpath(tmp_path: Path, start_rs: StartRs) -> None:
     start_rs("8.0", dbpath=tmp_path)
     with pytest.raises(DbPathError, match="Unable to lock the lock file"):

@@ -362,6 +362,42 @@ def test_cluster_and_database_streams_span_shards(
     assert [e["ns"]["db"] for e in events] == ["span0", "span1"]
 
 
+def test_an_ordered_insert_many_is_applied_in_statement_order(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    """mongos sends an ordered batch one shard at a time, in runs of consecutive statements."""
+    _range_sharded(client, cluster, "cs.ordered")
+    db = client.cs
+    first = _aggregate(db, "ordered", [{"$changeStream": {}}])["cursor"]
+    xs = [-1, 1, 2, -2, -3, 3]
+    db.ordered.insert_many([{"x": x} for x in xs])
+    db.ordered.insert_many([{"x": x} for x in (10, -10, 11)], ordered=False)
+    events = _collect(db, first, 9)
+    assert [e["fullDocument"]["x"] for e in events][:6] == xs, "the change events follow it"
+    assert sorted(e["fullDocument"]["x"] for e in events[6:]) == [-10, 10, 11]
+    with pytest.raises(pymongo.errors.BulkWriteError) as err:  # stops at the first error
+        db.ordered.insert_many([{"_id": "a", "x": -5}, {"_id": "a", "x": -4}, {"x": 6}])
+    assert err.value.details["nInserted"] == 1
+    assert db.ordered.count_documents({"x": {"$in": [-4, 6]}}) == 0
+
+
+def test_a_killed_mongos_restarts_on_its_port() -> None:
+    with ShardedCluster("8.0", shards=2, mongoses=2, noop_interval=0.2) as c:
+        uri = c.mongos_uri(0)
+        with pytest.raises(RuntimeError, match="already running"):
+            c.restart_mongos(0)
+        service_id = c.mongos(0).service_id
+        c.kill_mongos(0)
+        assert c.mongoses == [c.mongos(1).name]
+        assert c.restart_mongos(0) == uri.removeprefix("mongodb://").rstrip("/")
+        assert c.mongos(0).service_id != service_id, "a new process"
+        with pymongo.MongoClient(uri, directConnection=True) as again:
+            assert again.admin.command("hello")["msg"] == "isdbgrid"
+            again.r.c.insert_one({"_id": 1})
+            assert again.r.c.find_one() == {"_id": 1}
+        assert len(c.mongoses) == 2
+
+
 def test_failcommand_is_per_mongos(cluster: ShardedCluster) -> None:
     a, b = _one(cluster, 0), _one(cluster, 1)
     try:

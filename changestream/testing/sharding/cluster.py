@@ -485,11 +485,11 @@ class Mongos:
     def name(self) -> str:
         return self.member.name
 
-    def start(self, port: int, *, load_balanced: bool) -> None:
+    def start(self, port: int, *, load_balanced: bool, lb_port: int = 0) -> None:
         self.server = MongosServer(self, self.host, port)
         self.server.start()
         if load_balanced:
-            self.lb_server = MongosServer(self, self.host, 0, load_balanced=True)
+            self.lb_server = MongosServer(self, self.host, lb_port, load_balanced=True)
             self.lb_server.start()
             self.member.port = self.server.port  # the LB listener must not rename the mongos
 
@@ -662,6 +662,22 @@ class ShardedCluster:
     def kill_mongos(self, index: int) -> None:
         """Stop mongos ``index`` (its connections drop, its cursors die)."""
         self._mongos[index].stop()
+
+    def restart_mongos(self, index: int) -> str:
+        """Start killed mongos ``index`` again on its port; return its ``host:port``.
+
+        It comes back as a new process: no cursors, no failpoints, a new
+        ``serviceId`` (behind the load balancer, on its old listener port).
+        """
+        old = self._mongos[index]
+        if old.member.up:
+            raise RuntimeError(f"mongos {index} ({old.name}) is already running")
+        assert old.server is not None
+        mongos = Mongos(self.state, index, self._host)
+        lb_port = old.lb_server.port if old.lb_server is not None else 0
+        mongos.start(old.server.port, load_balanced=self._load_balancer, lb_port=lb_port)
+        self._mongos[index] = mongos
+        return mongos.name
 
     @property
     def uri(self) -> str:

@@ -422,7 +422,7 @@ def insert(router: Router, ctx: CommandContext) -> dict[str, Any]:
     docs = ctx.body.get("documents")
     if not isinstance(docs, list):
         raise CommandError(40414, "BSON field 'insert.documents' is missing but a required field")
-    groups: dict[str, list[int]] = {}
+    owners: list[tuple[int, str]] = []
     prepared = []
     for i, raw in enumerate(docs):
         doc = raw
@@ -430,9 +430,31 @@ def insert(router: Router, ctx: CommandContext) -> dict[str, Any]:
             doc = {"_id": ObjectId(), **raw}
         prepared.append(doc)
         key = sharded.key_of(doc) if isinstance(doc, dict) else ()
-        shard = sharded.chunk_for(key).shard if key else sharded.chunks[0].shard
+        owners.append((i, sharded.chunk_for(key).shard if key else sharded.chunks[0].shard))
+    return _write_groups(router, ctx, "documents", prepared, _batches(ctx, owners))
+
+
+def _batches(ctx: CommandContext, owners: list[tuple[int, str]]) -> list[tuple[str, list[int]]]:
+    """The child batches mongos sends for statements ``(index, shard)``, in sending order.
+
+    Unordered: one batch per shard. Ordered: mongos targets one shard at a
+    time, so each run of consecutive statements for one shard is its own
+    batch, sent after the previous one succeeded: the writes are applied (and
+    their change events ordered) in statement order, and an error stops them
+    all from there.
+    """
+    batches: list[tuple[str, list[int]]] = []
+    if ctx.body.get("ordered", True) is not False:
+        for i, shard in owners:
+            if batches and batches[-1][0] == shard:
+                batches[-1][1].append(i)
+            else:
+                batches.append((shard, [i]))
+        return batches
+    groups: dict[str, list[int]] = {}
+    for i, shard in owners:
         groups.setdefault(shard, []).append(i)
-    return _write_groups(router, ctx, "documents", prepared, groups)
+    return list(groups.items())
 
 
 def _write_groups(
@@ -440,7 +462,7 @@ def _write_groups(
     ctx: CommandContext,
     field: str,
     statements: list[Any],
-    groups: dict[str, list[int]],
+    groups: list[tuple[str, list[int]]],
 ) -> dict[str, Any]:
     """Send each shard its statements (original ``stmtIds``) and merge the write replies."""
     ordered = ctx.body.get("ordered", True) is not False
@@ -449,7 +471,7 @@ def _write_groups(
     errors: list[dict[str, Any]] = []
     upserted: list[dict[str, Any]] = []
     wce: Any = None
-    for shard_name, indexes in groups.items():
+    for shard_name, indexes in groups:
         shard = router.shard(shard_name)
         body = _body(ctx, **{field: [statements[i] for i in indexes]})
         if ctx.txn_number is not None:
@@ -521,7 +543,7 @@ def update_or_delete(router: Router, ctx: CommandContext) -> dict[str, Any]:
         raise CommandError(
             40414, f"BSON field '{ctx.name}.{field}' is missing but a required field"
         )
-    groups: dict[str, list[int]] = {}
+    owners: list[tuple[int, str]] = []
     broadcast: list[int] = []
     for i, stmt in enumerate(statements):
         query = stmt.get("q") if isinstance(stmt, dict) else None
@@ -537,11 +559,11 @@ def update_or_delete(router: Router, ctx: CommandContext) -> dict[str, Any]:
                 if field == "updates" and stmt.get("upsert")
                 else sharded.chunks[0].shard
             )
-        groups.setdefault(owner, []).append(i)
-    out = _write_groups(router, ctx, field, statements, groups)
+        owners.append((i, owner))
+    out = _write_groups(router, ctx, field, statements, _batches(ctx, owners))
     for i in broadcast:
         for shard in router.targets(sharded, statements[i].get("q")):
-            part = _write_groups(router, ctx, field, statements, {shard.name: [i]})
+            part = _write_groups(router, ctx, field, statements, [(shard.name, [i])])
             out["n"] += part["n"]
             if "nModified" in out:
                 out["nModified"] += part.get("nModified", 0)

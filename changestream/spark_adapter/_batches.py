@@ -35,6 +35,7 @@ from .._token import ResumeToken
 from ..stores import TokenStore
 from ._convert import EventConverter, event_token, is_invalidate, raw_bytes
 from ._errors import history_lost_as_error
+from ._readahead import open_retrying
 from ._schema import event_ddl
 
 __all__ = ["BatchRunResult", "foreach_batch", "stream_opener"]
@@ -113,8 +114,10 @@ def foreach_batch(
     postBatchResumeToken is stored every ``idle_seconds`` so a restart stays
     inside the oplog window. Stops when the stream is idle (``until_idle``),
     after ``max_batches`` calls, when ``stop_event`` is set (after the
-    batches already cut), or after an ``invalidate``. Exceptions from
-    ``func`` or the stream propagate; nothing is stored for the failed batch.
+    batches already cut), or after an ``invalidate``. Opening the stream
+    retries transient failures (a network error, a failover) with backoff for
+    up to 300 s. Other exceptions from ``func`` or the stream propagate;
+    nothing is stored for the failed batch.
     """
     if max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, not {max_rows}")
@@ -128,7 +131,7 @@ def foreach_batch(
         publish_full_document_only=publish_full_document_only,
     )
     run = _Run(store)
-    with history_lost_as_error(run.token), open_stream(run.token) as stream:
+    with history_lost_as_error(run.token), open_retrying(lambda: open_stream(run.token)) as stream:
         if run.token is None and stream.resume_token is not None:
             run.save(stream.resume_token)  # pin the start: a crash must not move it to "now"
         cuts = _Cuts(

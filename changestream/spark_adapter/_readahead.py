@@ -28,8 +28,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import tenacity
@@ -59,6 +59,7 @@ RETRY = RetryPolicy(retry_for=300.0, backoff_initial=0.5, backoff_max=30.0)
 exponential backoff, and :class:`~changestream.errors.RetriesExhaustedError` after
 300 s without progress."""
 log = logging.getLogger("changestream.spark")
+T = TypeVar("T")
 
 _CODEC = next((c for c in ("zstd", "lz4") if pa.Codec.is_available(c)), None)
 _HEADER = 9  # one byte: compressed or not; eight: the raw size
@@ -70,6 +71,26 @@ def _log_retry(state: tenacity.RetryCallState) -> None:
     delay = state.next_action.sleep if state.next_action is not None else 0.0
     log.warning("change stream read-ahead failed (%s); reopening in %.2f s (attempt %d)",
                 "?" if exc is None else describe_error(exc), delay, state.attempt_number + 1)
+
+
+def open_retrying(open_stream: Callable[[], T]) -> T:
+    """``open_stream()``, retried after transient failures as the read-ahead's reopens are.
+
+    A network error or a failover during the opening aggregate (which the
+    stream retries once itself) backs off and tries again (:data:`RETRY`),
+    instead of failing the query or the ``foreach_batch`` run; after
+    ``retry_for`` seconds the last error propagates.
+    """
+
+    def warn(state: tenacity.RetryCallState) -> None:
+        outcome = state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        delay = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning("opening the change stream failed (%s); again in %.2f s (attempt %d)",
+                    "?" if exc is None else describe_error(exc), delay,
+                    state.attempt_number + 1)
+
+    return tenacity.Retrying(**{**RETRY.arguments(), "before_sleep": warn})(open_stream)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +300,8 @@ class ReadAhead:
         config = self._config
         if self._client is None:
             self._client = config.connect()
-        stream = self._open(offset_watch_option(start))
+        position = offset_watch_option(start)
+        stream = open_retrying(lambda: self._open(position))
         self._clear(token)
         self._stream = stream
         self._stop = threading.Event()

@@ -1,12 +1,15 @@
 """Chaos: every client path reads ordered writes while the deployment misbehaves.
 
 ``python -m pytest -m chaos`` (seeded and bounded in time; see
-``tests/chaos_support.py`` for the profiles). Faults: closed connections on
+``tests/chaos_support.py`` for the profiles). Each test runs on a replica set
+and on a sharded cluster (through mongos). Faults: closed connections on
 getMore and on the resume aggregate, CursorNotFound, step-downs with and
-without closing connections, killed cursors, the primary killed or shut down
-and restarted, and for the CLI kill -9 of the
-consumer followed by a restart from its token file. Asserts 0 lost, 0 out of
-order, 0 duplicates in-process, and at most one re-delivery per consumer kill.
+without closing connections, killed cursors, a primary killed or shut down
+and restarted; on the replica set the whole set restarted from its dbpath; on
+the sharded cluster a mongos killed and restarted and shard cursors killed;
+and for the CLI kill -9 of the consumer followed by a restart from its token
+file. Asserts 0 lost, 0 out of order, 0 duplicates in-process, and at most
+one re-delivery per consumer kill.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -27,7 +29,15 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from chaos_support import EVENTS, SEED, Chaos, Verdict, deadline_for
+from chaos_support import (
+    EVENTS,
+    SEED,
+    Chaos,
+    Target,
+    Verdict,
+    deadline_for,
+    target_fixture,  # noqa: F401 - the fixture "target"
+)
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import PyMongoError
 
@@ -35,31 +45,21 @@ import changestream
 import changestream.aio
 from changestream.stores import FileTokenStore, MemoryTokenStore, StoredToken
 
-pytestmark = pytest.mark.chaos
-
-
-@pytest.fixture(scope="module")
-def rs() -> Iterator[Any]:
-    if os.environ.get("MONGODB_URI"):
-        pytest.skip("chaos needs the simulator's fault injection (MONGODB_URI is set)")
-    from changestream.testing import ReplicaSet
-
-    with ReplicaSet("8.0", members=3) as replset:
-        yield replset
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(deadline_for(EVENTS) + 300)]
 
 
 @pytest.fixture
-def names(rs: Any) -> Iterator[tuple[str, str]]:
+def names(target: Target) -> Iterator[tuple[str, str]]:
     database = f"chaos_{uuid.uuid4().hex[:8]}"
-    with MongoClient(rs.uri) as client:
-        client[database].create_collection("orders")
-        yield database, "orders"
+    target.prepare(database, "orders")
+    yield database, "orders"
+    with MongoClient(target.uri) as client:
         client.drop_database(database)
 
 
-def start_token(rs: Any, names: tuple[str, str]) -> Any:
+def start_token(target: Target, names: tuple[str, str]) -> Any:
     """A token from before the first write: every consumer starts there."""
-    with MongoClient(rs.uri) as client, changestream.watch(
+    with MongoClient(target.uri) as client, changestream.watch(
         client[names[0]][names[1]], max_await_time_ms=50
     ) as stream:
         return stream.resume_token
@@ -82,15 +82,15 @@ def judge(name: str, received: list[int], chaos: Chaos, started: float,
     return verdict
 
 
-def test_watch_with_manual_token_saving(rs: Any, names: tuple[str, str]) -> None:
+def test_watch_with_manual_token_saving(target: Target, names: tuple[str, str]) -> None:
     """The resumability guide's loop: save the token after every try_next, reopen from it."""
-    token = start_token(rs, names)
+    token = start_token(target, names)
     received: list[int] = []
     stop = threading.Event()
 
     def consumer() -> None:
         nonlocal token
-        with MongoClient(rs.uri) as client:
+        with MongoClient(target.uri) as client:
             coll = client[names[0]][names[1]]
             while not stop.is_set():
                 try:
@@ -104,7 +104,7 @@ def test_watch_with_manual_token_saving(rs: Any, names: tuple[str, str]) -> None
                 except PyMongoError:
                     time.sleep(0.1)  # the stream's one resume failed: reopen from the token
 
-    chaos = Chaos(rs, *names, seed=SEED).start()
+    chaos = Chaos(target, *names, seed=SEED, progress=received.__len__).start()
     started = time.monotonic()
     thread = threading.Thread(target=consumer, daemon=True)
     thread.start()
@@ -118,8 +118,8 @@ def test_watch_with_manual_token_saving(rs: Any, names: tuple[str, str]) -> None
     assert verdict.duplicated == 0 and verdict.out_of_order == 0
 
 
-def test_consume(rs: Any, names: tuple[str, str]) -> None:
-    token = start_token(rs, names)
+def test_consume(target: Target, names: tuple[str, str]) -> None:
+    token = start_token(target, names)
     store = MemoryTokenStore(StoredToken(token, None, changestream.stores._now()))
     received: list[int] = []
     stop = threading.Event()
@@ -131,7 +131,7 @@ def test_consume(rs: Any, names: tuple[str, str]) -> None:
             stop.set()
 
     def consumer() -> None:
-        with MongoClient(rs.uri) as client:
+        with MongoClient(target.uri) as client:
             coll = client[names[0]][names[1]]
             try:
                 changestream.consume(
@@ -142,7 +142,7 @@ def test_consume(rs: Any, names: tuple[str, str]) -> None:
             except BaseException as exc:
                 errors.append(exc)
 
-    chaos = Chaos(rs, *names, seed=SEED + 1).start()
+    chaos = Chaos(target, *names, seed=SEED + 1, progress=received.__len__).start()
     started = time.monotonic()
     thread = threading.Thread(target=consumer, daemon=True)
     thread.start()
@@ -157,14 +157,14 @@ def test_consume(rs: Any, names: tuple[str, str]) -> None:
     assert verdict.duplicated == 0 and verdict.out_of_order == 0
 
 
-def test_aio_consume(rs: Any, names: tuple[str, str]) -> None:
-    token = start_token(rs, names)
+def test_aio_consume(target: Target, names: tuple[str, str]) -> None:
+    token = start_token(target, names)
     received: list[int] = []
     done = threading.Event()
     errors: list[BaseException] = []
 
     async def run() -> None:
-        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(rs.uri)
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(target.uri)
         coll = client[names[0]][names[1]]
         stop = asyncio.Event()
 
@@ -201,7 +201,7 @@ def test_aio_consume(rs: Any, names: tuple[str, str]) -> None:
         finally:
             done.set()
 
-    chaos = Chaos(rs, *names, seed=SEED + 2).start()
+    chaos = Chaos(target, *names, seed=SEED + 2, progress=received.__len__).start()
     started = time.monotonic()
     thread = threading.Thread(target=consumer, daemon=True)
     thread.start()
@@ -252,6 +252,10 @@ class CliConsumer:
             self.kills += 1
             self.start()
 
+    def progress(self) -> int:
+        """Events printed so far (by the highest ``_id``: each run prints in order)."""
+        return max((run[-1] + 1 for run in self.runs if run), default=0)
+
     def received(self) -> list[int]:
         return [i for run in self.runs for i in run]
 
@@ -265,11 +269,12 @@ class CliConsumer:
                     self.process.kill()
 
 
-def test_cli_with_kill_9_and_restart(rs: Any, names: tuple[str, str], tmp_path: Path) -> None:
+def test_cli_with_kill_9_and_restart(target: Target, names: tuple[str, str], tmp_path: Path) -> None:
     token_file = tmp_path / "orders.token"
-    FileTokenStore(token_file).save(start_token(rs, names))
-    cli = CliConsumer(rs.uri, names, token_file)
-    chaos = Chaos(rs, *names, seed=SEED + 3, extra_faults={"kill_consumer": cli.kill_and_restart})
+    FileTokenStore(token_file).save(start_token(target, names))
+    cli = CliConsumer(target.uri, names, token_file)
+    chaos = Chaos(target, *names, seed=SEED + 3, progress=cli.progress,
+                  extra_faults={"kill_consumer": cli.kill_and_restart})
     chaos.start()
     started = time.monotonic()
     try:

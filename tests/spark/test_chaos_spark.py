@@ -1,6 +1,7 @@
 """Chaos for both Spark paths (``foreach_batch`` and the ``changestream`` source).
 
-Ordered writes with seeded faults (see ``tests/chaos_support.py``), plus SIGKILL
+Ordered writes with seeded faults (see ``tests/chaos_support.py``) on a replica
+set (restarted whole from its dbpath too) and on a sharded cluster, plus SIGKILL
 of the whole pipeline process group and a restart from its state. The
 idempotent sink is keyed by batch id: every event lands exactly once.
 Run with ``python -m pytest -m "chaos and spark" tests/spark``.
@@ -15,32 +16,29 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from chaos_support import EVENTS, SEED, Chaos, Verdict, deadline_for
+from chaos_support import (
+    EVENTS,
+    SEED,
+    Chaos,
+    Target,
+    Verdict,
+    deadline_for,
+    target_fixture,  # noqa: F401 - the fixture "target"
+)
 from pymongo import MongoClient
 from spark_support import PANDAS_WARNING, ParquetSink, current_token
 
 from changestream import token_to_json
 
-pytestmark = [pytest.mark.spark, pytest.mark.chaos, pytest.mark.filterwarnings(PANDAS_WARNING)]
+pytestmark = [pytest.mark.spark, pytest.mark.chaos, pytest.mark.filterwarnings(PANDAS_WARNING),
+              pytest.mark.timeout(deadline_for(EVENTS) + 600)]
 
 SCRIPT = Path(__file__).with_name("pipeline_process.py")
 MAX_KILLS = 2
 """A restart costs a JVM start: a few are enough to prove the state survives."""
-
-
-@pytest.fixture(scope="module")
-def rs() -> Iterator[Any]:
-    if os.environ.get("MONGODB_URI"):
-        pytest.skip("chaos needs the simulator's fault injection (MONGODB_URI is set)")
-    from changestream.testing import ReplicaSet
-
-    with ReplicaSet("8.0", members=3) as replset:
-        yield replset
 
 
 class Pipeline:
@@ -90,20 +88,20 @@ class Pipeline:
 
 
 @pytest.mark.parametrize("mode", ["helper", "source"])
-def test_spark_under_chaos(rs: Any, tmp_path: Path, mode: str) -> None:
+def test_spark_under_chaos(target: Target, tmp_path: Path, mode: str) -> None:
     database = f"chaos_spark_{uuid.uuid4().hex[:8]}"
-    with MongoClient(rs.uri) as client:
+    target.prepare(database, "orders")
+    with MongoClient(target.uri) as client:
         coll = client[database]["orders"]
-        client[database].create_collection("orders")
         start = current_token(coll)
         out, state = tmp_path / "out", tmp_path / "state"
         state.mkdir()
         pipeline = Pipeline(
-            [mode, rs.uri, database, "orders", token_to_json(start), str(out), str(state), "0"],
+            [mode, target.uri, database, "orders", token_to_json(start), str(out), str(state), "0"],
             tmp_path / "pipeline.log",
         )
         sink = ParquetSink(out)
-        chaos = Chaos(rs, database, "orders", seed=SEED + 10,
+        chaos = Chaos(target, database, "orders", seed=SEED + 10,
                       extra_faults={"kill_consumer": pipeline.kill_and_restart})
         started = time.monotonic()
         chaos.start()

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from pymongo import MongoClient, monitoring
+from pymongo.errors import AutoReconnect, OperationFailure
 from spark_support import current_token
 
 import changestream
@@ -61,3 +62,29 @@ def test_read_ahead_backs_off_then_names_the_repeated_failure(
     assert counter.aggregates / elapsed < 8, counter.aggregates
     assert "43 CursorNotFound" in str(info.value)
     assert "full error" not in str(info.value)
+
+
+def test_opening_the_stream_backs_off_over_transient_failures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both Spark paths open their stream through ``open_retrying`` (a mongos gone, a failover)."""
+    monkeypatch.setattr(_readahead, "RETRY", RetryPolicy(5.0, 0.05, 0.2))
+    calls: list[float] = []
+
+    def flaky() -> str:
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise AutoReconnect("connection closed")
+        return "stream"
+
+    assert _readahead.open_retrying(flaky) == "stream"
+    assert len(calls) == 3 and calls[2] - calls[1] >= 0.05, "backed off between tries"
+
+    def broken() -> str:
+        calls.append(time.monotonic())
+        raise OperationFailure("bad pipeline", code=40324)
+
+    calls.clear()
+    with pytest.raises(OperationFailure):
+        _readahead.open_retrying(broken)
+    assert len(calls) == 1, "a non-transient error is not retried"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "CHANGE_STREAM_HISTORY_LOST",
+    "CURSOR_KILLED",
     "CURSOR_NOT_FOUND",
     "NON_RESUMABLE_LABEL",
     "RESUMABLE_CODES_BEFORE_4_4",
@@ -26,6 +27,10 @@ UNAUTHORIZED = 13
 """The user may not run the change stream: no retry helps (consume stops with NotResumableError)."""
 CURSOR_NOT_FOUND = 43
 """The server no longer has the cursor (killed, timed out, member restarted): always resumable."""
+CURSOR_KILLED = 237
+"""killCursors (or killSessions) hit the cursor while a getMore was using it: the getMore
+fails with CursorKilled. Not resumable for the stream (spec), but reopening from the
+stored token is safe, so consume() retries it."""
 CHANGE_STREAM_HISTORY_LOST = 286
 """ChangeStreamHistoryLost: the resume point has fallen off the oplog; the changes since are gone."""
 
@@ -68,7 +73,9 @@ RETRYABLE_READ_CODES = _UNAVAILABLE | {
 }
 """Retryable-reads spec: server codes after which an aggregate is retried once."""
 
-TRANSIENT_CODES = RESUMABLE_CODES_BEFORE_4_4 | RETRYABLE_READ_CODES | {CURSOR_NOT_FOUND}
+TRANSIENT_CODES = (
+    RESUMABLE_CODES_BEFORE_4_4 | RETRYABLE_READ_CODES | {CURSOR_NOT_FOUND, CURSOR_KILLED}
+)
 """consume(): a failure with one of these codes may pass; reopen the stream after a backoff."""
 TRANSIENT_LABELS = (RESUMABLE_LABEL, RETRYABLE_READ_LABEL)
 """consume(): a failure with one of these labels may pass (unless also NON_RESUMABLE_LABEL)."""

@@ -29,6 +29,8 @@ def test_client_modules_name_codes_and_labels_only_through_codes_py() -> None:
 
 def test_code_sets_are_the_specs() -> None:
     assert _codes.CURSOR_NOT_FOUND in _codes.TRANSIENT_CODES
+    assert _codes.CURSOR_KILLED in _codes.TRANSIENT_CODES, "consume's choice, not the spec's"
+    assert _codes.CURSOR_KILLED not in _codes.RESUMABLE_CODES_BEFORE_4_4
     assert 134 in _codes.RETRYABLE_READ_CODES and 134 not in _codes.RESUMABLE_CODES_BEFORE_4_4
     assert len(_codes.RESUMABLE_CODES_BEFORE_4_4) == 17
 

@@ -12,9 +12,10 @@ default 40) and ``CHANGESTREAM_CHAOS_WRITE_BATCH`` (documents per
 consumer that reports its progress). Faults are injected by the writer between
 its batches, in an order drawn from the seed, so a run with the same seed
 meets the same faults at the same positions of the workload.
-The long profile (one client path at a time, e.g. ``-k "consume and replset"``) is
+The long profile runs one client path and topology at a time:
 ``CHANGESTREAM_CHAOS_EVENTS=1000000 CHANGESTREAM_CHAOS_FAULT_SPACING=2000
-CHANGESTREAM_CHAOS_WRITE_BATCH=500 python -m pytest -m chaos -rP tests/chaos``.
+CHANGESTREAM_CHAOS_WRITE_BATCH=500 python -m pytest -m chaos -rP tests/chaos
+-k "test_consume and replset"``.
 """
 
 from __future__ import annotations

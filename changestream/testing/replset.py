@@ -6,7 +6,8 @@
 Each member listens on its own port; all members share one deployment
 (catalog, oplog, clock), so replication is instantaneous. :meth:`step_down`
 emulates a failover, :meth:`kill_member` and :meth:`restart_member` a crash and
-a restart of one member, and :meth:`stop` mongod's shutdown.
+a restart of one member, :meth:`stop` mongod's shutdown and :meth:`restart` (with a
+``dbpath``) a restart of the whole set.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class ReplicaSet:
     ``dbpath`` keeps the data, oplog, cluster time and term in that directory
     across restarts: :meth:`stop` writes them, the next ``ReplicaSet`` with the
     same ``dbpath`` starts from them (a resume token taken before resumes
-    after). One deployment at a time may use a ``dbpath``. ``users``
+    after); :meth:`restart` does both in place, on the same ports. One deployment at a time may use a ``dbpath``. ``users``
     (``{"app": "secret"}``, users of ``admin``) turns authentication on, as
     mongod's ``--auth``: commands other than the handshake need a client
     authenticated with SCRAM-SHA-256 or SCRAM-SHA-1.

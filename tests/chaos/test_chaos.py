@@ -278,7 +278,8 @@ def test_cli_with_kill_9_and_restart(target: Target, names: tuple[str, str], tmp
     chaos.start()
     started = time.monotonic()
     try:
-        wait_until(lambda: len(set(cli.received())) >= EVENTS, chaos, "every event")
+        wait_until(lambda: cli.progress() >= EVENTS and len(set(cli.received())) >= EVENTS,
+                   chaos, "every event")
     finally:
         chaos.stop()
         cli.stop()

@@ -17,12 +17,17 @@ postBatchResumeToken, the cursor (id, namespace, server address, wire
 version), split-event fragments and the resume / retry / timeout bookkeeping;
 it builds every command. Server selection, sessions, ``$clusterTime`` and CSOT
 deadlines belong to the transport.
+
+*When* anything happens is not decided here but in one table,
+:mod:`changestream._states`: each input becomes an
+:class:`~changestream._states.Event`, the table gives the next control state,
+the effects on the data above and the action to return, and :meth:`_fire`
+(the only place control state changes) applies them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -42,7 +47,7 @@ from ._codes import (
 from ._options import ChangeStreamOptions
 from ._position import Position, newest_reply_time
 from ._split import SplitReassembler
-from ._states import Phase, Step, advance
+from ._states import INITIAL, Act, Effect, Event, Phase, State, transition
 from ._token import check_resume_token, describe, raw_token_bytes
 from .errors import (
     ChangeStreamError,
@@ -198,20 +203,6 @@ Command = RunAggregate | RunGetMore | KillCursors
 Action = RunAggregate | RunGetMore | KillCursors | Deliver | NoDocument | Raise
 
 
-class _ResumeAggregate:
-    """What follows the killCursors of a resume: the resume aggregate (built when it runs)."""
-
-
-_RESUME_AGGREGATE: Final = _ResumeAggregate()
-
-
-class _Op(enum.Enum):
-    START = "start"
-    NEXT = "next"
-    TRY_NEXT = "try_next"
-    CLOSE = "close"
-
-
 @dataclasses.dataclass
 class _Cursor:
     id: int
@@ -222,8 +213,31 @@ class _Cursor:
     load_balanced: bool = False
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Reply:
+    """A reply as far as it was read: what the REPLY effects store (BAD_REPLY: its time only)."""
+
+    server_time: Timestamp | None
+    info: ReplyInfo | None = None
+    document: Mapping[str, Any] | None = None
+    batch: deque[Mapping[str, Any]] = dataclasses.field(default_factory=deque)
+    cursor_id: int = 0
+    database: str = ""
+    collection: str = ""
+    post_batch_token: Mapping[str, Any] | None = None
+
+
+_Effector = Callable[["ChangeStreamMachine", Any, "BaseException | None"],
+                     "tuple[Event, Any, BaseException | None] | None"]
+
+
 class ChangeStreamMachine:
-    """One change stream's spec logic; see the module docstring for the protocol."""
+    """One change stream's spec logic; see the module docstring for the protocol.
+
+    Control state is one :class:`~changestream._states.State`, changed only in
+    :meth:`_fire` with what :func:`~changestream._states.transition` says; the
+    other fields are data, changed by the table's effects.
+    """
 
     def __init__(self, spec: StreamSpec) -> None:
         options = spec.options
@@ -238,17 +252,13 @@ class ChangeStreamMachine:
         self._use_start_after = options.start_after is not None
         """Started with startAfter and no document returned yet: resumes use startAfter."""
         self._operation_time = options.start_at_operation_time
-        self._phase = Phase.NEW
+        self._state = INITIAL
         self._cursor: _Cursor | None = None
         self._batch: deque[Mapping[str, Any]] = deque()
         self._post_batch_token: Mapping[str, Any] | None = None
         self._fragments = SplitReassembler() if options.reassemble_split_events else None
-        self._op: _Op | None = None
-        self._inflight: Command | None = None
-        self._ready: Action | None = None
-        self._getmores_left: int | None = None
-        self._after_kill: Action | _ResumeAggregate | None = None
-        """What follows the in-flight killCursors (:data:`_RESUME_AGGREGATE`: the resume)."""
+        self._error: BaseException | None = None
+        """What the plan's RAISE raises."""
         self._server_time: Timestamp | None = None
         """Newest cluster time seen in a reply (see :attr:`position`)."""
         self._resumes = 0
@@ -277,12 +287,17 @@ class ChangeStreamMachine:
         return self._resumes
 
     @property
+    def state(self) -> State:
+        """The whole control state (see :mod:`changestream._states`)."""
+        return self._state
+
+    @property
     def phase(self) -> Phase:
-        return self._phase
+        return self._state.phase
 
     @property
     def alive(self) -> bool:
-        return self._phase is not Phase.CLOSED
+        return self._state.phase is not Phase.CLOSED
 
     @property
     def operation_time(self) -> Any:
@@ -311,29 +326,24 @@ class ChangeStreamMachine:
     @property
     def busy(self) -> bool:
         """An operation is in progress."""
-        return self._op is not None
+        return self._state.op is not None
 
     # -- operations -------------------------------------------------------------
     def start(self) -> None:
         """Begin the initial aggregate (``watch()``)."""
-        if self._phase is not Phase.NEW or self._op is not None:
-            raise RuntimeError("start() runs once, before any other operation")
-        self._begin(_Op.START, None)
+        self._fire(Event.START)
 
     def begin_next(self) -> None:
         """Begin a blocking ``next``: getMore until a document arrives or the stream dies."""
-        self._begin(_Op.NEXT, None)
+        self._fire(Event.NEXT)
 
     def begin_try_next(self) -> None:
         """Begin ``try_next``: at most one getMore; after a resume only the new first batch."""
-        self._begin(_Op.TRY_NEXT, 1)
+        self._fire(Event.TRY_NEXT)
 
     def close(self) -> None:
         """Begin closing: kill the server cursor (if any). Allowed between commands."""
-        if self._inflight is not None:
-            raise RuntimeError("feed the outcome of the in-flight command before close()")
-        self._op = _Op.CLOSE
-        self._ready = None
+        self._fire(Event.CLOSE)
 
     def abandon(self) -> KillCursors | None:
         """The stream is being dropped unclosed (garbage collected): close without I/O.
@@ -342,37 +352,22 @@ class ChangeStreamMachine:
         to hand to a background cleaner (a finaliser must not block on the
         network). A command still in flight is left to its own shell.
         """
-        if self._inflight is not None:
-            return None
-        cursor, self._cursor = self._cursor, None
-        self._op = self._ready = None
-        self._close_state()
-        if cursor is None or not cursor.id:
-            return None
-        command = {"killCursors": cursor.collection, "cursors": [Int64(cursor.id)]}
-        return KillCursors(command, cursor.database, cursor.address)
+        action = self._fire(Event.ABANDON)
+        return action if isinstance(action, KillCursors) else None
 
     def abort(self) -> None:
         """Close after the shell was interrupted mid-command (KeyboardInterrupt, cancellation).
 
         The cursor is killed, the stream closes, the resume token stays readable.
         """
-        self._inflight = None
-        self.close()
+        self._fire(Event.ABORT)
 
     def next_action(self) -> Action:
         """What the shell must do next for the current operation."""
-        if self._inflight is not None:
-            raise RuntimeError("feed the outcome of the in-flight command first")
-        if self._op is None:
-            raise RuntimeError("no operation in progress")
-        action = self._ready if self._ready is not None else self._advance()
-        self._ready = None
-        if isinstance(action, (RunAggregate, RunGetMore, KillCursors)):
-            self._inflight = action
-        else:
-            self._op = None
-        return action
+        while True:
+            action = self._fire(*self._wanted())
+            if action is not None:
+                return action
 
     def next_buffered(self) -> Any:
         """Fast path for shells: the next buffered document, or :data:`NOT_BUFFERED`.
@@ -382,9 +377,12 @@ class ChangeStreamMachine:
         case (no operation in progress, not the last document of the batch, no
         split-event reassembly, a token and a successful decode); everything else,
         including the postBatchResumeToken and errors, is left to the operation.
+        There the table's NEXT, ACT_BUFFERED and DOCUMENT leave the control state
+        as it was and only cache the token (``tests/client/test_states.py``
+        checks it), so this path changes data only.
         """
         batch = self._batch
-        if len(batch) < 2 or self._op is not None or self._fragments is not None:
+        if len(batch) < 2 or self._state.op is not None or self._fragments is not None:
             return NOT_BUFFERED
         event = batch[0]
         decode = self._decode
@@ -408,37 +406,39 @@ class ChangeStreamMachine:
 
     def receive_reply(self, reply: Mapping[str, Any], info: ReplyInfo) -> None:
         """Feed the successful reply of the in-flight command."""
-        command = self._take_inflight()
-        if isinstance(command, KillCursors):
-            self._ready = self._after_kill_step()
+        flight = self._state.flight
+        if flight is Act.KILL_CURSORS:
+            self._fire(Event.KILLED)
             return
+        aggregate = flight in _AGGREGATE_ACTS
+        server_time = self._server_time
         try:
             if isinstance(reply, Mapping):
-                self._server_time = newest_reply_time(reply, self._server_time)
-            if isinstance(command, RunAggregate):
-                self._on_aggregate_reply(command, reply, info)
-            else:
-                self._on_getmore_reply(reply)
+                server_time = newest_reply_time(reply, server_time)
+            read = self._read_reply(reply, info, server_time, aggregate=aggregate)
         except ChangeStreamError as exc:
-            self._ready = self._fail(exc)
+            self._fire(Event.BAD_REPLY, _Reply(server_time), exc)
+            return
         except Exception as exc:  # a reply shape the checks above did not foresee
-            name = "aggregate" if isinstance(command, RunAggregate) else "getMore"
+            name = "aggregate" if aggregate else "getMore"
             error = MalformedReplyError(
                 f"malformed {name} reply ({exc!r}): {describe(reply, 300)}", field="reply",
                 value=reply,
             )
-            self._ready = self._fail(error)
+            self._fire(Event.BAD_REPLY, _Reply(server_time), error)
+            return
+        self._fire(Event.REPLY if read.cursor_id else Event.FINAL_REPLY, read)
 
     def receive_error(self, error: ErrorInfo) -> None:
         """Feed the failure of the in-flight command."""
-        command = self._take_inflight()
-        if isinstance(command, KillCursors):
-            # Spec: errors while killing the cursor are suppressed.
-            self._ready = self._after_kill_step()
-        elif isinstance(command, RunAggregate):
-            self._ready = self._on_aggregate_error(command, error)
+        flight = self._state.flight
+        if flight is Act.KILL_CURSORS:
+            event = Event.KILLED  # spec: errors while killing the cursor are suppressed
+        elif flight is Act.GETMORE:
+            event = self._getmore_error_event(error)
         else:
-            self._ready = self._on_getmore_error(error)
+            event = self._aggregate_error_event(error)
+        self._fire(event, None, error.exception)
 
     # -- classification ---------------------------------------------------------
     @staticmethod
@@ -462,175 +462,135 @@ class ChangeStreamMachine:
             or RETRYABLE_READ_LABEL in error.labels
         )
 
-    # -- internals --------------------------------------------------------------
-    def _begin(self, op: _Op, getmores: int | None) -> None:
-        if self._op is not None:
-            raise RuntimeError(f"an operation ({self._op.value}) is already in progress")
-        if op is not _Op.START and self._phase is Phase.NEW:
-            raise RuntimeError("start() must succeed before iterating")
-        self._op = op
-        self._getmores_left = getmores
+    def _aggregate_error_event(self, error: ErrorInfo) -> Event:
+        """An aggregate's error, by the retryable-reads spec (the table: retry once or fail)."""
+        if self.is_retryable_read(error):
+            return Event.RETRYABLE_ERROR
+        return Event.TIMEOUT if error.is_timeout else Event.ERROR
 
-    def _take_inflight(self) -> Command:
-        command = self._inflight
-        if command is None:
-            raise RuntimeError("no command is in flight")
-        self._inflight = None
+    def _getmore_error_event(self, error: ErrorInfo) -> Event:
+        """A getMore's error, by the spec's resumability (the table: resume, wait, or fail)."""
+        if error.is_timeout:
+            return Event.TIMEOUT
+        if not self.is_resumable(error):
+            return Event.ERROR
+        if self._idle_resumes >= MAX_IDLE_RESUMES:
+            return Event.FRUITLESS_RESUMABLE_ERROR
+        if error.is_network and self._cursor is not None and self._cursor.load_balanced:
+            return Event.CURSOR_LOST
+        return Event.RESUMABLE_ERROR
+
+    # -- the one place control state changes --------------------------------------
+    def _fire(self, event: Event, arg: Any = None, error: BaseException | None = None) -> Action | None:
+        """Look ``event`` up in the table, take its state, apply its effects; the action, if any.
+
+        ``arg`` is the event's data (a read reply, a delivered document and its
+        token), ``error`` the exception it carries. An effect may report what it
+        found (the document taken, a malformed field) as the next event.
+        """
+        while True:
+            outcome = transition(self._state, event)
+            self._state = outcome.state
+            follow_up = None
+            for effect in outcome.effects:
+                found = _EFFECTS[effect](self, arg, error)
+                if found is not None:
+                    follow_up = found
+            if outcome.act is not None:
+                return self._build(outcome.act, arg)
+            if follow_up is None:
+                return None
+            event, arg, error = follow_up
+
+    def _wanted(self) -> tuple[Event, Any, BaseException | None]:
+        """``next_action`` as an event: what the buffer holds decides which."""
+        if self._batch:
+            return Event.ACT_BUFFERED, None, None
+        if self._fragments is not None and self._fragments.pending:
+            return (Event.ACT_MID_SPLIT, None,
+                    SplitEventError("the cursor closed in the middle of a split event"))
+        return Event.ACT, None, None
+
+    def _build(self, act: Act, arg: Any) -> Action:
+        """The action the table's act stands for."""
+        if act is Act.DELIVER:
+            return Deliver(arg[0])
+        if act is Act.NO_DOCUMENT:
+            return NoDocument()
+        if act is Act.RAISE:
+            error, self._error = self._error, None
+            assert error is not None
+            return Raise(error)
+        if act is Act.GETMORE:
+            return self._getmore()
+        if act is Act.KILL_CURSORS:
+            return self._kill()
+        command = self._aggregate(is_resume=act in _RESUME_ACTS)
+        if act is Act.RETRY_AGGREGATE or act is Act.RETRY_RESUME:
+            return dataclasses.replace(command, attempt=2)
         return command
 
-    def _advance(self) -> Action:
-        if self._op is _Op.START:
-            return self._aggregate(is_resume=False)
-        if self._op is _Op.CLOSE:
-            return self._shutdown(NoDocument())
-        while True:
-            if self._phase is Phase.CLOSED:
-                return NoDocument()
-            if self._phase is Phase.RESUME_PENDING:
-                return self._resume()
-            if self._batch:
-                action = self._next_from_batch()
-                if action is not None:
-                    return action
-                continue
-            assert self._cursor is not None
-            if self._cursor.id == 0:
-                # Exhausted or invalidated, and everything buffered was returned.
-                if self._fragments is not None and self._fragments.pending:
-                    return self._fail(SplitEventError("the cursor closed in the middle of a split event"))
-                self._close_state()
-                return NoDocument()
-            if self._getmores_left == 0:
-                return NoDocument()
-            if self._getmores_left is not None:
-                self._getmores_left -= 1
-            return self._getmore()
+    # -- effects (data only; the table says when) -----------------------------------------------
+    def _note_server_time(self, read: _Reply, error: BaseException | None) -> None:
+        self._server_time = read.server_time
 
-    def _next_from_batch(self) -> Action | None:
-        """Take one buffered document; ``None`` if it was a fragment of an incomplete event."""
-        document = self._batch.popleft()
-        last_in_batch = not self._batch
-        if not isinstance(document, Mapping):
-            return self._fail(_not_an_event(document))
-        event: Mapping[str, Any] | None = document
-        if self._fragments is not None:
-            try:
-                event = self._fragments.add(document)
-            except SplitEventError as exc:
-                return self._fail(exc)
-            if event is None:
-                # Keep the token before the first fragment: a resume re-delivers the event.
-                return None
-        assert event is not None
-        try:
-            token = _event_token(event)
-        except KeyError:
-            return self._fail(MissingResumeTokenError())
-        except ChangeStreamError as exc:
-            return self._fail(exc)
-        except Exception as exc:  # e.g. InvalidBSON from a raw event
-            return self._fail(MalformedReplyError(
-                f"a change event's _id cannot be read ({exc!r})", field="_id", value=event,
-            ))
-        try:
-            delivered = event if self._decode is None else self._decode(event)
-        except Exception as exc:
-            return self._fail(exc)
-        # Spec: last document of the batch -> postBatchResumeToken, else its _id.
-        if last_in_batch and self._post_batch_token is not None:
-            self._token, self._token_event = self._post_batch_token, None
-        elif token is _IN_EVENT:
-            self._token_event = event  # type: ignore[assignment]
-        else:
-            self._token, self._token_event = token, None
-        self._use_start_after = False
-        if last_in_batch and self._cursor is not None and self._cursor.id == 0:
-            self._close_state()
-        return Deliver(delivered)
+    def _store_cursor(self, read: _Reply, error: BaseException | None) -> None:
+        assert read.info is not None
+        info = read.info
+        self._cursor = _Cursor(read.cursor_id, read.database, read.collection, info.address,
+                               info.wire_version, info.load_balanced)
 
-    def _load_batch(self, batch: deque[Mapping[str, Any]],
-                    post_batch_token: Mapping[str, Any] | None) -> None:
-        self._batch = batch
-        self._post_batch_token = post_batch_token
+    def _update_cursor(self, read: _Reply, error: BaseException | None) -> None:
+        assert self._cursor is not None
+        self._cursor.id = read.cursor_id
+
+    def _reset_idle(self, arg: Any, error: BaseException | None) -> None:
+        self._idle_resumes = 0
+
+    def _load_batch(self, read: _Reply, error: BaseException | None) -> None:
+        if read.batch:
+            self._idle_resumes = 0
+        self._batch = read.batch
+        self._post_batch_token = post_batch_token = read.post_batch_token
         pending = self._fragments is not None and self._fragments.pending
         if not self._batch and post_batch_token is not None and not pending:
             self._token, self._token_event = post_batch_token, None
 
-    def _on_aggregate_reply(
-        self, command: RunAggregate, reply: Mapping[str, Any], info: ReplyInfo
-    ) -> None:
-        cursor, batch, cursor_id, post_batch_token = _parse_cursor(reply, "firstBatch", "aggregate")
-        ns = cursor.get("ns") or f"{command.database}.{self._spec.collection or '$cmd.aggregate'}"
-        if not isinstance(ns, str):
-            raise MalformedReplyError(f"malformed aggregate reply: cursor.ns must be a string, not "
-                                      f"{describe(ns)}", field="cursor.ns", value=ns)
-        database, _, collection = ns.partition(".")
-        self._cursor = _Cursor(cursor_id, database, collection, info.address,
-                               info.wire_version, info.load_balanced)
-        if batch:
-            self._idle_resumes = 0
-        self._load_batch(batch, post_batch_token)
+    def _save_operation_time(
+        self, read: _Reply, error: BaseException | None
+    ) -> tuple[Event, Any, BaseException | None] | None:
+        """Spec: keep the initial aggregate's operationTime when nothing else can resume."""
         options = self._spec.options
+        reply = read.document
+        assert reply is not None and read.info is not None
         if (
-            not command.is_resume
-            and not batch
-            and post_batch_token is None
+            not read.batch
+            and read.post_batch_token is None
             and options.start_at_operation_time is None
             and options.resume_after is None
             and options.start_after is None
-            and info.wire_version >= 7
+            and read.info.wire_version >= 7
             and reply.get("operationTime") is not None
         ):
             operation_time = reply["operationTime"]
             if not isinstance(operation_time, Timestamp):
-                raise MalformedReplyError(
+                return Event.FAIL, None, MalformedReplyError(
                     f"malformed aggregate reply: operationTime must be a timestamp, not "
                     f"{describe(operation_time)}", field="operationTime", value=operation_time,
                 )
             self._operation_time = operation_time
-        self._phase = advance(self._phase, Step.AGGREGATE_OK)
-        if self._op is _Op.START:
-            self._ready = NoDocument()
+        return None
 
-    def _on_getmore_reply(self, reply: Mapping[str, Any]) -> None:
-        _, batch, cursor_id, post_batch_token = _parse_cursor(reply, "nextBatch", "getMore")
-        assert self._cursor is not None
-        self._cursor.id = cursor_id
-        self._idle_resumes = 0
-        self._load_batch(batch, post_batch_token)
+    def _drop_cursor(self, arg: Any, error: BaseException | None) -> None:
+        self._cursor = None
 
-    def _on_aggregate_error(self, command: RunAggregate, error: ErrorInfo) -> Action:
-        if command.attempt == 1 and self.is_retryable_read(error):
-            return dataclasses.replace(self._aggregate(is_resume=command.is_resume), attempt=2)
-        if command.is_resume and error.is_timeout:
-            # CSOT: a timeout never invalidates the stream; the next call resumes again.
-            self._phase = advance(self._phase, Step.RESUME_TIMEOUT)
-            return Raise(error.exception)
-        # Spec: an aggregate error is never resumable.
-        self._close_state()
-        return Raise(error.exception)
+    def _clear_buffer(self, arg: Any, error: BaseException | None) -> None:
+        self._batch.clear()
+        if self._fragments is not None:
+            self._fragments.reset()
 
-    def _on_getmore_error(self, error: ErrorInfo) -> Action:
-        if error.is_timeout:
-            # CSOT: keep the stream; the next call resumes before any getMore.
-            self._phase = advance(self._phase, Step.GETMORE_TIMEOUT)
-            return Raise(error.exception)
-        if self.is_resumable(error):
-            self._phase = advance(self._phase, Step.GETMORE_RESUMABLE)
-            if self._idle_resumes >= MAX_IDLE_RESUMES:
-                # Resuming brought nothing several times in a row: no hot loop; the
-                # caller decides when to try again (the next call resumes once).
-                return Raise(error.exception)
-            if self._op is _Op.TRY_NEXT:
-                self._getmores_left = 0
-            if error.is_network and self._cursor is not None and self._cursor.load_balanced:
-                # Load-balancers spec: the cursor died with its connection; no killCursors.
-                self._cursor = None
-            return self._resume(error.exception)
-        return self._fail(error.exception)
-
-    def _resume(self, cause: BaseException | None = None) -> Action:
-        """Spec "Resume Process": kill the old cursor on its server, then aggregate."""
+    def _begin_resume(self, arg: Any, cause: BaseException | None) -> None:
+        """Spec "Resume Process": count and log it, drop what the old cursor buffered."""
         self._resumes += 1
         if log.isEnabledFor(logging.INFO):
             position = self.position
@@ -646,10 +606,80 @@ class ChangeStreamMachine:
         if self._fragments is not None:
             self._fragments.reset()
         self._idle_resumes += 1
-        if self._cursor is not None and self._cursor.id != 0:
-            return self._kill(then=_RESUME_AGGREGATE)
-        self._cursor = None
-        return self._aggregate(is_resume=True)
+
+    def _take_document(
+        self, arg: Any, error: BaseException | None
+    ) -> tuple[Event, Any, BaseException | None]:
+        """Take one buffered document; what it is (event, last of the batch, fragment, bad) is the next event."""
+        document = self._batch.popleft()
+        last_in_batch = not self._batch
+        if not isinstance(document, Mapping):
+            return Event.FAIL, None, _not_an_event(document)
+        event: Mapping[str, Any] | None = document
+        if self._fragments is not None:
+            try:
+                event = self._fragments.add(document)
+            except SplitEventError as exc:
+                return Event.FAIL, None, exc
+            if event is None:
+                return Event.FRAGMENT, None, None
+        assert event is not None
+        try:
+            token = _event_token(event)
+        except KeyError:
+            return Event.FAIL, None, MissingResumeTokenError()
+        except ChangeStreamError as exc:
+            return Event.FAIL, None, exc
+        except Exception as exc:  # e.g. InvalidBSON from a raw event
+            return Event.FAIL, None, MalformedReplyError(
+                f"a change event's _id cannot be read ({exc!r})", field="_id", value=event,
+            )
+        try:
+            delivered = event if self._decode is None else self._decode(event)
+        except Exception as exc:
+            return Event.FAIL, None, exc
+        taken = (delivered, token, event)
+        return (Event.LAST_DOCUMENT if last_in_batch else Event.DOCUMENT), taken, None
+
+    def _cache_token(self, taken: tuple[Any, Any, Mapping[str, Any]],
+                     error: BaseException | None) -> None:
+        """The event's ``_id`` (a raw event's is sliced out only when used)."""
+        _, token, event = taken
+        if token is _IN_EVENT:
+            self._token_event = event  # type: ignore[assignment]
+        else:
+            self._token, self._token_event = token, None
+        self._use_start_after = False
+
+    def _cache_last_token(self, taken: tuple[Any, Any, Mapping[str, Any]],
+                          error: BaseException | None) -> None:
+        """Spec: last document of the batch -> postBatchResumeToken, else its _id."""
+        if self._post_batch_token is None:
+            self._cache_token(taken, error)
+            return
+        self._token, self._token_event = self._post_batch_token, None
+        self._use_start_after = False
+
+    def _keep_error(self, arg: Any, error: BaseException | None) -> None:
+        assert error is not None
+        self._error = error
+
+    # -- reading replies and building commands ----------------------------------
+    def _read_reply(self, reply: Mapping[str, Any], info: ReplyInfo,
+                    server_time: Timestamp | None, *, aggregate: bool) -> _Reply:
+        """Check a reply's shape before anything of it is used (fields named on errors)."""
+        if not aggregate:
+            _, batch, cursor_id, post_batch_token = _parse_cursor(reply, "nextBatch", "getMore")
+            return _Reply(server_time, info, reply, batch, cursor_id,
+                          post_batch_token=post_batch_token)
+        cursor, batch, cursor_id, post_batch_token = _parse_cursor(reply, "firstBatch", "aggregate")
+        ns = cursor.get("ns") or f"{self._spec.database}.{self._spec.collection or '$cmd.aggregate'}"
+        if not isinstance(ns, str):
+            raise MalformedReplyError(f"malformed aggregate reply: cursor.ns must be a string, not "
+                                      f"{describe(ns)}", field="cursor.ns", value=ns)
+        database, _, collection = ns.partition(".")
+        return _Reply(server_time, info, reply, batch, cursor_id, database, collection,
+                      post_batch_token)
 
     def _namespace(self) -> str:
         spec = self._spec
@@ -657,36 +687,11 @@ class ChangeStreamMachine:
             return "the cluster"
         return spec.database if spec.collection is None else f"{spec.database}.{spec.collection}"
 
-    def _after_kill_step(self) -> Action:
-        then = self._after_kill
-        self._after_kill = None
-        if isinstance(then, _ResumeAggregate):
-            return self._aggregate(is_resume=True)
-        if then is None:
-            raise RuntimeError("a killCursors reply arrived but none was in flight")
-        return then
-
-    def _fail(self, error: BaseException) -> Action:
-        """Close the stream (killing its cursor) and raise ``error``."""
-        return self._shutdown(Raise(error))
-
-    def _shutdown(self, then: Action) -> Action:
-        self._close_state()
-        if self._cursor is not None and self._cursor.id != 0:
-            return self._kill(then=then)
-        return then
-
-    def _close_state(self) -> None:
-        self._phase = advance(self._phase, Step.CLOSE)
-        self._batch.clear()
-        if self._fragments is not None:
-            self._fragments.reset()
-
-    def _kill(self, then: Action | _ResumeAggregate) -> KillCursors:
+    def _kill(self) -> KillCursors:
+        """The killCursors of the current cursor, which is then forgotten."""
         cursor = self._cursor
         assert cursor is not None
         self._cursor = None
-        self._after_kill = then
         command = {"killCursors": cursor.collection, "cursors": [Int64(cursor.id)]}
         return KillCursors(command, cursor.database, cursor.address)
 
@@ -749,6 +754,26 @@ class ChangeStreamMachine:
         if options.comment is not None and cursor.wire_version >= 9:
             command["comment"] = options.comment
         return RunGetMore(command, cursor.database, cursor.address)
+
+
+_AGGREGATE_ACTS = frozenset({Act.AGGREGATE, Act.RETRY_AGGREGATE, Act.RESUME, Act.RETRY_RESUME})
+_RESUME_ACTS = frozenset({Act.RESUME, Act.RETRY_RESUME})
+_EFFECTS: Final[Mapping[Effect, _Effector]] = {
+    Effect.NOTE_SERVER_TIME: ChangeStreamMachine._note_server_time,
+    Effect.STORE_CURSOR: ChangeStreamMachine._store_cursor,
+    Effect.UPDATE_CURSOR: ChangeStreamMachine._update_cursor,
+    Effect.RESET_IDLE: ChangeStreamMachine._reset_idle,
+    Effect.LOAD_BATCH: ChangeStreamMachine._load_batch,
+    Effect.SAVE_OPERATION_TIME: ChangeStreamMachine._save_operation_time,
+    Effect.DROP_CURSOR: ChangeStreamMachine._drop_cursor,
+    Effect.CLEAR_BUFFER: ChangeStreamMachine._clear_buffer,
+    Effect.BEGIN_RESUME: ChangeStreamMachine._begin_resume,
+    Effect.TAKE_DOCUMENT: ChangeStreamMachine._take_document,
+    Effect.CACHE_TOKEN: ChangeStreamMachine._cache_token,
+    Effect.CACHE_LAST_TOKEN: ChangeStreamMachine._cache_last_token,
+    Effect.KEEP_ERROR: ChangeStreamMachine._keep_error,
+}
+"""How the machine applies each of the table's effects."""
 
 
 def _event_token(event: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -1,25 +1,61 @@
-"""The change-stream machine's phases and every transition between them, in one table.
+"""The change-stream machine's control state and every transition, in one table.
 
-:class:`~changestream._machine.ChangeStreamMachine` changes phase only through
-:func:`advance`, with the :class:`Step` that happened; a step the table does not
-allow from the current phase is a bug and raises at once, instead of leaving the
-machine in a state no rule covers. ``docs/resumability.md`` shows the diagram
-:func:`mermaid` draws from this table (a test keeps the two equal).
+As in h11's ``_state.py``, what the machine may do next is decided in one
+place. The control state is one frozen :class:`State` record: the stream's
+:class:`Phase`, the caller's operation (:class:`Op`), the command in flight,
+the *plan* (what ``next_action`` returns next, in order, before the machine
+decides anew: e.g. killCursors, then the resume aggregate), the server cursor
+as far as control goes (:class:`Cursor`) and the operation's getMore budget.
 
-What happens *within* a phase (which command runs next, which token is cached)
-is the machine's; this table says only which phase follows which.
+:func:`transition` maps ``(state, event)`` to an :class:`Outcome`: the next
+state, the :class:`Effect` s on the machine's data (buffer, tokens, counters)
+and the :class:`Act` that ``next_action`` returns, if any.
+:class:`~changestream._machine.ChangeStreamMachine` translates every input
+(a caller's call, a reply, an error, what it found in its buffer) into an
+:class:`Event`, looks it up here and applies the outcome; it changes no
+control state anywhere else. A pair the table does not allow is a bug in the
+machine or its shell and raises :class:`TransitionError` at once.
+
+The machine picks an event from its *data* (is a document buffered, is the
+error resumable by the spec, did resuming bring nothing several times); this
+table picks what the event means from the *state* (which command failed, is a
+cursor open, which operation runs).
+
+``docs/resumability.md`` shows :func:`mermaid` (the phases and the events that
+move between them) and :func:`markdown` (every reachable transition), both
+drawn from :func:`reachable`, which explores this table; a test keeps the docs
+equal to them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Mapping
-from typing import Final
+import functools
+from collections.abc import Iterator
 
-__all__ = ["TRANSITIONS", "Phase", "Step", "advance", "mermaid"]
+__all__ = [
+    "COMMANDS",
+    "INITIAL",
+    "Act",
+    "Cursor",
+    "Effect",
+    "Event",
+    "Op",
+    "Outcome",
+    "Phase",
+    "State",
+    "TransitionError",
+    "markdown",
+    "mermaid",
+    "reachable",
+    "transition",
+]
 
 
 class Phase(enum.Enum):
+    """Where the stream is in its life (what ``alive`` and the diagram show)."""
+
     NEW = "new"
     """Before the initial aggregate succeeded."""
     OPEN = "open"
@@ -30,49 +66,470 @@ class Phase(enum.Enum):
     """Closed, invalidated, exhausted or failed: nothing more is returned."""
 
 
-class Step(enum.Enum):
-    """What happened to move the machine (the labels of the diagram's arrows)."""
+class Op(enum.Enum):
+    """The caller's operation in progress (``None`` in :class:`State`: idle)."""
 
-    AGGREGATE_OK = "aggregate ok"
-    """The initial or a resume aggregate returned a cursor."""
-    GETMORE_RESUMABLE = "getMore: resumable error"
-    """Spec "Resumable Error" (network, CursorNotFound, label or code by wire version)."""
-    GETMORE_TIMEOUT = "getMore: client timeout"
-    """CSOT expired: the stream stays usable, the next call resumes."""
-    RESUME_TIMEOUT = "resume aggregate: client timeout"
-    """A resume aggregate hit CSOT: still usable, the next call resumes again."""
-    CLOSE = "close / error / end"
-    """``close()``, a non-resumable error, an aggregate error, the cursor's end."""
+    START = "start"
+    NEXT = "next"
+    TRY_NEXT = "try_next"
+    CLOSE = "close"
 
 
-TRANSITIONS: Final[Mapping[tuple[Phase, Step], Phase]] = {
-    (Phase.NEW, Step.AGGREGATE_OK): Phase.OPEN,
-    (Phase.NEW, Step.CLOSE): Phase.CLOSED,
-    (Phase.OPEN, Step.GETMORE_RESUMABLE): Phase.RESUME_PENDING,
-    (Phase.OPEN, Step.GETMORE_TIMEOUT): Phase.RESUME_PENDING,
-    (Phase.OPEN, Step.CLOSE): Phase.CLOSED,
-    (Phase.RESUME_PENDING, Step.AGGREGATE_OK): Phase.OPEN,
-    (Phase.RESUME_PENDING, Step.RESUME_TIMEOUT): Phase.RESUME_PENDING,
-    (Phase.RESUME_PENDING, Step.CLOSE): Phase.CLOSED,
-    (Phase.CLOSED, Step.CLOSE): Phase.CLOSED,
+class Cursor(enum.Enum):
+    """The server cursor as far as control goes (its id, namespace and server are data)."""
+
+    NONE = "none"
+    """No cursor: not opened yet, killed, or lost with its load-balanced connection."""
+    LIVE = "live"
+    """Open on the server: getMore may run on it, and it must be killed when left."""
+    DONE = "done"
+    """Cursor id 0 (exhausted or invalidated): what is buffered is all there is."""
+
+
+class Act(enum.Enum):
+    """What ``next_action`` returns: a command for the shell to run, or the operation's result."""
+
+    AGGREGATE = "aggregate"
+    RETRY_AGGREGATE = "aggregate, retried"
+    """The retryable-reads retry (attempt 2) of the initial aggregate."""
+    RESUME = "resume aggregate"
+    RETRY_RESUME = "resume aggregate, retried"
+    GETMORE = "getMore"
+    KILL_CURSORS = "killCursors"
+    DELIVER = "deliver"
+    NO_DOCUMENT = "no document"
+    RAISE = "raise"
+
+
+COMMANDS = frozenset({Act.AGGREGATE, Act.RETRY_AGGREGATE, Act.RESUME, Act.RETRY_RESUME,
+                      Act.GETMORE, Act.KILL_CURSORS})
+"""The acts the shell runs (and feeds back exactly one outcome of)."""
+_AGGREGATES = frozenset({Act.AGGREGATE, Act.RETRY_AGGREGATE, Act.RESUME, Act.RETRY_RESUME})
+_RESUMES = frozenset({Act.RESUME, Act.RETRY_RESUME})
+_RETRY = {Act.AGGREGATE: Act.RETRY_AGGREGATE, Act.RESUME: Act.RETRY_RESUME}
+_ITERATING = frozenset({Op.NEXT, Op.TRY_NEXT})
+
+
+class Effect(enum.Enum):
+    """A change to the machine's data (not control state), made when the table says."""
+
+    NOTE_SERVER_TIME = "note the reply's cluster time"
+    STORE_CURSOR = "keep the new cursor (id, namespace, server)"
+    UPDATE_CURSOR = "update the cursor id"
+    RESET_IDLE = "reset the fruitless-resume count"
+    LOAD_BATCH = "buffer the batch and its postBatchResumeToken"
+    SAVE_OPERATION_TIME = "save operationTime (initial aggregate, spec rules)"
+    DROP_CURSOR = "forget the cursor"
+    CLEAR_BUFFER = "drop buffered documents and split fragments"
+    BEGIN_RESUME = "count and log the resume, drop the buffer"
+    TAKE_DOCUMENT = "take one buffered document"
+    CACHE_TOKEN = "cache the event's token"
+    CACHE_LAST_TOKEN = "cache the postBatchResumeToken, else the event's token"
+    KEEP_ERROR = "keep the error to raise"
+
+
+_FOLLOW_UP_EFFECTS = frozenset({Effect.TAKE_DOCUMENT, Effect.SAVE_OPERATION_TIME})
+"""Effects whose application may produce the next event (what the document or reply was)."""
+
+
+class Event(enum.Enum):
+    """Everything that happens to the machine (the labels of the diagram)."""
+
+    # The caller.
+    START = "start()"
+    NEXT = "next()"
+    TRY_NEXT = "try_next()"
+    CLOSE = "close()"
+    ABORT = "abort (interrupted mid-command)"
+    ABANDON = "abandon (garbage collected)"
+    # next_action(): what the machine finds in its buffer.
+    ACT = "next_action()"
+    """Nothing buffered."""
+    ACT_BUFFERED = "next_action(), buffered"
+    """A document is buffered."""
+    ACT_MID_SPLIT = "next_action(), mid split event"
+    """Nothing buffered, but fragments of a split event wait for the rest."""
+    # A buffered document was taken (after Effect.TAKE_DOCUMENT).
+    DOCUMENT = "event"
+    LAST_DOCUMENT = "last event of the batch"
+    FRAGMENT = "fragment of a split event"
+    # The outcome of the command in flight.
+    REPLY = "reply"
+    """A well-formed reply; the cursor stays open."""
+    FINAL_REPLY = "reply, cursor id 0"
+    """A well-formed reply whose cursor is exhausted or invalidated."""
+    BAD_REPLY = "malformed reply"
+    KILLED = "killCursors answered"
+    """A killCursors reply or error (spec: its errors are suppressed)."""
+    RETRYABLE_ERROR = "retryable error"
+    """Of an aggregate: retryable-reads spec."""
+    RESUMABLE_ERROR = "resumable error"
+    """Of a getMore: the spec's "Resumable Error"."""
+    FRUITLESS_RESUMABLE_ERROR = "resumable error, resumes fruitless"
+    """A resumable error after ``MAX_IDLE_RESUMES`` resumes in a row brought nothing."""
+    CURSOR_LOST = "network error, load-balanced"
+    """A resumable network error behind a load balancer: the cursor died with the connection."""
+    TIMEOUT = "client timeout"
+    """The client-side operation timeout (CSOT) expired."""
+    ERROR = "error"
+    """Any other error of a command: not resumable, not retried."""
+    FAIL = "bad data"
+    """The machine found an event, reply field or decode it cannot accept."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class State:
+    """The machine's whole control state; the table makes every new one."""
+
+    phase: Phase = Phase.NEW
+    op: Op | None = None
+    """The caller's operation in progress (``None``: idle)."""
+    flight: Act | None = None
+    """The command the shell is running (one of :data:`COMMANDS`)."""
+    plan: tuple[Act, ...] = ()
+    """What ``next_action`` returns next, in order, before deciding anew."""
+    cursor: Cursor = Cursor.NONE
+    getmores: int | None = None
+    """getMores the operation may still run (``try_next``: one); ``None``: no limit."""
+
+    def __str__(self) -> str:
+        parts = [f"phase {self.phase.value!r}"]
+        parts.append("idle" if self.op is None else f"op {self.op.value!r}")
+        if self.flight is not None:
+            parts.append(f"{self.flight.value!r} in flight")
+        if self.plan:
+            parts.append("plan " + " -> ".join(act.value for act in self.plan))
+        parts.append(f"cursor {self.cursor.value}")
+        if self.getmores is not None:
+            parts.append(f"{self.getmores} getMore(s) left")
+        return ", ".join(parts)
+
+
+INITIAL = State()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an event does: the next state, the effects on data, what ``next_action`` returns."""
+
+    state: State
+    effects: tuple[Effect, ...] = ()
+    act: Act | None = None
+
+
+class TransitionError(RuntimeError):
+    """An event the table does not allow in the current state: a bug in the machine or its shell."""
+
+
+def transition(state: State, event: Event) -> Outcome:
+    """The table: what ``event`` does in ``state`` (:class:`TransitionError` if it cannot happen).
+
+    Pure, so looked up once per pair and then served from a cache.
+    """
+    return _cached(state, event)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached(state: State, event: Event) -> Outcome:
+    return _RULES[event](state, event)
+
+
+def _refuse(state: State, event: Event, why: str) -> TransitionError:
+    return TransitionError(f"change stream machine: {event.value!r} cannot happen ({why}); "
+                           f"state: {state}")
+
+
+def _replace(state: State, **changes: object) -> State:
+    return dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+
+
+def _ended(state: State, **changes: object) -> State:
+    """The operation is over: idle again."""
+    return _replace(state, op=None, getmores=None, **changes)
+
+
+# -- rules, one per event -----------------------------------------------------------------------
+def _start(s: State, e: Event) -> Outcome:
+    if s.phase is not Phase.NEW or s.op is not None:
+        raise _refuse(s, e, "start() runs once, before any other operation")
+    return Outcome(_replace(s, op=Op.START))
+
+
+def _begin(s: State, e: Event) -> Outcome:
+    if s.op is not None:
+        raise _refuse(s, e, f"an operation ({s.op.value}) is already in progress")
+    if s.phase is Phase.NEW:
+        raise _refuse(s, e, "start() must succeed before iterating")
+    if e is Event.TRY_NEXT:
+        # try_next: at most one getMore; after a resume only the new first batch.
+        return Outcome(_replace(s, op=Op.TRY_NEXT, getmores=1))
+    return Outcome(_replace(s, op=Op.NEXT, getmores=None))
+
+
+def _close(s: State, e: Event) -> Outcome:
+    if s.flight is not None:
+        raise _refuse(s, e, "feed the outcome of the in-flight command before close()")
+    plan = (Act.KILL_CURSORS, Act.NO_DOCUMENT) if s.cursor is Cursor.LIVE else (Act.NO_DOCUMENT,)
+    closed = State(Phase.CLOSED, Op.CLOSE, None, plan, s.cursor, None)
+    return Outcome(closed, (Effect.CLEAR_BUFFER,))
+
+
+def _abort(s: State, e: Event) -> Outcome:
+    """Interrupted mid-command: forget the command in flight, then close."""
+    return _close(_replace(s, flight=None), Event.CLOSE)
+
+
+def _abandon(s: State, e: Event) -> Outcome:
+    """Garbage collected: close without I/O; the open cursor's killCursors goes to a cleaner."""
+    if s.flight is not None:
+        return Outcome(s)  # left to the shell running it
+    closed = State(Phase.CLOSED, cursor=Cursor.NONE)
+    if s.cursor is Cursor.LIVE:
+        return Outcome(closed, (Effect.CLEAR_BUFFER,), Act.KILL_CURSORS)
+    return Outcome(closed, (Effect.CLEAR_BUFFER, Effect.DROP_CURSOR))
+
+
+def _pop(s: State, effects: tuple[Effect, ...] = ()) -> Outcome:
+    """Run the plan's next step: a command goes in flight, a result ends the operation."""
+    act, rest = s.plan[0], s.plan[1:]
+    if act in COMMANDS:
+        cursor = Cursor.NONE if act is Act.KILL_CURSORS else s.cursor
+        return Outcome(_replace(s, flight=act, plan=rest, cursor=cursor), effects, act)
+    assert not rest, "a result ends the plan"
+    return Outcome(_ended(s, plan=rest), effects, act)
+
+
+def _resume(s: State) -> tuple[State, tuple[Effect, ...]]:
+    """Spec "Resume Process": kill the old cursor on its server, then aggregate."""
+    if s.cursor is Cursor.LIVE:
+        return _replace(s, plan=(Act.KILL_CURSORS, Act.RESUME)), (Effect.BEGIN_RESUME,)
+    state = _replace(s, plan=(Act.RESUME,), cursor=Cursor.NONE)
+    return state, (Effect.BEGIN_RESUME, Effect.DROP_CURSOR)
+
+
+def _fail(s: State, *effects: Effect) -> Outcome:
+    """Close the stream (killing its cursor first) and raise the error."""
+    plan = (Act.KILL_CURSORS, Act.RAISE) if s.cursor is Cursor.LIVE else (Act.RAISE,)
+    closed = _replace(s, phase=Phase.CLOSED, flight=None, plan=plan)
+    return Outcome(closed, (*effects, Effect.CLEAR_BUFFER, Effect.KEEP_ERROR))
+
+
+def _act(s: State, e: Event) -> Outcome:
+    if s.flight is not None:
+        raise _refuse(s, e, "feed the outcome of the in-flight command first")
+    if s.op is None:
+        raise _refuse(s, e, "no operation in progress")
+    if s.plan:
+        return _pop(s)
+    if s.op is Op.START and s.phase is Phase.NEW:
+        return Outcome(_replace(s, flight=Act.AGGREGATE), (), Act.AGGREGATE)
+    if s.op not in _ITERATING:
+        raise _refuse(s, e, f"{s.op.value} has nothing left to do")
+    if s.phase is Phase.CLOSED:
+        return Outcome(_ended(s), (), Act.NO_DOCUMENT)
+    if s.phase is Phase.RESUME_PENDING:
+        state, effects = _resume(s)
+        return _pop(state, effects)
+    if s.phase is not Phase.OPEN or s.cursor is Cursor.NONE:
+        raise _refuse(s, e, "an open stream needs its cursor")
+    if e is Event.ACT_BUFFERED:
+        return Outcome(s, (Effect.TAKE_DOCUMENT,))
+    if s.cursor is Cursor.DONE:
+        # Exhausted or invalidated, and everything buffered was returned.
+        if e is Event.ACT_MID_SPLIT:
+            failed = _fail(s)  # the cursor closed in the middle of a split event
+            return _pop(failed.state, failed.effects)
+        return Outcome(_ended(s, phase=Phase.CLOSED), (Effect.CLEAR_BUFFER,), Act.NO_DOCUMENT)
+    if s.getmores == 0:
+        return Outcome(_ended(s), (), Act.NO_DOCUMENT)
+    getmores = None if s.getmores is None else s.getmores - 1
+    return Outcome(_replace(s, flight=Act.GETMORE, getmores=getmores), (), Act.GETMORE)
+
+
+def _taken(s: State, e: Event) -> Outcome:
+    """What the document taken by Effect.TAKE_DOCUMENT turned out to be."""
+    if (s.op not in _ITERATING or s.phase is not Phase.OPEN or s.flight is not None or s.plan
+            or s.cursor is Cursor.NONE):
+        raise _refuse(s, e, "only a next/try_next on an open stream takes buffered documents")
+    if e is Event.FRAGMENT:
+        return Outcome(s)  # keep the token before the first fragment: a resume re-delivers it
+    if e is Event.DOCUMENT:
+        return Outcome(_ended(s), (Effect.CACHE_TOKEN,), Act.DELIVER)
+    # Spec: last document of the batch -> postBatchResumeToken, else its _id.
+    if s.cursor is Cursor.DONE:
+        closed = _ended(s, phase=Phase.CLOSED)
+        return Outcome(closed, (Effect.CACHE_LAST_TOKEN, Effect.CLEAR_BUFFER), Act.DELIVER)
+    return Outcome(_ended(s), (Effect.CACHE_LAST_TOKEN,), Act.DELIVER)
+
+
+def _reply(s: State, e: Event) -> Outcome:
+    flight = s.flight
+    if flight is None or flight is Act.KILL_CURSORS:
+        raise _refuse(s, e, "no aggregate or getMore is in flight")
+    cursor = Cursor.LIVE if e is Event.REPLY else Cursor.DONE
+    if flight is Act.GETMORE:
+        if s.phase is not Phase.OPEN:
+            raise _refuse(s, e, f"a getMore cannot be in flight in phase {s.phase.value!r}")
+        state = _replace(s, flight=None, cursor=cursor)
+        return Outcome(state, (Effect.NOTE_SERVER_TIME, Effect.UPDATE_CURSOR, Effect.RESET_IDLE,
+                               Effect.LOAD_BATCH))
+    resume = flight in _RESUMES
+    if s.phase is not (Phase.RESUME_PENDING if resume else Phase.NEW):
+        raise _refuse(s, e, f"a {flight.value} cannot be in flight in phase {s.phase.value!r}")
+    plan = (Act.NO_DOCUMENT,) if s.op is Op.START else ()
+    state = _replace(s, phase=Phase.OPEN, flight=None, plan=plan, cursor=cursor)
+    effects = (Effect.NOTE_SERVER_TIME, Effect.STORE_CURSOR, Effect.LOAD_BATCH)
+    # Saving operationTime may find it malformed: last, so the new cursor is killed then.
+    return Outcome(state, effects if resume else (*effects, Effect.SAVE_OPERATION_TIME))
+
+
+def _bad_reply(s: State, e: Event) -> Outcome:
+    if s.flight is None or s.flight is Act.KILL_CURSORS:
+        raise _refuse(s, e, "no aggregate or getMore is in flight")
+    return _fail(s, Effect.NOTE_SERVER_TIME)
+
+
+def _killed(s: State, e: Event) -> Outcome:
+    if s.flight is not Act.KILL_CURSORS or not s.plan:
+        raise _refuse(s, e, "no killCursors is in flight")
+    return Outcome(_replace(s, flight=None))
+
+
+def _error(s: State, e: Event) -> Outcome:
+    flight = s.flight
+    if flight is None or flight is Act.KILL_CURSORS:
+        raise _refuse(s, e, "no aggregate or getMore is in flight")
+    if flight is Act.GETMORE:
+        return _getmore_error(s, e)
+    if e is Event.RETRYABLE_ERROR and flight in _RETRY:
+        # Retryable reads: one more attempt of the same aggregate.
+        return Outcome(_replace(s, flight=None, plan=(_RETRY[flight],)))
+    if e is Event.TIMEOUT and flight in _RESUMES:
+        # CSOT: a timeout never invalidates the stream; the next call resumes again.
+        return Outcome(_replace(s, flight=None, plan=(Act.RAISE,)), (Effect.KEEP_ERROR,))
+    if e in (Event.RETRYABLE_ERROR, Event.TIMEOUT, Event.ERROR):
+        return _fail(s)  # spec: an aggregate error is never resumable
+    raise _refuse(s, e, "aggregate errors are classified by the retryable-reads spec")
+
+
+def _getmore_error(s: State, e: Event) -> Outcome:
+    if e is Event.ERROR:
+        return _fail(s)
+    if e is Event.RETRYABLE_ERROR:
+        raise _refuse(s, e, "getMore errors are classified by resumability")
+    pending = _replace(s, phase=Phase.RESUME_PENDING, flight=None)
+    if e in (Event.TIMEOUT, Event.FRUITLESS_RESUMABLE_ERROR):
+        # CSOT: keep the stream; the next call resumes before any getMore. Fruitless
+        # resumes: no hot loop; the caller decides when to try again (it resumes once).
+        return Outcome(_replace(pending, plan=(Act.RAISE,)), (Effect.KEEP_ERROR,))
+    if s.op is Op.TRY_NEXT:
+        pending = _replace(pending, getmores=0)  # after a resume only the new first batch
+    effects: tuple[Effect, ...] = ()
+    if e is Event.CURSOR_LOST:
+        # Load-balancers spec: the cursor died with its connection; no killCursors.
+        pending, effects = _replace(pending, cursor=Cursor.NONE), (Effect.DROP_CURSOR,)
+    state, resume = _resume(pending)
+    return Outcome(state, (*effects, *resume))
+
+
+def _bad_data(s: State, e: Event) -> Outcome:
+    if s.op is None or s.flight is not None or s.phase is not Phase.OPEN:
+        raise _refuse(s, e, "bad data is found only in a reply or document of an open stream")
+    return _fail(s)
+
+
+_RULES = {
+    Event.START: _start,
+    Event.NEXT: _begin,
+    Event.TRY_NEXT: _begin,
+    Event.CLOSE: _close,
+    Event.ABORT: _abort,
+    Event.ABANDON: _abandon,
+    Event.ACT: _act,
+    Event.ACT_BUFFERED: _act,
+    Event.ACT_MID_SPLIT: _act,
+    Event.DOCUMENT: _taken,
+    Event.LAST_DOCUMENT: _taken,
+    Event.FRAGMENT: _taken,
+    Event.REPLY: _reply,
+    Event.FINAL_REPLY: _reply,
+    Event.BAD_REPLY: _bad_reply,
+    Event.KILLED: _killed,
+    Event.RETRYABLE_ERROR: _error,
+    Event.RESUMABLE_ERROR: _error,
+    Event.FRUITLESS_RESUMABLE_ERROR: _error,
+    Event.CURSOR_LOST: _error,
+    Event.TIMEOUT: _error,
+    Event.ERROR: _error,
+    Event.FAIL: _bad_data,
 }
-"""(phase, step) -> next phase; any pair not listed is impossible."""
+"""Which rule decides each event."""
 
 
-def advance(phase: Phase, step: Step) -> Phase:
-    """The phase after ``step`` in ``phase``; ``RuntimeError`` if the table forbids it."""
-    try:
-        return TRANSITIONS[phase, step]
-    except KeyError:
-        raise RuntimeError(f"change stream machine: {step.value!r} cannot happen in phase "
-                           f"{phase.value!r}") from None
+# -- the table, explored (for the docs and the tests) -------------------------------------------
+def reachable() -> Iterator[tuple[State, Event, Outcome]]:
+    """Every allowed ``(state, event) -> outcome`` from :data:`INITIAL`, breadth first."""
+    seen, frontier = {INITIAL}, [INITIAL]
+    while frontier:
+        following: list[State] = []
+        for state in frontier:
+            for event in Event:
+                try:
+                    outcome = transition(state, event)
+                except TransitionError:
+                    continue
+                yield state, event, outcome
+                if outcome.state not in seen:
+                    seen.add(outcome.state)
+                    following.append(outcome.state)
+        frontier = following
+
+
+_SHOWN_SELF_LOOPS = frozenset({Event.RETRYABLE_ERROR, Event.TIMEOUT})
+"""Events shown even where they keep the phase: an error that does not end the stream."""
+
+
+def _phase_edges() -> dict[tuple[Phase, Phase], list[Event]]:
+    edges: dict[tuple[Phase, Phase], list[Event]] = {}
+    for state, event, outcome in reachable():
+        source, target = state.phase, outcome.state.phase
+        if source is target and event not in _SHOWN_SELF_LOOPS:
+            continue
+        events = edges.setdefault((source, target), [])
+        if event not in events:
+            events.append(event)
+    order = list(Event)
+    return {key: sorted(events, key=order.index) for key, events in edges.items()}
 
 
 def mermaid() -> str:
-    """The table as a Mermaid state diagram (what ``docs/resumability.md`` shows)."""
+    """The phases and the events that move between them, as a Mermaid state diagram."""
     names = {phase: phase.name.title().replace("_", "") for phase in Phase}
     lines = ["stateDiagram-v2", f"    [*] --> {names[Phase.NEW]}"]
-    for (phase, step), target in TRANSITIONS.items():
-        lines.append(f"    {names[phase]} --> {names[target]}: {step.value}")
+    phases = list(Phase)
+    edges = _phase_edges()
+    for source, target in sorted(edges, key=lambda k: (phases.index(k[0]), phases.index(k[1]))):
+        label = "<br>".join(event.value for event in edges[source, target])
+        lines.append(f"    {names[source]} --> {names[target]}: {label}")
     lines.append(f"    {names[Phase.CLOSED]} --> [*]")
+    return "\n".join(lines)
+
+
+def markdown() -> str:
+    """Every reachable transition as a Markdown table, grouped by event and phase."""
+    rows: dict[tuple[Event, Phase, Phase], tuple[set[str], set[str]]] = {}
+    for state, event, outcome in reachable():
+        acts, effects = rows.setdefault((event, state.phase, outcome.state.phase), (set(), set()))
+        if outcome.act is not None:
+            acts.add(outcome.act.value)
+        effects.update(effect.value for effect in outcome.effects)
+    order, phases = list(Event), list(Phase)
+    lines = ["| event | phase | next phase | next_action returns | data changes |",
+             "|---|---|---|---|---|"]
+    for event, source, target in sorted(
+        rows, key=lambda k: (order.index(k[0]), phases.index(k[1]), phases.index(k[2]))
+    ):
+        acts, effects = rows[event, source, target]
+        lines.append(f"| {event.value} | {source.value} | {target.value} | "
+                     f"{', '.join(sorted(acts)) or '-'} | {'; '.join(sorted(effects)) or '-'} |")
     return "\n".join(lines)

@@ -213,7 +213,7 @@ class _Cursor:
     load_balanced: bool = False
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class _Reply:
     """A reply as far as it was read: what the REPLY effects store (BAD_REPLY: its time only)."""
 

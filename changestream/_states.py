@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 from collections.abc import Iterator
 
 __all__ = [
@@ -53,7 +52,13 @@ __all__ = [
 ]
 
 
-class Phase(enum.Enum):
+class _Fast(enum.Enum):
+    """Members hash by identity (as they compare): the table is looked up on every event."""
+
+    __hash__ = object.__hash__
+
+
+class Phase(_Fast):
     """Where the stream is in its life (what ``alive`` and the diagram show)."""
 
     NEW = "new"
@@ -66,7 +71,7 @@ class Phase(enum.Enum):
     """Closed, invalidated, exhausted or failed: nothing more is returned."""
 
 
-class Op(enum.Enum):
+class Op(_Fast):
     """The caller's operation in progress (``None`` in :class:`State`: idle)."""
 
     START = "start"
@@ -75,7 +80,7 @@ class Op(enum.Enum):
     CLOSE = "close"
 
 
-class Cursor(enum.Enum):
+class Cursor(_Fast):
     """The server cursor as far as control goes (its id, namespace and server are data)."""
 
     NONE = "none"
@@ -86,14 +91,14 @@ class Cursor(enum.Enum):
     """Cursor id 0 (exhausted or invalidated): what is buffered is all there is."""
 
 
-class Act(enum.Enum):
+class Act(_Fast):
     """What ``next_action`` returns: a command for the shell to run, or the operation's result."""
 
     AGGREGATE = "aggregate"
-    RETRY_AGGREGATE = "aggregate, retried"
+    RETRY_AGGREGATE = "aggregate (retry)"
     """The retryable-reads retry (attempt 2) of the initial aggregate."""
     RESUME = "resume aggregate"
-    RETRY_RESUME = "resume aggregate, retried"
+    RETRY_RESUME = "resume aggregate (retry)"
     GETMORE = "getMore"
     KILL_CURSORS = "killCursors"
     DELIVER = "deliver"
@@ -110,7 +115,7 @@ _RETRY = {Act.AGGREGATE: Act.RETRY_AGGREGATE, Act.RESUME: Act.RETRY_RESUME}
 _ITERATING = frozenset({Op.NEXT, Op.TRY_NEXT})
 
 
-class Effect(enum.Enum):
+class Effect(_Fast):
     """A change to the machine's data (not control state), made when the table says."""
 
     NOTE_SERVER_TIME = "note the reply's cluster time"
@@ -132,7 +137,7 @@ _FOLLOW_UP_EFFECTS = frozenset({Effect.TAKE_DOCUMENT, Effect.SAVE_OPERATION_TIME
 """Effects whose application may produce the next event (what the document or reply was)."""
 
 
-class Event(enum.Enum):
+class Event(_Fast):
     """Everything that happens to the machine (the labels of the diagram)."""
 
     # The caller.
@@ -191,6 +196,9 @@ class State:
     cursor: Cursor = Cursor.NONE
     getmores: int | None = None
     """getMores the operation may still run (``try_next``: one); ``None``: no limit."""
+    _memo: dict[Event, Outcome] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False)
+    """This state's row of the table, filled as events are looked up (see :func:`transition`)."""
 
     def __str__(self) -> str:
         parts = [f"phase {self.phase.value!r}"]
@@ -206,6 +214,8 @@ class State:
 
 
 INITIAL = State()
+"""A new stream's state."""
+_CANONICAL: dict[State, State] = {INITIAL: INITIAL}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -224,14 +234,20 @@ class TransitionError(RuntimeError):
 def transition(state: State, event: Event) -> Outcome:
     """The table: what ``event`` does in ``state`` (:class:`TransitionError` if it cannot happen).
 
-    Pure, so looked up once per pair and then served from a cache.
+    The rules are pure, so each pair is decided once and then read from the
+    state's row; the states an outcome leads to are shared (one object per
+    value), so the machine's next lookup is a dict hit too.
     """
-    return _cached(state, event)
-
-
-@functools.lru_cache(maxsize=4096)
-def _cached(state: State, event: Event) -> Outcome:
-    return _RULES[event](state, event)
+    try:
+        return state._memo[event]
+    except KeyError:
+        pass
+    outcome = _RULES[event](state, event)
+    target = _CANONICAL.setdefault(outcome.state, outcome.state)
+    if target is not outcome.state:
+        outcome = Outcome(target, outcome.effects, outcome.act)
+    state._memo[event] = outcome
+    return outcome
 
 
 def _refuse(state: State, event: Event, why: str) -> TransitionError:
@@ -464,6 +480,7 @@ _RULES = {
     Event.FAIL: _bad_data,
 }
 """Which rule decides each event."""
+_ACT_VARIANTS = frozenset({Event.ACT_BUFFERED, Event.ACT_MID_SPLIT})
 
 
 # -- the table, explored (for the docs and the tests) -------------------------------------------
@@ -485,32 +502,52 @@ def reachable() -> Iterator[tuple[State, Event, Outcome]]:
         frontier = following
 
 
+_DIAGRAM_LABELS = {
+    Event.CLOSE: "close",
+    Event.ABORT: "close",
+    Event.ABANDON: "close",
+    Event.REPLY: "aggregate ok",
+    Event.FINAL_REPLY: "aggregate ok",
+    Event.ACT: "cursor exhausted",
+    Event.LAST_DOCUMENT: "cursor exhausted",
+    Event.RESUMABLE_ERROR: "resumable error",
+    Event.FRUITLESS_RESUMABLE_ERROR: "resumable error",
+    Event.CURSOR_LOST: "resumable error",
+    Event.RETRYABLE_ERROR: "retryable error",
+    Event.TIMEOUT: "client timeout",
+    Event.ERROR: "error",
+    Event.BAD_REPLY: "invalid reply or event",
+    Event.FAIL: "invalid reply or event",
+    Event.ACT_MID_SPLIT: "invalid reply or event",
+}
+"""The diagram groups events as users see them (the table under it has every event)."""
 _SHOWN_SELF_LOOPS = frozenset({Event.RETRYABLE_ERROR, Event.TIMEOUT})
-"""Events shown even where they keep the phase: an error that does not end the stream."""
+"""Errors shown where they keep the phase: they do not end the stream."""
 
 
-def _phase_edges() -> dict[tuple[Phase, Phase], list[Event]]:
-    edges: dict[tuple[Phase, Phase], list[Event]] = {}
-    for state, event, outcome in reachable():
+def _phase_edges() -> dict[tuple[Phase, Phase], list[str]]:
+    edges: dict[tuple[Phase, Phase], list[str]] = {}
+    for state, event, outcome in sorted(reachable(), key=lambda row: list(Event).index(row[1])):
         source, target = state.phase, outcome.state.phase
         if source is target and event not in _SHOWN_SELF_LOOPS:
             continue
-        events = edges.setdefault((source, target), [])
-        if event not in events:
-            events.append(event)
-    order = list(Event)
-    return {key: sorted(events, key=order.index) for key, events in edges.items()}
+        label = _DIAGRAM_LABELS[event]
+        if event is Event.RETRYABLE_ERROR:  # retried once; the retry's own error ends the stream
+            label = "retryable error, retried once" if source is target else "error"
+        labels = edges.setdefault((source, target), [])
+        if label not in labels:
+            labels.append(label)
+    return edges
 
 
 def mermaid() -> str:
-    """The phases and the events that move between them, as a Mermaid state diagram."""
+    """The phases and what moves the stream between them, as a Mermaid state diagram."""
     names = {phase: phase.name.title().replace("_", "") for phase in Phase}
     lines = ["stateDiagram-v2", f"    [*] --> {names[Phase.NEW]}"]
     phases = list(Phase)
     edges = _phase_edges()
     for source, target in sorted(edges, key=lambda k: (phases.index(k[0]), phases.index(k[1]))):
-        label = "<br>".join(event.value for event in edges[source, target])
-        lines.append(f"    {names[source]} --> {names[target]}: {label}")
+        lines.append(f"    {names[source]} --> {names[target]}: {' / '.join(edges[source, target])}")
     lines.append(f"    {names[Phase.CLOSED]} --> [*]")
     return "\n".join(lines)
 
@@ -519,6 +556,8 @@ def markdown() -> str:
     """Every reachable transition as a Markdown table, grouped by event and phase."""
     rows: dict[tuple[Event, Phase, Phase], tuple[set[str], set[str]]] = {}
     for state, event, outcome in reachable():
+        if event in _ACT_VARIANTS and transition(state, Event.ACT) == outcome:
+            continue  # the buffer's content changes nothing here
         acts, effects = rows.setdefault((event, state.phase, outcome.state.phase), (set(), set()))
         if outcome.act is not None:
             acts.add(outcome.act.value)

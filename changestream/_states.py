@@ -440,12 +440,10 @@ def _getmore_error(s: State, e: Event) -> Outcome:
         return Outcome(_replace(pending, plan=(Act.RAISE,)), (Effect.KEEP_ERROR,))
     if s.op is Op.TRY_NEXT:
         pending = _replace(pending, getmores=0)  # after a resume only the new first batch
-    effects: tuple[Effect, ...] = ()
     if e is Event.CURSOR_LOST:
         # Load-balancers spec: the cursor died with its connection; no killCursors.
-        pending, effects = _replace(pending, cursor=Cursor.NONE), (Effect.DROP_CURSOR,)
-    state, resume = _resume(pending)
-    return Outcome(state, (*effects, *resume))
+        pending = _replace(pending, cursor=Cursor.NONE)
+    return Outcome(*_resume(pending))
 
 
 def _bad_data(s: State, e: Event) -> Outcome:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import bson
@@ -184,10 +184,14 @@ def check_error(error: BaseException) -> None:
         assert error.field and error.field.split(".")[-1].split("[")[0] in str(error), str(error)
 
 
-def run_operation(machine: ChangeStreamMachine, server: Server, begin: Any) -> Any:
+def run_operation(machine: ChangeStreamMachine, server: Server, begin: Any,
+                  check: Callable[[], None] = lambda: None) -> Any:
+    """Run one operation against ``server``; ``check()`` runs after every step of the machine."""
     begin()
     for _ in range(200):  # far more commands than one operation may need
+        check()
         action = machine.next_action()
+        check()
         if isinstance(action, (Deliver, NoDocument, Raise)):
             return action
         outcome = server.answer(action)
@@ -199,13 +203,18 @@ def run_operation(machine: ChangeStreamMachine, server: Server, begin: Any) -> A
     raise AssertionError("one operation ran 200 commands: a hot loop")
 
 
-@FUZZ
-@given(st.data())
-def test_mutated_replies_and_errors_end_in_a_delivery_or_one_clear_error(data: Any) -> None:
-    machine = ChangeStreamMachine(make_spec(
+def drawn_machine(data: Any) -> ChangeStreamMachine:
+    """A machine with drawn options (batch size, split-event reassembly)."""
+    return ChangeStreamMachine(make_spec(
         batch_size=data.draw(st.sampled_from([None, 2])),
         reassemble_split_events=data.draw(st.booleans()),
     ))
+
+
+@FUZZ
+@given(st.data())
+def test_mutated_replies_and_errors_end_in_a_delivery_or_one_clear_error(data: Any) -> None:
+    machine = drawn_machine(data)
     server = Server(data.draw)
     delivered: list[Any] = []
     result = run_operation(machine, server, machine.start)

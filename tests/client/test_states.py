@@ -18,17 +18,14 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_machine import aggregate_reply, error, event, make_spec, opened, resumable, token
-from test_machine_fuzz import FUZZ, Server
+from test_machine import aggregate_reply, error, event, opened, resumable, token
+from test_machine_fuzz import FUZZ, Server, drawn_machine, run_operation
 
 import changestream._machine as machine_module
 from changestream._machine import (
     _EFFECTS,
     ChangeStreamMachine,
     Deliver,
-    ErrorInfo,
-    NoDocument,
-    Raise,
     ReplyInfo,
 )
 from changestream._states import (
@@ -391,33 +388,15 @@ def _check(machine: ChangeStreamMachine) -> None:
 @FUZZ
 @given(st.data())
 def test_a_driven_machine_stays_inside_the_table(data: Any) -> None:
-    machine = ChangeStreamMachine(make_spec(
-        batch_size=data.draw(st.sampled_from([None, 2])),
-        reassemble_split_events=data.draw(st.booleans()),
-    ))
+    machine = drawn_machine(data)
     server = Server(data.draw)
-    begins = [machine.start]
-    _check(machine)
+    begin = machine.start
     for _ in range(data.draw(st.integers(1, 6))):
-        begin = begins.pop() if begins else data.draw(st.sampled_from(
-            [machine.begin_next, machine.begin_try_next, machine.close]))
-        begin()
-        _check(machine)
-        for _ in range(200):
-            action = machine.next_action()
-            _check(machine)
-            if isinstance(action, (Deliver, NoDocument, Raise)):
-                break
-            outcome = server.answer(action)
-            if isinstance(outcome, ErrorInfo):
-                machine.receive_error(outcome)
-            else:
-                machine.receive_reply(outcome, ReplyInfo(("a", 1), 21))
-            _check(machine)
-        else:
-            raise AssertionError("one operation ran 200 commands")
+        run_operation(machine, server, begin, lambda: _check(machine))
         if not machine.alive:
             break
+        begin = data.draw(st.sampled_from(
+            [machine.begin_next, machine.begin_try_next, machine.close]))
     machine.abandon()
     _check(machine)
     assert not machine.alive

@@ -8,8 +8,8 @@ decides anew: e.g. killCursors, then the resume aggregate), the server cursor
 as far as control goes (:class:`Cursor`) and the operation's getMore budget.
 
 :func:`transition` maps ``(state, event)`` to an :class:`Outcome`: the next
-state, the :class:`Effect` s on the machine's data (buffer, tokens, counters)
-and the :class:`Act` that ``next_action`` returns, if any.
+state, the effects (:class:`Effect`) on the machine's data (buffer, tokens,
+counters) and the :class:`Act` that ``next_action`` returns, if any.
 :class:`~changestream._machine.ChangeStreamMachine` translates every input
 (a caller's call, a reply, an error, what it found in its buffer) into an
 :class:`Event`, looks it up here and applies the outcome; it changes no

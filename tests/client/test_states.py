@@ -311,7 +311,7 @@ def test_the_diagram_shows_what_users_meet() -> None:
 # -- the machine applies the table and nothing else ---------------------------------------------
 CONTROL = {"_state"}
 OLD_FIELDS = {"_phase", "_op", "_inflight", "_ready", "_after_kill", "_getmores_left"}
-DATA = {"_token", "_use_start_after", "_operation_time", "_cursor", "_batch", "_post_batch_token",
+DATA = {"_token", "_token_event", "_use_start_after", "_operation_time", "_cursor", "_batch", "_post_batch_token",
         "_error", "_server_time", "_resumes", "_idle_resumes"}
 MUTATORS = {"popleft", "clear", "append", "extend", "reset", "add"}
 
@@ -364,10 +364,14 @@ def test_control_state_is_assigned_only_where_the_table_is_applied() -> None:
 
 
 def test_data_changes_only_in_the_tables_effects() -> None:
-    """Outside __init__, data is written by effects, by building the act, and by the fast path."""
+    """Outside __init__, data is written by effects, by building the act, and by the fast path.
+
+    (And by ``resume_token``, which slices a raw event's token out when first
+    asked for: the same token, materialised.)
+    """
     effects = {function.__name__ for function in _EFFECTS.values()}
     assert set(_EFFECTS) == set(Effect), "every effect has its implementation"
-    allowed = effects | {"__init__", "_build", "_kill", "next_buffered"}
+    allowed = effects | {"__init__", "_build", "_kill", "next_buffered", "resume_token"}
     for method in _methods():
         written = _writes(method) & DATA
         assert not written or method.name in allowed, (

@@ -479,17 +479,21 @@ _MISS: Final = object()
 _ShapeReader = Callable[[dict[str, Any]], Any]
 
 
+def _no_shape(doc: dict[str, Any]) -> Any:
+    """A parser's reader before it has any: always a miss."""
+    return _MISS
+
+
 def _compile_shape(op: str, keys: Sequence[str]) -> _ShapeReader | None:
     """A reader for dicts whose operationType is ``op`` and whose keys are exactly ``keys``.
 
-    The caller has checked the operationType; the reader checks the keys (their
-    number, and each one's presence) and returns :data:`_MISS` for another
-    shape. ``None`` when the shape is not worth a reader (an unknown
+    The reader checks the keys (their number, and each one's presence) and the
+    operationType, and returns :data:`_MISS` for another shape. ``None`` when the shape is not worth a reader (an unknown
     operationType, a non-string key, almost no keys).
     """
     known = _READERS.get(op)
     others = [key for key in keys if key != "operationType"]
-    if (known is None or len(others) != len(keys) - 1 or len(others) < 2
+    if (known is None or len(others) != len(keys) - 1 or len(others) < 1
             or not all(type(key) is str for key in keys)):
         return None
     operation_type, general = known
@@ -498,7 +502,8 @@ def _compile_shape(op: str, keys: Sequence[str]) -> _ShapeReader | None:
     env: dict[str, Any] = {
         "_general": general, "_op": operation_type, "_ns_get": _NS_CACHE.get, "_dict": dict,
         "_str": str, "_BAD": _BAD, "_MISS": _MISS, "_EMPTY": _EMPTY,
-        "_extra_of": _ReadOnlyMapping, "_values": itemgetter(*others),
+        "_extra_of": _ReadOnlyMapping, "_values": itemgetter("operationType", *others),
+        "_op_name": op,
     }
     names = [f"v{i}" for i in range(len(others))]
     # The checks run before the instance exists: a miss or a surprise allocates nothing.
@@ -506,8 +511,10 @@ def _compile_shape(op: str, keys: Sequence[str]) -> _ShapeReader | None:
         f"if len(doc) != {len(keys)}:",
         "    return _MISS",
         "try:",
-        f"    {', '.join(names)} = _values(doc)",
+        f"    op, {', '.join(names)} = _values(doc)",
         "except KeyError:",
+        "    return _MISS",
+        "if op is not _op_name and op != _op_name:",
         "    return _MISS",
     ]
     stores: dict[str, str] = {}
@@ -632,13 +639,14 @@ class EventParser:
     """Shapes (operationType and key order) given a reader of their own; later ones are
     parsed by the general reader. A stream sees a handful."""
 
-    __slots__ = ("_deferring", "_left", "_readers", "_shapes", "filled")
+    __slots__ = ("_deferring", "_last", "_left", "_readers", "_shapes", "filled")
 
     def __init__(self) -> None:
         self._deferring = True
         self._left = self.WINDOW
         self._shapes: dict[tuple[str, ...], _ShapeReader | None] = {}
         self._readers: dict[str, _ShapeReader] = {}  # operationType -> its latest shape's
+        self._last: _ShapeReader = _no_shape  # the reader of the last event parsed
         self.filled = 0  # deferred events of the current window read so far
 
     def __call__(self, doc: Mapping[str, Any]) -> ChangeEvent | Mapping[str, Any]:
@@ -653,12 +661,16 @@ class EventParser:
             self._next_phase()
         if not self._deferring:
             if type(doc) is dict:
+                event = self._last(doc)  # the previous event's shape: the usual case
+                if event is not _MISS:
+                    return event  # type: ignore[no-any-return]
                 op = doc.get("operationType")
                 if type(op) is str:
                     reader = self._readers.get(op)
                     if reader is not None:
                         event = reader(doc)
                         if event is not _MISS:
+                            self._last = reader
                             return event  # type: ignore[no-any-return]
                     return self._learn(op, doc)
             return parse_event(doc)
@@ -681,7 +693,7 @@ class EventParser:
             reader = None
         if reader is None:
             return parse_event(doc)
-        self._readers[op] = reader
+        self._readers[op] = self._last = reader
         return reader(doc)  # type: ignore[no-any-return]
 
     def _next_phase(self) -> None:

@@ -9,6 +9,7 @@ table, and only ever reaches states the table knows).
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import re
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ from changestream._states import (
 )
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "resumability.md"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "gen_state_docs.py"
 NEW, OPEN, PENDING, CLOSED = Phase.NEW, Phase.OPEN, Phase.RESUME_PENDING, Phase.CLOSED
 LIVE, DONE, NONE = Cursor.LIVE, Cursor.DONE, Cursor.NONE
 E = Effect
@@ -294,9 +296,18 @@ def _generated(name: str, text: str) -> str:
 
 def test_the_docs_diagram_and_transition_table_are_the_table() -> None:
     text = DOC.read_text()
-    hint = "regenerate: python -c 'from changestream._states import mermaid, markdown; ...'"
+    hint = "regenerate: python tools/gen_state_docs.py"
     assert _generated("states", text) == f"```mermaid\n{mermaid()}\n```", hint
     assert _generated("transitions", text) == markdown(), hint
+
+
+def test_the_docs_generator_writes_what_the_test_expects() -> None:
+    spec = importlib.util.spec_from_file_location("gen_state_docs", TOOL)
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    stale = DOC.read_text().replace("aggregate ok", "aggregate OK")
+    assert tool.render(stale) == tool.render(DOC.read_text()) == DOC.read_text()
 
 
 def test_the_diagram_shows_what_users_meet() -> None:

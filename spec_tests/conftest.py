@@ -11,7 +11,7 @@ import pytest
 
 from spec_tests.runner.adapter import CLIENTS
 from spec_tests.runner.targets import Target
-from spec_tests.test_unified import UnifiedModule, client_impls, get_pool
+from spec_tests.test_unified import CSOT_RETRIES, UnifiedModule, client_impls, get_pool
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,6 +45,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """``spec_client_impl``: each change-stream client under test, as a parameter."""
     if "spec_client_impl" in metafunc.fixturenames:
         metafunc.parametrize("spec_client_impl", client_impls(metafunc.config))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say which CSOT cases needed another run, and why: a re-run is never silent."""
+    retries = terminalreporter.config.stash.get(CSOT_RETRIES, [])
+    if retries:
+        terminalreporter.section(f"CSOT cases run again after a timeout: {len(retries)}")
+        for line in retries:
+            terminalreporter.write_line(f"  {line}")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -8,7 +8,7 @@ import pymongo.common
 import pytest
 from pymongo.errors import ExecutionTimeout, NetworkTimeout, NotPrimaryError, OperationFailure
 
-from spec_tests.runner import RunnerError, SpecFailure
+from spec_tests.runner import RunnerError, SpecFailure, matrix
 from spec_tests.runner.adapter import watch_options
 from spec_tests.runner.errors import check_expected_error, describe, server_reply
 from spec_tests.runner.loader import (
@@ -21,7 +21,14 @@ from spec_tests.runner.loader import (
     spec_dir,
     spec_required,
 )
-from spec_tests.runner.matrix import load_files, simulator_cases
+from spec_tests.runner.matrix import (
+    CSOT_RUNS,
+    Case,
+    execute_case,
+    load_files,
+    run_case,
+    simulator_cases,
+)
 from spec_tests.runner.operations import Args
 from spec_tests.runner.requirements import ServerInfo, unmet, unmet_any
 
@@ -309,3 +316,57 @@ def test_args_refuse_leftovers_and_sessions() -> None:
         Args("insertOne", {"session": "s0"}).done()
     with pytest.raises(RunnerError, match="missing required argument 'filter'"):
         Args("deleteOne", {}).required("filter")
+
+
+class _Pool:
+    def get(self, version: str, topology: str) -> None:
+        return None
+
+
+def _scripted(monkeypatch: pytest.MonkeyPatch, failures: list[str]) -> list[int]:
+    """``run_test`` fails with each message of ``failures`` in turn, then passes."""
+    calls: list[int] = []
+
+    def run_test(*args: Any) -> None:
+        calls.append(1)
+        if len(calls) <= len(failures):
+            raise SpecFailure(failures[len(calls) - 1])
+
+    monkeypatch.setattr(matrix, "run_test", run_test)
+    return calls
+
+
+def _case(label: str) -> Case:
+    return Case(label=label, description="d", version="8.0", topology="replicaset",
+                spec=object(), test={})  # type: ignore[arg-type]
+
+
+TIMEOUT = "operation 2 (iterateOnce on changeStream): unexpected error NetworkTimeout: timed out"
+
+
+def test_a_csot_case_that_timed_out_runs_again_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _scripted(monkeypatch, [TIMEOUT] * (CSOT_RUNS - 1))
+    heard: list[int] = []
+    execute_case(_case("csot/change-streams.json"), _Pool(), "changestream",  # type: ignore[arg-type]
+                 on_retry=lambda run, failure: heard.append(run))
+    assert len(calls) == CSOT_RUNS and heard == list(range(1, CSOT_RUNS))
+    _scripted(monkeypatch, [TIMEOUT])
+    outcome = run_case(_case("csot/change-streams.json"), _Pool(), "changestream")  # type: ignore[arg-type]
+    assert outcome.status == "pass" and "run 1 timed out" in outcome.reason
+
+
+def test_only_csot_timeouts_run_again_and_never_more_than_csot_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _scripted(monkeypatch, [TIMEOUT] * CSOT_RUNS)
+    with pytest.raises(SpecFailure, match="NetworkTimeout"):
+        execute_case(_case("csot/change-streams.json"), _Pool(), "changestream")  # type: ignore[arg-type]
+    assert len(calls) == CSOT_RUNS
+    calls = _scripted(monkeypatch, ["expected event 2 to be insert, got delete"])
+    with pytest.raises(SpecFailure, match="expected event"):
+        execute_case(_case("csot/change-streams.json"), _Pool(), "changestream")  # type: ignore[arg-type]
+    assert len(calls) == 1, "a failure that is not a timeout is never run again"
+    calls = _scripted(monkeypatch, [TIMEOUT])
+    with pytest.raises(SpecFailure):
+        execute_case(_case("change-streams.json"), _Pool(), "changestream")  # type: ignore[arg-type]
+    assert len(calls) == 1, "only CSOT cases are run again"

@@ -28,6 +28,8 @@ from spec_tests.runner.matrix import Case, build_cases, execute_case
 from spec_tests.runner.targets import TargetPool
 
 _POOL = pytest.StashKey[TargetPool]()
+CSOT_RETRIES = pytest.StashKey[list[str]]()
+"""CSOT cases run again after a timeout (see ``runner.matrix.CSOT_RUNS``), listed at the end."""
 
 
 @contextlib.contextmanager
@@ -134,9 +136,14 @@ class SpecItem(pytest.Item):
         self.client = client
 
     def runtest(self) -> None:
+        def on_retry(run: int, failure: SpecFailure) -> None:
+            first_line = str(failure).strip().splitlines()[-1]
+            self.config.stash.setdefault(CSOT_RETRIES, []).append(
+                f"{self.case.id_for(self.client)}: run {run} timed out ({first_line})")
+
         with no_gc_pauses():
             try:
-                execute_case(self.case, get_pool(self.config), self.client)
+                execute_case(self.case, get_pool(self.config), self.client, on_retry)
             except SpecSkip as exc:
                 pytest.skip(str(exc))
 

@@ -398,6 +398,39 @@ def test_a_killed_mongos_restarts_on_its_port() -> None:
         assert len(c.mongoses) == 2
 
 
+def test_a_cursor_killed_while_its_get_more_runs_fails_it_and_promises_nothing(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """killCursors landing mid-getMore: 237, never a postBatchResumeToken past unsent events.
+
+    The kill empties the merge cursor's shard cursors; a getMore whose time was up then
+    answered an empty batch promising the current cluster time, and a client resuming
+    from it skipped every event not yet sent (found by the sharded chaos run).
+    """
+    from changestream.testing.sharding import merge
+
+    client.admin.command("shardCollection", "cs.killed", key={"_id": "hashed"})
+    db = client.cs
+    first = _aggregate(db, "killed", [{"$changeStream": {}}])["cursor"]
+    db.killed.insert_many([{"_id": i} for i in range(10)])
+    poll = merge.MergedChangeStream._poll
+
+    def killed_meanwhile(self: Any) -> None:
+        self.close()  # what a killCursors from another connection does
+        time.sleep(0.01)  # and the getMore's time (1 ms) runs out
+        poll(self)
+
+    monkeypatch.setattr(merge.MergedChangeStream, "_poll", killed_meanwhile)
+    with pytest.raises(OperationFailure) as err:
+        _get_more(db, first, maxTimeMS=1)
+    assert err.value.code == 237
+    monkeypatch.undo()
+    resumed = _aggregate(
+        db, "killed", [{"$changeStream": {"resumeAfter": first["postBatchResumeToken"]}}]
+    )["cursor"]
+    assert [e["documentKey"]["_id"] for e in _collect(db, resumed, 10)] == list(range(10))
+
+
 def test_failcommand_is_per_mongos(cluster: ShardedCluster) -> None:
     a, b = _one(cluster, 0), _one(cluster, 1)
     try:

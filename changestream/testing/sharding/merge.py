@@ -203,6 +203,11 @@ class MergedChangeStream:
                 self._open_new_shards()
                 self._poll()
                 batch = self._release(batch_size, Timestamp(cap.time, cap.inc + 1))
+                if self._closed:
+                    # Killed while this getMore ran (killCursors, a session kill): its
+                    # shard cursors are gone, so what it computed may promise past events
+                    # never sent. mongod interrupts the operation instead.
+                    raise CommandError(237, "operation was interrupted")
                 if batch.documents or batch.exhausted:
                     return batch
                 left = deadline - time.monotonic()

@@ -399,18 +399,20 @@ def test_getmore_has_no_max_time_without_max_await(run: Run) -> None:
 def test_pymongo_timeout_block_replaces_the_client_timeout(run: Run) -> None:
     import pymongo
 
+    # The client's timeoutMS (1 s) also bounds opening the stream: wide enough for a
+    # loaded 2-core machine, and well below the getMore's 2.5 s block.
     async def scenario(ctx: Ctx) -> None:
-        block = {"failCommands": ["getMore"], "blockConnection": True, "blockTimeMS": 400}
+        block = {"failCommands": ["getMore"], "blockConnection": True, "blockTimeMS": 2500}
         async with await watch(ctx.coll, **FAST) as stream:
             ctx.fail_point("failCommand", {"times": 1}, **block)
             with pytest.raises(PyMongoError) as info:
-                await stream.try_next()  # the client's timeoutMS=200 applies
+                await stream.try_next()  # the client's timeoutMS=1000 applies
             assert info.value.timeout and stream.alive
             ctx.fail_point("failCommand", {"times": 1}, **block)
-            with pymongo.timeout(5):
-                assert await stream.try_next() is None  # resumed, then the getMore fits in 5 s
+            with pymongo.timeout(10):
+                assert await stream.try_next() is None  # resumed, then the getMore fits in 10 s
 
-    run(scenario, timeoutMS=200)
+    run(scenario, timeoutMS=1000)
 
 
 # -- end of stream, documents and tokens -------------------------------------------------------------

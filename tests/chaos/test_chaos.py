@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -65,11 +65,27 @@ def start_token(target: Target, names: tuple[str, str]) -> Any:
         return stream.resume_token
 
 
-def wait_until(condition: Any, chaos: Chaos, what: str) -> None:
-    deadline = time.monotonic() + deadline_for(chaos.events)
+def wait_until(condition: Any, chaos: Chaos, what: str,
+               seen: Callable[[], list[int]] | None = None) -> None:
+    """Poll ``condition`` until the run's deadline; on timeout say how far it got.
+
+    ``seen`` gives the ids received so far: a run that times out then reports
+    what was written, received and lost (and where), not only that it hung.
+    """
+    started = time.monotonic()
+    deadline = started + deadline_for(chaos.events)
     while not condition():
         assert not chaos.errors, chaos.errors
-        assert time.monotonic() < deadline, f"chaos run timed out waiting for {what}"
+        if time.monotonic() >= deadline:
+            detail = ""
+            if seen is not None:
+                received = list(seen())
+                verdict = Verdict.of(received, chaos.written, time.monotonic() - started)
+                missing = sorted(set(range(chaos.written)) - set(received))
+                detail = (f": written {chaos.written}, received {len(received)}, lost "
+                          f"{verdict.lost} of the written (first missing ids {missing[:5]}), "
+                          f"duplicated {verdict.duplicated}, out of order {verdict.out_of_order}")
+            raise AssertionError(f"chaos run timed out waiting for {what}{detail}")
         time.sleep(0.05)
 
 
@@ -109,7 +125,7 @@ def test_watch_with_manual_token_saving(target: Target, names: tuple[str, str]) 
     thread = threading.Thread(target=consumer, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: len(received) >= EVENTS, chaos, "every event")
+        wait_until(lambda: len(received) >= EVENTS, chaos, "every event", lambda: received)
     finally:
         stop.set()
         chaos.stop()
@@ -147,7 +163,7 @@ def test_consume(target: Target, names: tuple[str, str]) -> None:
     thread = threading.Thread(target=consumer, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: stop.is_set() or bool(errors), chaos, "every event")
+        wait_until(lambda: stop.is_set() or bool(errors), chaos, "every event", lambda: received)
     finally:
         stop.set()
         chaos.stop()
@@ -206,7 +222,8 @@ def test_aio_consume(target: Target, names: tuple[str, str]) -> None:
     thread = threading.Thread(target=consumer, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: len(received) >= EVENTS or bool(errors), chaos, "every event")
+        wait_until(lambda: len(received) >= EVENTS or bool(errors), chaos, "every event",
+                   lambda: received)
     finally:
         done.set()
         chaos.stop()
@@ -279,7 +296,7 @@ def test_cli_with_kill_9_and_restart(target: Target, names: tuple[str, str], tmp
     started = time.monotonic()
     try:
         wait_until(lambda: cli.progress() >= EVENTS and len(set(cli.received())) >= EVENTS,
-                   chaos, "every event")
+                   chaos, "every event", cli.received)
     finally:
         chaos.stop()
         cli.stop()

@@ -515,18 +515,20 @@ def test_pymongo_timeout_block_replaces_the_client_timeout(
 ) -> None:
     import pymongo
 
-    block = {"failCommands": ["getMore"], "blockConnection": True, "blockTimeMS": 400}
+    # The client's timeoutMS (1 s) also bounds opening the stream: wide enough for a
+    # loaded 2-core machine, and well below the getMore's 2.5 s block.
+    block = {"failCommands": ["getMore"], "blockConnection": True, "blockTimeMS": 2500}
     with (
-        MongoClient(deployment.uri, timeoutMS=200, serverSelectionTimeoutMS=5000) as client,
+        MongoClient(deployment.uri, timeoutMS=1000, serverSelectionTimeoutMS=5000) as client,
         changestream.watch(client[names[0]][names[1]], **FAST) as stream,
     ):
         fail_point(admin, "failCommand", {"times": 1}, **block)
         with pytest.raises(PyMongoError) as info:
-            stream.try_next()  # the client's timeoutMS=200 applies
+            stream.try_next()  # the client's timeoutMS=1000 applies
         assert info.value.timeout and stream.alive
         fail_point(admin, "failCommand", {"times": 1}, **block)
-        with pymongo.timeout(5):
-            assert stream.try_next() is None  # resumed, then the blocked getMore fits in 5 s
+        with pymongo.timeout(10):
+            assert stream.try_next() is None  # resumed, then the blocked getMore fits in 10 s
 
 
 def test_a_dropped_stream_kills_its_cursor_and_returns_its_session(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -108,6 +108,20 @@ def admin(deployment: Deployment) -> Iterator[MongoClient[dict[str, Any]]]:
         for name in ("failCommand", "failGetMoreAfterCursorCheckout"):
             mongo.admin.command({"configureFailPoint": name, "mode": "off"})
     mongo.close()
+
+
+@pytest.fixture
+def fail_point(mongodb_uri: str) -> Iterator[Callable[..., None]]:
+    """``fail_point(mode, **data)`` configures ``failCommand`` on :func:`mongodb_uri`; off afterwards."""
+    admin: MongoClient[dict[str, Any]] = MongoClient(mongodb_uri)
+
+    def configure(mode: Any, **data: Any) -> None:
+        admin.admin.command("configureFailPoint", "failCommand", mode=mode, data=data)
+
+    yield configure
+    with contextlib.suppress(PyMongoError):
+        configure("off")
+    admin.close()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from pymongo import MongoClient
-from pymongo.errors import PyMongoError
 
 CLI = [sys.executable, "-m", "changestream"]
 
@@ -90,18 +89,6 @@ def database(mongodb_uri: str) -> Iterator[str]:
     with MongoClient(mongodb_uri) as client:
         client.drop_database(name)
 
-
-@pytest.fixture
-def fail_point(mongodb_uri: str) -> Iterator[Any]:
-    admin: MongoClient[dict[str, Any]] = MongoClient(mongodb_uri)
-
-    def configure(mode: Any, **data: Any) -> None:
-        admin.admin.command("configureFailPoint", "failCommand", mode=mode, data=data)
-
-    yield configure
-    with contextlib.suppress(PyMongoError):
-        configure("off")
-    admin.close()
 
 
 def test_server_errors_print_as_code_name_and_message(mongodb_uri: str, database: str,

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from pymongo.errors import (
     ExecutionTimeout,
     NetworkTimeout,
     OperationFailure,
-    PyMongoError,
     ServerSelectionTimeoutError,
 )
 
@@ -114,15 +112,6 @@ def admin(mongo_client: MongoClient[dict[str, Any]]) -> MongoClient[dict[str, An
 def coll(mongo_client: MongoClient[dict[str, Any]], names: tuple[str, str]) -> Any:
     return mongo_client[names[0]][names[1]]
 
-
-@pytest.fixture
-def fail_point(mongo_client: MongoClient[dict[str, Any]]) -> Iterator[Callable[..., None]]:
-    def configure(mode: Any, **data: Any) -> None:
-        mongo_client.admin.command("configureFailPoint", "failCommand", mode=mode, data=data)
-
-    yield configure
-    with contextlib.suppress(PyMongoError):
-        configure("off")
 
 
 def token_before_writes(coll: Any) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient, MongoClient, monitoring
-from pymongo.errors import OperationFailure, PyMongoError, ServerSelectionTimeoutError
+from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
 
 import changestream
 import changestream.aio
@@ -42,18 +41,6 @@ class AggregateCounter(monitoring.CommandListener):
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
 
-
-@pytest.fixture
-def fail_point(mongodb_uri: str) -> Iterator[Callable[..., None]]:
-    admin: MongoClient[dict[str, Any]] = MongoClient(mongodb_uri)
-
-    def configure(mode: Any, **data: Any) -> None:
-        admin.admin.command("configureFailPoint", "failCommand", mode=mode, data=data)
-
-    yield configure
-    with contextlib.suppress(PyMongoError):
-        configure("off")
-    admin.close()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,22 +138,31 @@ def test_window_overrun_copies_the_rest_at_a_new_time(simulator: Any, client: Cl
     with changestream.snapshot_then_watch(coll, copy_batch_size=5, **WATCH) as stream:
         for _ in range(20):
             sink.apply(stream.try_next())
-        (t,) = sink.read_times
-        writer.write(15)  # events between T and the new read time
-        wait_for(lambda: history.oldest() > t, "T to leave the history window")
-        while stream.copying:
-            record = stream.try_next()
-            if record is None:
-                break
-            sink.apply(record)
-        writer.write(10)
-        # documents copied at the new time may see their events after T again: drain by time
-        deadline = time.monotonic() + 60
-        while sink.docs != collection_state(coll):
-            assert time.monotonic() < deadline, "the sink never caught up"
-            change = stream.try_next()
-            if change is not None:
-                sink.apply(change)
+        _overrun_the_window(stream, coll, sink, writer,
+                            lambda t: history.oldest() > t, "T to leave the history window")
+
+
+def _overrun_the_window(stream: Any, coll: Any, sink: Sink, writer: Writer,
+                        t_left: Callable[[Any], bool], what: str) -> None:
+    """After 20 copied records, let the read time T leave the history window, then check
+    the rest is copied once at a new time, flagged as maybe repeated, and the stream
+    catches the collection up from T."""
+    (t,) = sink.read_times
+    writer.write(15)  # events between T and the new read time
+    wait_for(lambda: t_left(t), what)
+    while stream.copying:
+        record = stream.try_next()
+        if record is None:
+            break
+        sink.apply(record)
+    writer.write(10)
+    # documents copied at the new time may see their events after T again: drain by time
+    deadline = time.monotonic() + 60
+    while sink.docs != collection_state(coll):
+        assert time.monotonic() < deadline, "the sink never caught up"
+        change = stream.try_next()
+        if change is not None:
+            sink.apply(change)
     assert len(sink.read_times) == 2 and sink.stream_after == {t}
     assert sink.repeat_flags[:20] == [False] * 20
     assert all(sink.repeat_flags[20:]), "records read at the new time must say events may repeat"
@@ -448,29 +457,11 @@ def test_through_mongos_a_shard_window_overrun_copies_the_rest_at_a_new_time() -
         with changestream.snapshot_then_watch(coll, copy_batch_size=5, **WATCH) as stream:
             for _ in range(20):
                 sink.apply(stream.try_next())
-            (t,) = sink.read_times
-            writer.write(15)  # events between T and the new read time
-            wait_for(
-                lambda: all(rs.deployment.history.oldest() > t for rs in cluster.shards),
+            _overrun_the_window(
+                stream, coll, sink, writer,
+                lambda t: all(rs.deployment.history.oldest() > t for rs in cluster.shards),
                 "T to leave every shard's history window",
             )
-            while stream.copying:
-                record = stream.try_next()
-                if record is None:
-                    break
-                sink.apply(record)
-            writer.write(10)
-            deadline = time.monotonic() + 60
-            while sink.docs != collection_state(coll):
-                assert time.monotonic() < deadline, "the sink never caught up"
-                change = stream.try_next()
-                if change is not None:
-                    sink.apply(change)
-        assert len(sink.read_times) == 2 and sink.stream_after == {t}
-        assert sink.repeat_flags[:20] == [False] * 20
-        assert all(sink.repeat_flags[20:]), "records read at the new time must say events may repeat"
-        assert max(sink.copied.values()) == 1 and set(range(20)) <= set(sink.copied)
-        assert all(e["clusterTime"] > t for e in sink.events)
 
 
 def test_the_copy_runs_inside_a_client_side_timeout(client: Client) -> None:

@@ -126,6 +126,11 @@ FileTokenStore({str(path)!r}).save({NEW!r})
 )
 def test_a_corrupt_file_is_one_clear_error_naming_the_path(tmp_path: Path, content: str,
                                                            problem: str) -> None:
+    _assert_load_fails(tmp_path, content, problem)
+
+
+def _assert_load_fails(tmp_path: Path, content: str, problem: str) -> None:
+    """Loading a file holding ``content`` raises one TokenStoreError naming the file and ``problem``."""
     path = tmp_path / "token.json"
     path.write_text(content)
     with pytest.raises(TokenStoreError) as info:
@@ -274,12 +279,7 @@ def test_a_missing_directory_is_one_clear_error_on_save(tmp_path: Path) -> None:
 )
 def test_what_is_loaded_is_validated_naming_the_file(tmp_path: Path, content: str,
                                                      problem: str) -> None:
-    path = tmp_path / "token.json"
-    path.write_text(content)
-    with pytest.raises(TokenStoreError) as info:
-        FileTokenStore(path).load()
-    assert str(path) in str(info.value)
-    assert problem in str(info.value)
+    _assert_load_fails(tmp_path, content, problem)
 
 
 def test_a_token_that_could_not_be_loaded_back_is_never_saved(tmp_path: Path) -> None:

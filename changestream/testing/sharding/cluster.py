@@ -40,7 +40,8 @@ from ..storage.catalog import CollectionState
 from ..storage.deployment import Deployment
 from ..storage.order import id_key
 from .balancer import LoadBalancer
-from .router import Router, registry_for
+from .commands import registry_for
+from .router import Router
 from .routing import Chunk, RoutingTable, ShardedCollection, ShardInfo, compare_keys
 from .shards import Shard
 

@@ -21,6 +21,7 @@ from types import TracebackType
 
 from bson.objectid import ObjectId
 
+from .core.auth import Users
 from .core.clock import ClusterClock
 from .core.event_cache import CACHE_BYTES
 from .core.topology import elect_next, notify_topology_change
@@ -67,7 +68,7 @@ class ReplicaSet:
         compressors: Iterable[str] | str | None = None,
         event_cache_bytes: int | None = None,
         dbpath: str | os.PathLike[str] | None = None,
-        users: Mapping[str, str] | None = None,
+        users: Mapping[str, str] | Users | None = None,
         clock: ClusterClock | None = None,
     ) -> None:
         if members < 1:

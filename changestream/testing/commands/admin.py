@@ -179,11 +179,11 @@ def hello(ctx: CommandContext) -> dict[str, Any]:
         conn.compressors = member.compressors.negotiate(offered)
     if conn.compressors:
         reply["compression"] = list(conn.compressors)
-    reply.update(_auth_fields(ctx))
+    reply.update(auth_fields(ctx))
     return reply
 
 
-def _auth_fields(ctx: CommandContext) -> dict[str, Any]:
+def auth_fields(ctx: CommandContext) -> dict[str, Any]:
     """``saslSupportedMechs`` (the user's mechanisms, absent for no such user) and 4.4+'s
     ``speculativeAuthenticate`` (a ``saslStart`` run with the hello; absent when it fails)."""
     out: dict[str, Any] = {}

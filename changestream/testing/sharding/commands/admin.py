@@ -37,10 +37,10 @@ def enable_sharding(router: Router, ctx: CommandContext) -> dict[str, Any]:
                 raise CommandError(70, f"Shard {primary} not found")
             with router.table.lock:
                 router.table.databases.setdefault(db, primary)
-            router.cluster.record_database(db, router.table.databases[db])
         else:
             router.primary_shard(db, create=True)
         router.table.sharding_enabled.add(db)
+        router.cluster.record_database(db, router.table.databases[db], partitioned=True)
     return {}
 
 

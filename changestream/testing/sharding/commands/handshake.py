@@ -9,6 +9,7 @@ from ...commands.admin import (
     LOGICAL_SESSION_TIMEOUT_MINUTES,
     MAX_BSON_OBJECT_SIZE,
     MAX_WRITE_BATCH_SIZE,
+    auth_fields,
     await_topology_change,
     compression_offer,
     take_client_metadata,
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
     from ..router import Router
 
 
-@router_command("hello", locks=False, any_member=True, handshake=True)
-@router_command("isMaster", "ismaster", locks=False, any_member=True, handshake=True)
+@router_command("hello", locks=False, any_member=True, handshake=True, auth=False)
+@router_command("isMaster", "ismaster", locks=False, any_member=True, handshake=True, auth=False)
 def hello(router: Router, ctx: CommandContext) -> dict[str, Any]:
     """mongos's handshake: ``msg: "isdbgrid"``, no set name; ``serviceId`` behind a load balancer."""
     body, conn, member = ctx.body, ctx.connection, ctx.member
@@ -59,4 +60,5 @@ def hello(router: Router, ctx: CommandContext) -> dict[str, Any]:
         conn.compressors = member.compressors.negotiate(offered)
     if conn.compressors:
         reply["compression"] = list(conn.compressors)
+    reply.update(auth_fields(ctx))
     return reply

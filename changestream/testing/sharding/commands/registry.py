@@ -25,9 +25,11 @@ _SHARED = (
     "buildInfo", "buildinfo", "ping", "getParameter", "serverStatus", "hostInfo",
     "connectionStatus", "whatsmyuri", "getCmdLineOpts", "endSessions", "refreshSessions",
     "killSessions", "killAllSessions", "getMore", "killCursors", "configureFailPoint",
-    "waitForFailPoint",
+    "waitForFailPoint", "saslStart", "saslContinue", "usersInfo", "createUser", "updateUser",
+    "dropUser", "dropAllUsersFromDatabase", "grantRolesToUser", "revokeRolesFromUser",
 )  # fmt: skip
-"""mongod commands that behave the same on mongos (they act on the mongos itself)."""
+"""mongod commands that behave the same on mongos (they act on the mongos itself; the
+users are the cluster's, shared by every mongos)."""
 
 
 def registry_for(router: Router) -> dict[str, CommandSpec]:

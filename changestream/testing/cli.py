@@ -296,7 +296,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m changestream.test
     except KeyboardInterrupt:
         pass
     finally:
-        deployment.stop()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    try:
+        deployment.stop()
+    except DbPathError as exc:
+        print(f"error: --dbpath {args.dbpath}: {exc}", file=sys.stderr, flush=True)
+        return 1
     return 0

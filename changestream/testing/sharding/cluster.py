@@ -42,6 +42,7 @@ from ..server.wire import Request
 from ..storage.catalog import CollectionState
 from ..storage.deployment import Deployment
 from ..storage.order import id_key
+from ..storage.persist import DbPathError
 from .balancer import LoadBalancer
 from .commands import registry_for
 from .router import Router
@@ -196,7 +197,9 @@ class ClusterState:
                           str(c["shard"]))
                     for c in chunks if c["uuid"] == doc["uuid"]
                 ]  # fmt: skip
-                sharded = ShardedCollection(ns, key, doc["uuid"], bool(doc["unique"]), owned)
+                raw = doc["uuid"]
+                ui = raw if isinstance(raw, uuid.UUID) else uuid.UUID(bytes=bytes(raw))
+                sharded = ShardedCollection(ns, key, ui, bool(doc["unique"]), owned)
                 self.table.collections[ns] = sharded
                 self.table.sharding_enabled.add(ns.split(".", 1)[0])
         for sharded in list(self.table.collections.values()):
@@ -684,9 +687,14 @@ class ShardedCluster:
             self.balancer.stop()
         for mongos in self._mongos:
             mongos.stop()
-        for rs in [*self.state.replica_sets(), *self.state.pending.values()]:
-            rs.stop()
-        self.config.stop()
+        failed: list[DbPathError] = []
+        for rs in [*self.state.replica_sets(), *self.state.pending.values(), self.config]:
+            try:
+                rs.stop()
+            except DbPathError as exc:  # every other member still stops
+                failed.append(exc)
+        if failed:
+            raise failed[0]
 
     def __enter__(self) -> ShardedCluster:
         return self.start()

@@ -565,6 +565,7 @@ class Mongos:
             if server is not None:
                 server.stop()
         self.deployment.cursors.kill_all()
+        self.deployment.close()
 
 
 # ======================================================================================

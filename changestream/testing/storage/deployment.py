@@ -159,7 +159,9 @@ class Deployment:
             self.log("n", "", {"msg": "new primary"})
 
     def close(self, *, save: bool = True) -> None:
-        """Write the data to :attr:`dbpath` (if any) and release it; idempotent."""
+        """End the event cache's timer, write the data to :attr:`dbpath` (if any) and
+        release it; idempotent."""
+        self.event_cache.close()
         lock, self._dbpath_lock = self._dbpath_lock, None
         if lock is None:
             return

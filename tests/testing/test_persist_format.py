@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import pytest
 from pymongo import MongoClient
+from pymongo.errors import OperationFailure
 
 from changestream.testing import ReplicaSet, ShardedCluster
 from changestream.testing.core.versions import get_profile
@@ -243,3 +244,37 @@ def test_a_whole_sharded_cluster_restarts_from_its_dbpath(tmp_path: Path) -> Non
         now = client.admin.command("ping")["$clusterTime"]["clusterTime"]
     assert sorted(seen + after) == list(range(35)) and len(set(after)) == 30
     assert now > before
+
+
+def _serve_sharded(dbpath: Path) -> tuple[subprocess.Popen[str], str]:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    argv = ["serve", "--sharded", "--port", "0", "--dbpath", str(dbpath), "--auth", "app:pw"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "changestream.testing", *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def test_serve_sharded_keeps_its_data_and_requires_auth(tmp_path: Path) -> None:
+    proc, uri = _serve_sharded(tmp_path)
+    try:
+        with MongoClient(uri, serverSelectionTimeoutMS=10000) as anonymous:
+            with pytest.raises(OperationFailure) as exc:
+                anonymous.db.c.insert_one({"_id": "no"})
+            assert exc.value.code == 13
+        with MongoClient(uri, username="app", password="pw") as client:
+            client.db.c.insert_one({"_id": "kept"})
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["config", "shard0", "shard1"]
+        proc, uri = _serve_sharded(tmp_path)
+        with MongoClient(uri, username="app", password="pw") as client:
+            assert list(client.db.c.find()) == [{"_id": "kept"}]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -40,6 +40,7 @@ from ._codes import (
     UNAUTHORIZED,
 )
 from ._metrics import StatsCallback, StatsReporter
+from ._policies import HandlerCalls, HistoryGap, HistoryPolicy
 from ._snapshot_watch import stream_opener
 from ._stream import ChangeStream
 from ._token import ResumeToken, token_cluster_time, token_to_json
@@ -206,6 +207,24 @@ class Progress:
         )
         return self._unsaved >= self.save_every or due
 
+    def on_watermark(self, token: Any, handled: int) -> bool:
+        """Parallel handlers: ``handled`` changes so far, ``token`` their low watermark;
+        ``True``: save now (as :meth:`on_change` for changes, :meth:`on_idle` for a moved mark)."""
+        newly = handled - self.handled
+        self.handled = handled
+        if newly:
+            self._unsaved += newly
+            self.advanced = True
+        if token is None or _key(token) == _key(self.token):
+            return False
+        self.token = token
+        if not newly and not self._unsaved:
+            return True  # only an empty batch's token moved: saved at once, as without workers
+        due = self.save_interval is not None and (
+            time.monotonic() - self._last_save >= self.save_interval
+        )
+        return self._unsaved >= self.save_every or due
+
     def on_idle(self, token: Any, *, healthy: bool = True) -> bool:
         """No change came (empty batch, or a new stream): ``True``: save the new token now.
 
@@ -358,7 +377,13 @@ def bounded(stream: ChangeStream[Any], call_timeout: float) -> Iterator[ChangeSt
 
 # -- one run, without its I/O (shared with the async loop) ------------------------------------
 HANDLE = "handle"
-"""A change came: call the handler, then :meth:`Run.handled`."""
+"""A change came: call the handler, then :meth:`Run.handled` (with workers: submit it, then
+:meth:`Run.advanced_to`)."""
+MARK = "mark"
+"""With workers: no change came; hand the stream's token to the workers in order, then
+:meth:`Run.advanced_to`."""
+GAP = "gap"
+"""The stream opened after a lost history: pass :attr:`Run.gap` to the ``gap`` function, then save."""
 SAVE = "save"
 """Store the token now."""
 NOTHING = "nothing"
@@ -384,6 +409,9 @@ class Run:
         backoff_max: float,
         stats: StatsReporter,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        history: HistoryPolicy | None = None,
+        calls: HandlerCalls | None = None,
+        parallel: bool = False,
     ) -> None:
         check_save_options(save_every, save_interval)
         check_call_timeout(call_timeout)
@@ -394,6 +422,14 @@ class Run:
         self.stats = stats
         self.opened = 0
         self.handler_error: BaseException | None = None
+        self.history = history if history is not None else HistoryPolicy(
+            "raise", None, is_collection=False)
+        self.calls = calls if calls is not None else HandlerCalls(None)
+        stats.calls = self.calls
+        self.parallel = parallel
+        """Changes go to worker threads or tasks (``workers`` > 1)."""
+        self.gap: HistoryGap | None = None
+        """The lost interval to report (after :data:`GAP`)."""
 
     def loaded(self, stored: StoredToken | None) -> None:
         """What the store held when the run began."""
@@ -407,7 +443,7 @@ class Run:
     def opening(self) -> Any:
         """A stream is about to open: the token to open it from."""
         self.opened += 1
-        return self.progress.token
+        return self.history.opening(self.progress.token)
 
     def started(self, stream: Any) -> str:
         """``stream`` opened: :data:`SAVE` if its token moved the position."""
@@ -416,6 +452,9 @@ class Run:
             log.info("reopened the change stream (reopen %d)", self.opened - 1)
         due = self.progress.on_idle(stream.resume_token)
         self.progress.advanced = False
+        self.gap = self.history.opened(stream)
+        if self.gap is not None:
+            return GAP
         return SAVE if due else NOTHING
 
     def polled(self, change: Any, token: Any, alive: bool, stalled: bool = False) -> str:
@@ -429,6 +468,8 @@ class Run:
         if change is None:
             if not alive:
                 raise invalidated(None, progress.token, token)
+            if self.parallel:
+                return MARK
             return SAVE if progress.on_idle(token, healthy=not stalled) else NOTHING
         if is_invalidate(change):
             raise invalidated(change, progress.token, token)
@@ -437,6 +478,10 @@ class Run:
     def handled(self, token: Any) -> str:
         """The handler returned for the change that left ``token``."""
         return SAVE if self.progress.on_change(token) else NOTHING
+
+    def advanced_to(self, watermark: Any, handled: int) -> str:
+        """With workers: ``handled`` changes are done and ``watermark`` may be stored."""
+        return SAVE if self.progress.on_watermark(watermark, handled) else NOTHING
 
     def saved(self) -> None:
         self.progress.saved()
@@ -447,8 +492,19 @@ class Run:
         """A token not yet in the store."""
         return self.progress.pending
 
+    def history_lost(self, exc: BaseException) -> bool:
+        """Opening or reading failed with ``exc``: a lost history ``on_history_lost`` recovers
+        from (reopen at once, from now or with a new snapshot) or not."""
+        if not self.history.recover(exc, self.progress.token):
+            return False
+        self.progress.token = None
+        self.progress.advanced = True
+        return True
+
     def reopen_after(self, exc: BaseException) -> bool:
         """The stream failed with ``exc``: reopen at once (it had made progress) or not."""
+        if exc is not self.handler_error and self.history_lost(exc):
+            return True
         if self.progress.advanced and is_transient(exc):
             log.warning("change stream failed after progress (%s); reopening",
                         describe_error(exc))

@@ -1,0 +1,178 @@
+"""Handler calls of :func:`changestream.consume`: on the fetching thread, or on N worker threads.
+
+:func:`call_handler` applies the ``on_error`` policy
+(:class:`changestream._policies.HandlerCalls`) to one call. :class:`Workers`
+runs those calls on ``workers`` threads; which change may start and which
+token may be stored is :class:`changestream._lanes.Lanes`'s decision, made
+under one lock. Its async twin is :mod:`changestream.aio._workers`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import tenacity
+
+from ._lanes import Job, Lanes
+from ._policies import HandlerCalls
+
+__all__ = ["Workers", "call_handler"]
+
+log = logging.getLogger("changestream.consume")
+
+
+def call_handler(handler: Callable[[Any], object], change: Any, calls: HandlerCalls,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+    """``handler(change)`` under the ``on_error`` policy: retried, then raised or dead-lettered."""
+    if not calls.retrying:
+        handler(change)
+        return
+    try:
+        tenacity.Retrying(sleep=sleep, **calls.arguments())(handler, change)
+    except Exception as exc:
+        dead_letter = calls.gave_up(change, exc)
+        if dead_letter is None:
+            raise
+        dead_letter(change, exc)
+
+
+class Workers:
+    """``workers`` threads calling the handler, per-key order and the low watermark kept by ``lanes``.
+
+    The fetching thread calls :meth:`submit` (waits while ``max_in_flight``
+    changes are in flight), :meth:`mark` and :meth:`progress`; each worker
+    thread, when its call returns, finishes the job and takes the next one
+    itself, so a key's next change starts without waiting for the fetching
+    thread. The first handler failure stops every start and is raised by
+    the next call of the fetching thread.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[Any], object],
+        calls: HandlerCalls,
+        lanes: Lanes,
+        key: Callable[[Any], Hashable],
+    ) -> None:
+        self._handler = handler
+        self._calls = calls
+        self._lanes = lanes
+        self._key = key
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        """Signalled when a job may start (or the workers must end)."""
+        self._room = threading.Condition(self._lock)
+        """Signalled when a job finished (room to admit, a failure, or all done)."""
+        self._threads: list[threading.Thread] = []
+        self._closing = False
+        self.failure: BaseException | None = None
+        """The first exception a handler call ended with (after the ``on_error`` policy)."""
+
+    # -- the fetching thread --------------------------------------------------------------------
+    def submit(self, change: Any, token: Any) -> None:
+        """Hand ``change`` (followed by ``token``) to the workers; waits while too many are in flight."""
+        key = self._key(change)
+        with self._lock:
+            lanes = self._lanes
+            while lanes.full and self.failure is None:
+                self._room.wait()
+            self._raise_failure()
+            lanes.admit(change, key, token)
+            self._start()
+
+    def mark(self, token: Any) -> None:
+        """A position without a change (an empty batch's token), in stream order."""
+        with self._lock:
+            self._raise_failure()
+            self._lanes.mark(token)
+
+    def progress(self) -> tuple[Any, int]:
+        """The low watermark (the token that may be stored) and the changes handled so far."""
+        with self._lock:
+            return self._lanes.watermark, self._lanes.handled
+
+    def settle(self, timeout: float | None) -> bool:
+        """Start nothing more and wait up to ``timeout`` s for the running calls; ``True``: all ended.
+
+        Afterwards :meth:`progress` is final for this stream; :meth:`restart`
+        makes the workers usable again from there (a reopened stream).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._lanes.abandon()
+            while self._lanes.running:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    log.warning("%d handler call(s) still running after %g s; their changes "
+                                "are delivered again after a restart", self._lanes.running,
+                                timeout)
+                    return False
+                self._room.wait(remaining)
+            return True
+
+    def restart(self) -> BaseException | None:
+        """After :meth:`settle`: start over from the watermark; returns (and clears) the failure."""
+        with self._lock:
+            self._lanes.restart(self._lanes.watermark)
+            failure, self.failure = self.failure, None
+            return failure
+
+    def close(self) -> None:
+        """End the worker threads (a call still running ends in the background)."""
+        with self._lock:
+            self._closing = True
+            self._lanes.abandon()
+            self._work.notify_all()
+
+    def _raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def _start(self) -> None:
+        """Wake a worker per job that may start; start threads up to ``workers`` (lock held)."""
+        ready = self._lanes.ready
+        if not ready:
+            return
+        idle = len(self._threads) - self._lanes.running
+        if idle < ready and len(self._threads) < self._lanes.workers:
+            for _ in range(min(ready - idle, self._lanes.workers - len(self._threads))):
+                thread = threading.Thread(target=self._run, daemon=True,
+                                          name=f"changestream-worker-{len(self._threads)}")
+                self._threads.append(thread)
+                thread.start()
+        self._work.notify(ready)
+
+    # -- the worker threads ---------------------------------------------------------------------
+    def _run(self) -> None:
+        lock, lanes = self._lock, self._lanes
+        job: Job | None = None
+        while True:
+            with lock:
+                while job is None:
+                    if self._closing:
+                        return
+                    job = lanes.take()
+                    if job is None:
+                        self._work.wait()
+            try:
+                call_handler(self._handler, job.change, self._calls)
+            except BaseException as exc:
+                with lock:
+                    if self.failure is None:
+                        self.failure = exc
+                    lanes.fail(job)
+                    self._room.notify_all()
+                job = None
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            with lock:
+                lanes.done(job)
+                job = lanes.take()
+                if lanes.ready:
+                    self._work.notify(lanes.ready)
+                self._room.notify_all()

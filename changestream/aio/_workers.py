@@ -1,0 +1,163 @@
+"""Handler calls of :func:`changestream.aio.consume`: awaited in the loop, or as up to N tasks.
+
+The asyncio twin of :mod:`changestream._workers`: the same ``on_error``
+policy (:class:`changestream._policies.HandlerCalls`) and the same decisions
+(:class:`changestream._lanes.Lanes`: per-key order, barriers, the low
+watermark), with tasks instead of threads. Everything runs on the event
+loop's thread, so no lock is needed. A plain-function handler runs on the
+loop itself (one at a time); give a coroutine function to overlap its I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import tenacity
+
+from .._lanes import Job, Lanes
+from .._policies import HandlerCalls
+
+__all__ = ["Workers", "call_handler"]
+
+log = logging.getLogger("changestream.consume")
+
+
+async def _once(function: Callable[..., Any], *args: Any) -> None:
+    result = function(*args)
+    if inspect.isawaitable(result):
+        await result
+
+
+async def call_handler(handler: Callable[[Any], Any], change: Any, calls: HandlerCalls) -> None:
+    """``handler(change)`` (awaited if it returns an awaitable) under the ``on_error`` policy."""
+    if not calls.retrying:
+        result = handler(change)
+        if inspect.isawaitable(result):
+            await result
+        return
+    try:
+        await tenacity.AsyncRetrying(**calls.arguments())(_once, handler, change)
+    except Exception as exc:
+        dead_letter = calls.gave_up(change, exc)
+        if dead_letter is None:
+            raise
+        await _once(dead_letter, change, exc)
+
+
+class Workers:
+    """Up to ``workers`` tasks calling the handler, per-key order and the low watermark kept by ``lanes``.
+
+    Same surface as the thread version: the consuming coroutine calls
+    :meth:`submit` (waits while ``max_in_flight`` changes are in flight),
+    :meth:`mark`, :meth:`progress`, :meth:`settle` and :meth:`restart`; a task
+    whose call returns finishes its job and goes on with the next one that
+    may start.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[Any], Any],
+        calls: HandlerCalls,
+        lanes: Lanes,
+        key: Callable[[Any], Hashable],
+    ) -> None:
+        self._handler = handler
+        self._calls = calls
+        self._lanes = lanes
+        self._key = key
+        self._room = asyncio.Event()
+        """Set when a job ended (room to admit, a failure, or all done)."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.failure: BaseException | None = None
+        """The first exception a handler call ended with (after the ``on_error`` policy)."""
+
+    # -- the consuming coroutine ------------------------------------------------------------------
+    async def submit(self, change: Any, token: Any) -> None:
+        """Hand ``change`` (followed by ``token``) to the tasks; waits while too many are in flight."""
+        key = self._key(change)
+        lanes = self._lanes
+        while lanes.full and self.failure is None:
+            self._room.clear()
+            await self._room.wait()
+        self._raise_failure()
+        lanes.admit(change, key, token)
+        self._start()
+
+    async def mark(self, token: Any) -> None:
+        """A position without a change (an empty batch's token), in stream order."""
+        self._raise_failure()
+        self._lanes.mark(token)
+
+    def progress(self) -> tuple[Any, int]:
+        """The low watermark (the token that may be stored) and the changes handled so far."""
+        return self._lanes.watermark, self._lanes.handled
+
+    async def settle(self, timeout: float | None) -> bool:
+        """Start nothing more and wait up to ``timeout`` s for the running calls; ``True``: all ended.
+
+        Calls still running then are cancelled (their changes are delivered
+        again after a restart).
+        """
+        self._lanes.abandon()
+        tasks = set(self._tasks)
+        if not tasks:
+            return True
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        if not pending:
+            return True
+        log.warning("%d handler call(s) still running after %g s: cancelled; their changes are "
+                    "delivered again after a restart", len(pending), timeout)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        return False
+
+    async def restart(self) -> BaseException | None:
+        """After :meth:`settle`: start over from the watermark; returns (and clears) the failure."""
+        self._lanes.restart(self._lanes.watermark)
+        failure, self.failure = self.failure, None
+        return failure
+
+    async def close(self) -> None:
+        """Cancel every call still running."""
+        self._lanes.abandon()
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def _start(self) -> None:
+        """A task per job that may start (up to ``workers`` running)."""
+        while (job := self._lanes.take()) is not None:
+            task = asyncio.ensure_future(self._run(job))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # -- the handler tasks ----------------------------------------------------------------------
+    async def _run(self, first: Job) -> None:
+        lanes = self._lanes
+        job: Job | None = first
+        while job is not None:
+            try:
+                await call_handler(self._handler, job.change, self._calls)
+            except BaseException as exc:
+                lanes.fail(job)
+                self._room.set()
+                if not isinstance(exc, Exception):
+                    raise
+                if self.failure is None:
+                    self.failure = exc
+                return
+            lanes.done(job)
+            self._room.set()
+            job = lanes.take()
+            if lanes.ready:
+                self._start()

@@ -96,20 +96,25 @@ class Workers:
             return self._lanes.watermark, self._lanes.handled
 
     def settle(self, timeout: float | None) -> bool:
-        """Start nothing more and wait up to ``timeout`` s for the running calls; ``True``: all ended.
+        """Let every admitted change finish, for up to ``timeout`` s; ``True``: all did.
 
-        Afterwards :meth:`progress` is final for this stream; :meth:`restart`
-        makes the workers usable again from there (a reopened stream).
+        After a failure only the running calls are waited for. At the timeout
+        nothing more starts (calls still running end in the background; their
+        changes, and those never started, are delivered again after a
+        restart). Afterwards :meth:`progress` is final for this stream, and
+        :meth:`restart` makes the workers usable again from there.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            self._lanes.abandon()
-            while self._lanes.running:
+            lanes = self._lanes
+            while not lanes.idle:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    log.warning("%d handler call(s) still running after %g s; their changes "
-                                "are delivered again after a restart", self._lanes.running,
-                                timeout)
+                    lanes.abandon()
+                    log.warning("handlers still running after %g s (drain_timeout): %d call(s) "
+                                "left running, %d change(s) not handled; they are delivered "
+                                "again after a restart", timeout, lanes.running,
+                                lanes.in_flight)
                     return False
                 self._room.wait(remaining)
             return True

@@ -11,6 +11,7 @@ loop itself (one at a time); give a coroutine function to overlap its I/O.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Hashable
@@ -97,24 +98,31 @@ class Workers:
         return self._lanes.watermark, self._lanes.handled
 
     async def settle(self, timeout: float | None) -> bool:
-        """Start nothing more and wait up to ``timeout`` s for the running calls; ``True``: all ended.
+        """Let every admitted change finish, for up to ``timeout`` s; ``True``: all did.
 
-        Calls still running then are cancelled (their changes are delivered
-        again after a restart).
+        After a failure only the running calls are waited for. At the timeout
+        nothing more starts and the calls still running are cancelled (their
+        changes, and those never started, are delivered again after a restart).
         """
-        self._lanes.abandon()
-        tasks = set(self._tasks)
-        if not tasks:
-            return True
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        if not pending:
-            return True
-        log.warning("%d handler call(s) still running after %g s: cancelled; their changes are "
-                    "delivered again after a restart", len(pending), timeout)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        return False
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        lanes = self._lanes
+        while not lanes.idle:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                lanes.abandon()
+                log.warning("handlers still running after %g s (drain_timeout): %d call(s) "
+                            "cancelled, %d change(s) not handled; they are delivered again "
+                            "after a restart", timeout, lanes.running, lanes.in_flight)
+                tasks = list(self._tasks)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                return False
+            self._room.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._room.wait(), remaining)
+        return True
 
     async def restart(self) -> BaseException | None:
         """After :meth:`settle`: start over from the watermark; returns (and clears) the failure."""

@@ -10,6 +10,7 @@ while work is left.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Hashable
 from typing import Any
 
@@ -174,7 +175,7 @@ def test_per_key_order_under_random_handler_delays(
     for key in {k for k, _ in changes if k is not BARRIER}:
         runs = [h for h in handled if h[0] == key]
         assert [h[1] for h in runs] == sorted(h[1] for h in runs), "a key ran out of order"
-        assert all(a[3] <= b[2] for a, b in zip(runs, runs[1:])), "a key ran twice at once"
+        assert all(a[3] <= b[2] for a, b in itertools.pairwise(runs)), "a key ran twice at once"
     for barrier in (h for h in handled if h[0] is BARRIER):
         overlapping = [h for h in handled if h is not barrier
                        and h[2] < barrier[3] and barrier[2] < h[3]]

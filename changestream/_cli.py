@@ -287,9 +287,42 @@ def _say(message: str) -> None:
     print(f"changestream: {message}", file=sys.stderr, flush=True)
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM stops like Ctrl-C: the cursor is killed and the token file stays valid."""
-    raise KeyboardInterrupt
+class _PrintGuard:
+    """Ctrl-C and SIGTERM never repeat a printed change: its token is stored before exit.
+
+    From the moment a change is printed until its token is stored, a signal
+    only asks the loop to stop (it stores that token, then returns);
+    otherwise, and for a second signal, it interrupts at once (the loop
+    stores the last printed change's token on the way out). Either way the
+    cursor is killed and the token file stays valid.
+    """
+
+    def __init__(self, store: TokenStore, stop: threading.Event) -> None:
+        self.store = store
+        self.stop = stop
+        self.unstored = False
+        """A change was printed and its token is not stored yet."""
+        self.signalled = False
+
+    def printing(self) -> None:
+        self.unstored = True
+
+    def load(self) -> Any:
+        return self.store.load()
+
+    def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        self.store.save(token, batch_id=batch_id)
+        self.unstored = False
+
+    def interrupt(self, signum: int, frame: FrameType | None) -> None:
+        again = self.signalled
+        self.signalled = True
+        self.stop.set()
+        if again or not self.unstored:
+            raise KeyboardInterrupt
+
+    def __repr__(self) -> str:
+        return repr(self.store)
 
 
 def _log_level(args: argparse.Namespace) -> int:
@@ -307,9 +340,10 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
     progress = WatchProgress(stop, status, args.until_idle)
     for handler in logging.getLogger().handlers:
         progress.attach(handler)
+    guard = _PrintGuard(store, stop)
     # Also when started in the background, where SIGINT is inherited as ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
+    previous = {signum: signal.signal(signum, guard.interrupt)
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     options: dict[str, Any] = {"max_await_time_ms": args.max_await_ms}
     if args.full_document is not None:
         options["full_document"] = args.full_document
@@ -350,6 +384,7 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
 
     def print_change(change: Any) -> None:
         nonlocal printed
+        guard.printing()
         sys.stdout.write(json_util.dumps(change, json_options=_RELAXED) + "\n")
         sys.stdout.flush()
         printed += 1
@@ -363,13 +398,10 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
             return 1
         if start_after is not None:
             store.save(start_after)
-        consume(open_stream, print_change, store, stop=stop, on_stats=progress,
+        consume(open_stream, print_change, guard, stop=stop, on_stats=progress,
                 stats_interval=progress.interval, call_timeout=args.call_timeout)
     except KeyboardInterrupt:
-        progress.clear()
-        saved = args.token_file and Path(args.token_file).is_file()
-        _say("stopped" + (f"; the token is in {args.token_file}" if saved else ""))
-        return 0
+        return _stopped(args, progress)
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): the unprinted change was not stored.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -385,8 +417,19 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
         _say(_redact(describe_error(exc), args.uri))
         return 1
     finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         progress.clear()
         client.close()
+    if guard.signalled:
+        return _stopped(args, progress)
     if progress.idle_stop:
         _say(f"no change for {args.until_idle:g} s; stopped after {printed} changes")
+    return 0
+
+
+def _stopped(args: argparse.Namespace, progress: WatchProgress) -> int:
+    progress.clear()
+    saved = args.token_file and Path(args.token_file).is_file()
+    _say("stopped" + (f"; the token is in {args.token_file}" if saved else ""))
     return 0

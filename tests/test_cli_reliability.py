@@ -124,3 +124,50 @@ def test_sigterm_and_sigint_stop_without_a_traceback(mongodb_uri: str, database:
         assert "Traceback" not in err and "Exception ignored" not in err, err
         assert process.returncode in (0, -signum), (process.returncode, err)
         assert "the token is in" not in err, "no token file was given"
+
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_right_after_a_printed_change_stores_its_token(
+    mongodb_uri: str, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    signum: int,
+) -> None:
+    """Issue 21: Ctrl-C just after a change was printed left the previous token (3 of 3).
+
+    The signal arrives while the change is being written (the worst moment):
+    the change was printed, so its token must be in the file when ``watch``
+    exits, and a restart must not print it again.
+    """
+    import io
+
+    from bson import json_util
+
+    import changestream
+    from changestream._cli import main
+    from changestream.stores import FileTokenStore
+
+    with MongoClient(mongodb_uri) as client:
+        coll = client[database]["orders"]
+        with changestream.watch(coll, max_await_time_ms=50) as stream:
+            start = stream.resume_token
+        coll.insert_many([{"n": n} for n in range(3)])
+
+    class SignalOnWrite(io.StringIO):
+        def write(self, text: str) -> int:
+            written = super().write(text)
+            os.kill(os.getpid(), signum)
+            return written
+
+    token_file = tmp_path / "printed.token"
+    out = SignalOnWrite()
+    monkeypatch.setattr(sys, "stdout", out)
+    status = main(["watch", mongodb_uri, "--db", database, "--coll", "orders",
+                   "--token-file", str(token_file), "--resume-after",
+                   json_util.dumps(start), "--no-status", "--max-await-ms", "50"])
+    assert status == 0
+    printed = [json_util.loads(line) for line in out.getvalue().splitlines()]
+    assert len(printed) == 1 and printed[0]["fullDocument"]["n"] == 0
+    stored = FileTokenStore(token_file).load()
+    assert stored is not None and stored.token == printed[0]["_id"], (
+        "the token of the printed change was not stored")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

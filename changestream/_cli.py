@@ -417,8 +417,8 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
         _say(_redact(describe_error(exc), args.uri))
         return 1
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, previous_handler in previous.items():
+            signal.signal(signum, previous_handler)
         progress.clear()
         client.close()
     if guard.signalled:

@@ -207,7 +207,7 @@ class Progress:
         )
         return self._unsaved >= self.save_every or due
 
-    def on_watermark(self, token: Any, handled: int) -> bool:
+    def on_watermark(self, token: Any, handled: int, *, healthy: bool = True) -> bool:
         """Parallel handlers: ``handled`` changes so far, ``token`` their low watermark;
         ``True``: save now (as :meth:`on_change` for changes, :meth:`on_idle` for a moved mark)."""
         newly = handled - self.handled
@@ -219,7 +219,9 @@ class Progress:
             return False
         self.token = token
         if not newly and not self._unsaved:
-            return True  # only an empty batch's token moved: saved at once, as without workers
+            # Only an empty batch's token moved: saved at once, as without workers.
+            self.advanced = self.advanced or healthy
+            return True
         due = self.save_interval is not None and (
             time.monotonic() - self._last_save >= self.save_interval
         )
@@ -428,6 +430,7 @@ class Run:
         stats.calls = self.calls
         self.parallel = parallel
         """Changes go to worker threads or tasks (``workers`` > 1)."""
+        self._stalled = False
         self.gap: HistoryGap | None = None
         """The lost interval to report (after :data:`GAP`)."""
 
@@ -464,6 +467,7 @@ class Run:
         moved token is saved but does not count as progress.
         """
         progress = self.progress
+        self._stalled = stalled
         self.stats.poll(progress.handled, self.opened - 1)
         if change is None:
             if not alive:
@@ -481,7 +485,8 @@ class Run:
 
     def advanced_to(self, watermark: Any, handled: int) -> str:
         """With workers: ``handled`` changes are done and ``watermark`` may be stored."""
-        return SAVE if self.progress.on_watermark(watermark, handled) else NOTHING
+        due = self.progress.on_watermark(watermark, handled, healthy=not self._stalled)
+        return SAVE if due else NOTHING
 
     def saved(self) -> None:
         self.progress.saved()

@@ -40,6 +40,8 @@ __all__ = [
     "LanesError",
     "default_key",
     "default_max_in_flight",
+    "key_of",
+    "lanes_for",
 ]
 
 DEFAULT_MAX_IN_FLIGHT_PER_WORKER: Final = 4
@@ -330,3 +332,20 @@ def key_of(key: KeyFunction | None) -> Callable[[Any], Hashable]:
         return BARRIER if value is None else hashable(value)
 
     return keyed
+
+
+def lanes_for(workers: object, max_in_flight: object) -> Lanes | None:
+    """The dispatcher for ``consume(workers=..., max_in_flight=...)`` (``None``: one at a time)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"workers must be an integer from 1 to {MAX_WORKERS}, not {workers!r}")
+    if max_in_flight is None:
+        max_in_flight = default_max_in_flight(workers)
+    elif (isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int)
+          or max_in_flight < 1):
+        raise ValueError(f"max_in_flight must be an integer >= 1 or None, not {max_in_flight!r}")
+    if workers == 1:
+        return None
+    return Lanes(workers, max_in_flight)
+
+
+MAX_WORKERS: Final = 100_000

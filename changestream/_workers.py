@@ -69,6 +69,8 @@ class Workers:
         """Signalled when a job finished (room to admit, a failure, or all done)."""
         self._threads: list[threading.Thread] = []
         self._closing = False
+        self._gave_up = False
+        """A :meth:`settle` timed out: calls may still run, nothing more may start."""
         self.failure: BaseException | None = None
         """The first exception a handler call ended with (after the ``on_error`` policy)."""
 
@@ -107,9 +109,12 @@ class Workers:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             lanes = self._lanes
+            if self._gave_up:
+                return lanes.running == 0
             while not lanes.idle:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
+                    self._gave_up = True
                     lanes.abandon()
                     log.warning("handlers still running after %g s (drain_timeout): %d call(s) "
                                 "left running, %d change(s) not handled; they are delivered "
@@ -123,6 +128,7 @@ class Workers:
         """After :meth:`settle`: start over from the watermark; returns (and clears) the failure."""
         with self._lock:
             self._lanes.restart(self._lanes.watermark)
+            self._gave_up = False
             failure, self.failure = self.failure, None
             return failure
 

@@ -73,6 +73,8 @@ class Workers:
         self._room = asyncio.Event()
         """Set when a job ended (room to admit, a failure, or all done)."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._gave_up = False
+        """A :meth:`settle` timed out: calls may still run, nothing more may start."""
         self.failure: BaseException | None = None
         """The first exception a handler call ended with (after the ``on_error`` policy)."""
 
@@ -110,6 +112,7 @@ class Workers:
         while not lanes.idle:
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
+                self._gave_up = True
                 lanes.abandon()
                 log.warning("handlers still running after %g s (drain_timeout): %d call(s) "
                             "cancelled, %d change(s) not handled; they are delivered again "
@@ -127,6 +130,7 @@ class Workers:
     async def restart(self) -> BaseException | None:
         """After :meth:`settle`: start over from the watermark; returns (and clears) the failure."""
         self._lanes.restart(self._lanes.watermark)
+        self._gave_up = False
         failure, self.failure = self.failure, None
         return failure
 

@@ -22,7 +22,9 @@ from pymongo.errors import PyMongoError
 
 from .._consume import (
     DEFAULT_CALL_TIMEOUT,
+    GAP,
     HANDLE,
+    MARK,
     SAVE,
     ConsumeResult,
     Run,
@@ -31,10 +33,20 @@ from .._consume import (
     signals_stop,
     stalled,
 )
+from .._lanes import KeyFunction
 from .._metrics import StatsCallback, StatsReporter
+from .._policies import (
+    DEFAULT_DRAIN_TIMEOUT,
+    HistoryGap,
+    HistoryLost,
+    OnError,
+    Setup,
+    resnapshotting,
+)
 from ..stores import AsyncTokenStore, TokenStore
 from ._snapshot_watch import stream_opener
 from ._stream import AsyncChangeStream
+from ._workers import Workers, call_handler
 
 __all__ = ["consume"]
 
@@ -76,6 +88,13 @@ async def consume(
     stats_interval: float = 10.0,
     call_timeout: float = DEFAULT_CALL_TIMEOUT,
     stop_on_signals: bool = False,
+    workers: int = 1,
+    key: KeyFunction | None = None,
+    max_in_flight: int | None = None,
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    on_error: OnError | None = None,
+    on_history_lost: HistoryLost = "raise",
+    gap: Callable[[HistoryGap], Any] | None = None,
 ) -> ConsumeResult:
     """Handle every change at least once, keeping the resume token in ``store``.
 
@@ -86,17 +105,31 @@ async def consume(
     set; cancelling the task stores the last handled token and re-raises.
     ``open_stream`` may also be an ``AsyncCollection`` (with ``pipeline``,
     ``watch_options`` and ``initial_snapshot`` as in the sync ``consume``).
-    ``call_timeout`` and ``stop_on_signals`` work as there.
+    ``call_timeout`` and ``stop_on_signals`` work as there. ``workers=N`` runs up
+    to N handler calls as tasks (a coroutine-function handler overlaps them;
+    a plain function runs on the loop, one at a time); ``key``,
+    ``max_in_flight``, ``drain_timeout``, ``on_error`` (``dead_letter`` may be a
+    coroutine function), ``on_history_lost`` and ``gap`` (may be a coroutine
+    function) work as in the sync ``consume``.
     """
+    source = open_stream
     open_stream = stream_opener(
-        open_stream, initial_snapshot=initial_snapshot, pipeline=pipeline,
+        source, initial_snapshot=initial_snapshot, pipeline=pipeline,
         watch_options=watch_options,
     )
+    setup = Setup(source, open_stream, workers=workers, key=key, max_in_flight=max_in_flight,
+                  drain_timeout=drain_timeout, on_error=on_error,
+                  on_history_lost=on_history_lost, gap=gap)
+    if setup.resnapshot:
+        open_stream = resnapshotting(open_stream, stream_opener(
+            source, initial_snapshot=True, pipeline=pipeline, watch_options=watch_options))
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,
-              stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout)
+              stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout,
+              history=setup.history, calls=setup.calls, parallel=setup.lanes is not None)
     run.loaded(await _call(store.load))
     stop = stop if stop is not None else asyncio.Event()
+    pool = None if setup.lanes is None else Workers(handler, run.calls, setup.lanes, setup.key)
 
     async def save() -> None:
         await _call(store.save, run.token)
@@ -106,11 +139,20 @@ async def consume(
         """Run one stream; ``True``: it failed transiently after progress, open a new one."""
         if stop.is_set():
             return False
-        with pymongo.timeout(run.call_timeout):
-            stream = await open_stream(run.opening())
+        try:
+            with pymongo.timeout(run.call_timeout):
+                stream = await open_stream(run.opening())
+        except Exception as exc:
+            if run.history_lost(exc):
+                return True
+            raise
         try:
             async with bounded(stream, run.call_timeout):
-                if run.started(stream) is SAVE:
+                step = run.started(stream)
+                if step is GAP:
+                    await _maybe_await(setup.report_gap(run.gap))
+                    step = run.gap_reported()
+                if step is SAVE:
                     await save()
                 while not stop.is_set():
                     with call_bound(stream, run.call_timeout):
@@ -119,16 +161,31 @@ async def consume(
                     step = run.polled(change, token, stream.alive, stalled(stream))
                     if step is HANDLE:
                         try:
-                            result = handler(change)
-                            if inspect.isawaitable(result):
-                                await result
+                            if pool is None:
+                                await call_handler(handler, change, run.calls)
+                            else:
+                                await pool.submit(change, token)
                         except Exception as exc:
                             run.handler_error = exc
                             raise
-                        step = run.handled(token)
+                        step = run.handled(token) if pool is None else run.advanced_to(
+                            *pool.progress())
+                    elif step is MARK and pool is not None:
+                        try:
+                            await pool.mark(token)
+                        except Exception as exc:
+                            run.handler_error = exc
+                            raise
+                        step = run.advanced_to(*pool.progress())
                     if step is SAVE:
                         await save()
         except Exception as exc:
+            if pool is not None:  # a reopen starts from the low watermark, nothing running
+                settled = await pool.settle(setup.drain_timeout)
+                run.advanced_to(*pool.progress())
+                if not settled:
+                    raise
+                await pool.restart()
             if run.reopen_after(exc):
                 return True
             raise
@@ -144,6 +201,7 @@ async def consume(
             while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):
                 pass
     except Exception as exc:
+        await _settle_quietly(pool, run, setup.drain_timeout)
         await _flush_quietly(run, save)
         run.finished()
         error = run.final_error(exc)
@@ -151,12 +209,32 @@ async def consume(
             raise
         raise error from error.__cause__
     except BaseException:
+        await _settle_quietly(pool, run, setup.drain_timeout)
         await _flush_quietly(run, save)
         run.finished()
         raise
+    await _settle_quietly(pool, run, setup.drain_timeout)
     if run.pending:
         await save()
     return run.result()
+
+
+async def _maybe_await(result: Any) -> None:
+    if inspect.isawaitable(result):
+        await result
+
+
+async def _settle_quietly(pool: Workers | None, run: Run, drain_timeout: float) -> None:
+    """Let admitted changes finish (up to ``drain_timeout``) and take their watermark."""
+    if pool is None:
+        return
+    try:
+        await pool.settle(drain_timeout)
+    except BaseException:  # cancelled again: stop waiting, keep what is done
+        log.warning("stopped waiting for the handlers; their changes are delivered again")
+    finally:
+        run.advanced_to(*pool.progress())
+        await pool.close()
 
 
 async def _flush_quietly(run: Run, save: Callable[[], Awaitable[None]]) -> None:

@@ -32,9 +32,10 @@ from pymongo.read_preferences import ReadPreference
 from ._api import watch
 from ._cli_progress import StatusLine, WatchProgress, parse_operation_time
 from ._consume import DEFAULT_CALL_TIMEOUT, ConsumeError, StreamInvalidatedError, consume
+from ._policies import HistoryGap
 from ._stream import ChangeStream
-from ._token import token_from_json, token_to_json
-from .errors import describe_error
+from ._token import token_cluster_time, token_from_json, token_to_json
+from .errors import HistoryLostError, describe_error
 from .stores import FileTokenStore, MemoryTokenStore, TokenStore, TokenStoreError
 
 __all__ = ["main"]
@@ -167,6 +168,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also report DDL events (create, createIndexes, modify, ...; MongoDB 6.0+)",
     )
     watch_parser.add_argument(
+        "--on-history-lost", choices=("raise", "from-now", "resnapshot"), default="raise",
+        help="when the oplog no longer holds the stored token (code 286): exit 1 with advice "
+        "(raise, the default); skip to now and print the lost interval on stderr (from-now); "
+        "or print every document of --coll again, then its changes (resnapshot)",
+    )
+    watch_parser.add_argument(
         "--limit", type=_positive_int, metavar="N", help="exit (status 0) after N changes"
     )
     watch_parser.add_argument(
@@ -223,6 +230,8 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(arguments)
     if args.coll and not args.db:
         parser.error("--coll needs --db")
+    if args.on_history_lost == "resnapshot" and not args.coll:
+        parser.error("--on-history-lost resnapshot needs --coll (it copies one collection)")
     try:
         pipeline = json_util.loads(args.pipeline)
     except ValueError as exc:
@@ -398,8 +407,17 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
             return 1
         if start_after is not None:
             store.save(start_after)
-        consume(open_stream, print_change, guard, stop=stop, on_stats=progress,
-                stats_interval=progress.interval, call_timeout=args.call_timeout)
+        source: Any = open_stream
+        recovery: dict[str, Any] = {}
+        if args.on_history_lost == "from-now":
+            recovery = {"on_history_lost": "from_now", "gap": _print_gap}
+        elif args.on_history_lost == "resnapshot":
+            # consume opens the copy and the streams itself (resumeAfter the stored token).
+            _say(f"watching {namespace}; Ctrl-C to stop")
+            source, recovery = target, {"on_history_lost": "resnapshot", "gap": _print_gap,
+                                        "pipeline": pipeline, "watch_options": options}
+        consume(source, print_change, guard, stop=stop, on_stats=progress,
+                stats_interval=progress.interval, call_timeout=args.call_timeout, **recovery)
     except KeyboardInterrupt:
         return _stopped(args, progress)
     except BrokenPipeError:
@@ -409,6 +427,9 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
     except StreamInvalidatedError as exc:
         _say(str(exc))
         _say(f"to continue, run again with --start-after '{token_to_json(exc.invalidate_token)}'")
+        return 1
+    except HistoryLostError as exc:
+        _say(_redact(_history_lost_advice(exc, args), args.uri))
         return 1
     except (ConsumeError, TokenStoreError) as exc:
         _say(_redact(str(exc), args.uri))
@@ -426,6 +447,35 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
     if progress.idle_stop:
         _say(f"no change for {args.until_idle:g} s; stopped after {printed} changes")
     return 0
+
+
+def _print_gap(gap: HistoryGap) -> None:
+    """``--on-history-lost``: the lost interval, on stderr (stdout holds only changes)."""
+    after = "?" if gap.lost_after is None else f"{gap.lost_after:%Y-%m-%d %H:%M:%S} UTC"
+    if gap.action == "resnapshot":
+        _say(f"history lost: the changes after {after} are gone from the oplog; printing every "
+             "document again (records with a 'snapshot' field), then the changes")
+    else:
+        until = "now" if gap.resumed_at is None else f"{gap.resumed_at:%Y-%m-%d %H:%M:%S} UTC"
+        _say(f"history lost: the changes after {after} up to {until} are gone from the oplog "
+             "and were skipped (--on-history-lost from-now)")
+
+
+def _history_lost_advice(exc: HistoryLostError, args: argparse.Namespace) -> str:
+    """What to do after a 286, in this command's flags (the library's advice speaks Python)."""
+    where = f"the token in {args.token_file}" if args.token_file else "the given token"
+    cluster_time = token_cluster_time(exc.token) if exc.token is not None else None
+    if cluster_time is not None:
+        where += f" (cluster time {cluster_time.as_datetime():%Y-%m-%d %H:%M:%S} UTC)"
+    resnapshot = ("--on-history-lost resnapshot (prints every document again, then the changes)"
+                  if args.coll else "--coll C --on-history-lost resnapshot")
+    restart = (f"delete {args.token_file} and " if args.token_file else "")
+    return (f"change stream history lost (code 286): {where} is older than the oldest entry of "
+            f"the server's oplog, so the changes since then are gone. To go on, run again with "
+            f"--on-history-lost from-now (skips them and prints the lost interval), or with "
+            f"{resnapshot}; or resynchronise from the collection, then {restart}run with "
+            f"--start-at-operation-time TIME (the time of that copy). A larger oplog "
+            f"(replSetResizeOplog) or a faster consumer prevents this.")
 
 
 def _stopped(args: argparse.Namespace, progress: WatchProgress) -> int:

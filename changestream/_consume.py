@@ -226,8 +226,9 @@ class Progress:
         if newly:
             self._unsaved += newly
             self.advanced = True
-        if token is None or _key(token) == _key(self.token):
-            return False
+        if token is None or token is self.token or (
+                not newly and _key(token) == _key(self.token)):
+            return False  # (a watermark past newly handled changes is a new token: no compare)
         self.token = token
         if not newly and not self._unsaved:
             # Only an empty batch's token moved: saved at once, as without workers.

@@ -31,6 +31,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Final
 
 import bson
+from bson.objectid import ObjectId
 
 __all__ = [
     "BARRIER",
@@ -114,6 +115,7 @@ class Lanes:
             raise LanesError(f"workers ({workers}) and max_in_flight ({max_in_flight}) must be >= 1")
         self.workers = workers
         self.max_in_flight = max_in_flight
+        self._resume_at = max_in_flight - max(1, max_in_flight // 4)
         self.handled = 0
         """Jobs finished (done, whatever the handler's outcome was)."""
         self._reset(watermark)
@@ -141,6 +143,12 @@ class Lanes:
     def full(self) -> bool:
         """``max_in_flight`` changes wait after the watermark: admit no more until one is done."""
         return self._jobs_after_watermark >= self.max_in_flight
+
+    @property
+    def roomy(self) -> bool:
+        """Room for a run of admissions again after :attr:`full` (a quarter of
+        ``max_in_flight`` free): the fetching side is woken once per run, not per change."""
+        return self._jobs_after_watermark <= self._resume_at
 
     @property
     def in_flight(self) -> int:
@@ -296,7 +304,7 @@ def default_key(change: Any) -> Hashable:
     ``documentKey``), since an update may change a document's shard key but
     never its ``_id``: one document always maps to one lane.
     """
-    if isinstance(change, Mapping):
+    if isinstance(change, (dict, Mapping)):  # dict first: the fast check
         document_key = change.get("documentKey")
         ns = change.get("ns")
         db, coll = (ns.get("db"), ns.get("coll")) if isinstance(ns, Mapping) else (None, None)
@@ -304,13 +312,19 @@ def default_key(change: Any) -> Hashable:
         document_key = getattr(change, "document_key", None)
         ns = getattr(change, "ns", None)
         db, coll = getattr(ns, "db", None), getattr(ns, "coll", None)
-    if not isinstance(document_key, Mapping) or "_id" not in document_key:
+    if not isinstance(document_key, (dict, Mapping)) or (
+            "_id" not in document_key):
         return BARRIER
     return (db, coll, hashable(document_key["_id"]))
 
 
+_SCALARS = (str, int, float, bytes, ObjectId)
+
+
 def hashable(value: Any) -> Hashable:
     """``value`` itself when it can be a dict key, else its BSON bytes (documents, arrays)."""
+    if type(value) in _SCALARS:
+        return value  # type: ignore[no-any-return]
     if isinstance(value, (Mapping, list)):
         return bson.encode({"": value})
     try:

@@ -80,8 +80,9 @@ class Workers:
         key = self._key(change)
         with self._lock:
             lanes = self._lanes
-            while lanes.full and self.failure is None:
-                self._room.wait()
+            if lanes.full:
+                while not lanes.roomy and self.failure is None:
+                    self._room.wait()
             self._raise_failure()
             lanes.admit(change, key, token)
             self._start()
@@ -186,4 +187,5 @@ class Workers:
                 job = lanes.take()
                 if lanes.ready:
                     self._work.notify(lanes.ready)
-                self._room.notify_all()
+                if lanes.roomy or lanes.idle:
+                    self._room.notify_all()

@@ -83,9 +83,10 @@ class Workers:
         """Hand ``change`` (followed by ``token``) to the tasks; waits while too many are in flight."""
         key = self._key(change)
         lanes = self._lanes
-        while lanes.full and self.failure is None:
-            self._room.clear()
-            await self._room.wait()
+        if lanes.full:
+            while not lanes.roomy and self.failure is None:
+                self._room.clear()
+                await self._room.wait()
         self._raise_failure()
         lanes.admit(change, key, token)
         self._start()
@@ -148,13 +149,18 @@ class Workers:
 
     def _start(self) -> None:
         """A task per job that may start (up to ``workers`` running)."""
+        create_task = asyncio.get_running_loop().create_task
         while (job := self._lanes.take()) is not None:
-            task = asyncio.ensure_future(self._run(job))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.add(create_task(self._run(job)))  # the task removes itself when done
 
     # -- the handler tasks ----------------------------------------------------------------------
     async def _run(self, first: Job) -> None:
+        try:
+            await self._work(first)
+        finally:
+            self._tasks.discard(asyncio.current_task())
+
+    async def _work(self, first: Job) -> None:
         lanes = self._lanes
         job: Job | None = first
         while job is not None:
@@ -169,7 +175,8 @@ class Workers:
                     self.failure = exc
                 return
             lanes.done(job)
-            self._room.set()
+            if lanes.roomy or lanes.idle:
+                self._room.set()
             job = lanes.take()
             if lanes.ready:
                 self._start()

@@ -268,3 +268,15 @@ def test_default_max_in_flight() -> None:
     assert default_max_in_flight(1) == 64
     assert default_max_in_flight(32) == 128
     assert default_max_in_flight(1000) == 4000
+
+
+def test_fetching_resumes_once_a_quarter_is_free_not_per_change() -> None:
+    lanes = Lanes(workers=8, max_in_flight=8)
+    jobs = [lanes.admit(i, f"k{i}", i) for i in range(8)]
+    assert lanes.full and not lanes.roomy
+    for job in jobs:
+        assert lanes.take() is job
+    lanes.done(jobs[0])
+    assert not lanes.full and not lanes.roomy  # one free slot: the fetcher keeps waiting
+    lanes.done(jobs[1])
+    assert lanes.roomy and lanes.in_flight == 6

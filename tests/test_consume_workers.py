@@ -381,3 +381,160 @@ def test_history_lost_resnapshot_copies_the_collection_again(tmp_path: Path) -> 
     assert sorted(c["documentKey"]["_id"] for c in seen) == list(range(50))
     assert all("snapshot" in c for c in seen), "snapshot records are marked"
     assert [g.action for g in gaps] == ["resnapshot"]
+
+
+# -- what the workers work with: typed events, split events, snapshots, stores, the LB --------
+def test_typed_events_keep_per_key_order(coll: Any) -> None:
+    start = start_token(coll)
+    writes(coll, documents=6, updates=8)
+    total = 6 * 9
+    seen: dict[Any, list[int]] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    count = 0
+
+    def handle(event: Any) -> None:
+        nonlocal count
+        assert isinstance(event, changestream.events.ChangeEvent)
+        time.sleep(random.random() * 0.002)
+        version = 0 if event.operation_type == "insert" else (
+            event.update_description.updated_fields["v"])
+        with lock:
+            seen.setdefault(event.document_key["_id"], []).append(version)
+            count += 1
+            if count == total:
+                stop.set()
+
+    result = changestream.consume(
+        lambda token: changestream.watch(coll, resume_after=token, typed=True, **FAST), handle,
+        stored_at(start), stop=stop, workers=6)
+    assert result.handled == total
+    assert all(versions == list(range(9)) for versions in seen.values()), seen
+
+
+def test_split_events_reach_the_workers_reassembled(
+        mongo_client: MongoClient[dict[str, Any]], names: tuple[str, str]) -> None:
+    database = mongo_client[names[0]]
+    database.drop_collection(names[1])
+    coll = database.create_collection(names[1], changeStreamPreAndPostImages={"enabled": True})
+    big = 10 * 1024 * 1024
+    coll.insert_one({"_id": 1, "value": "q" * big})
+    start = start_token(coll)
+    coll.update_one({"_id": 1}, {"$set": {"value": "z" * big}})
+    coll.insert_one({"_id": 2})
+    seen: list[Any] = []
+    stop = threading.Event()
+
+    def handle(change: Any) -> None:
+        seen.append(change)
+        if len(seen) == 2:
+            stop.set()
+
+    changestream.consume(
+        lambda token: changestream.watch(coll, [{"$changeStreamSplitLargeEvent": {}}],
+                                         resume_after=token, full_document_before_change="required",
+                                         reassemble_split_events=True,
+                                         **FAST),
+        handle, stored_at(start), stop=stop, workers=4)
+    update = next(c for c in seen if c["operationType"] == "update")
+    assert "splitEvent" not in update
+    assert len(update["fullDocumentBeforeChange"]["value"]) == big
+    assert len(update["updateDescription"]["updatedFields"]["value"]) == big
+
+
+def test_initial_snapshot_records_run_in_parallel_by_id_then_the_changes(
+        coll: Any, tmp_path: Path) -> None:
+    coll.insert_many([{"_id": i, "v": 0} for i in range(200)])
+    store = FileTokenStore(tmp_path / "snap.json")
+    seen: dict[Any, list[int]] = {}
+    records = 0
+    lock = threading.Lock()
+    stop = threading.Event()
+    copied = threading.Event()
+
+    def handle(change: Any) -> None:
+        nonlocal records
+        time.sleep(random.random() * 0.001)
+        with lock:
+            key = change["documentKey"]["_id"]
+            if "snapshot" in change:
+                records += 1
+                seen.setdefault(key, []).append(0)
+                if records == 200:
+                    copied.set()
+            else:
+                seen.setdefault(key, []).append(change["updateDescription"]["updatedFields"]["v"])
+                if sum(len(v) for v in seen.values()) == 400:
+                    stop.set()
+
+    def update_after_the_copy() -> None:
+        copied.wait(60)
+        for i in range(200):
+            coll.update_one({"_id": i}, {"$set": {"v": 1}})
+
+    threading.Thread(target=update_after_the_copy, daemon=True).start()
+    result = changestream.consume(coll, handle, store, initial_snapshot=True, workers=8,
+                                  stop=stop, watch_options=FAST)
+    assert records == 200 and result.handled == 400
+    assert all(versions == [0, 1] for versions in seen.values())
+    stored = store.load()
+    assert stored is not None and "snapshot" not in str(stored.token.get("_data"))
+
+
+def test_mongo_token_store_with_workers(coll: Any, mongo_client: MongoClient[dict[str, Any]],
+                                        names: tuple[str, str]) -> None:
+    from changestream.stores import MongoTokenStore
+
+    store = MongoTokenStore(mongo_client[names[0]]["positions"], "parallel")
+    store.save(start_token(coll))
+    coll.insert_many([{"_id": i} for i in range(50)])
+    stop = threading.Event()
+    handled: list[int] = []
+
+    def handle(change: Any) -> None:
+        handled.append(change["documentKey"]["_id"])
+        if len(handled) == 50:
+            stop.set()
+
+    result = changestream.consume(
+        lambda token: changestream.watch(coll, resume_after=token, **FAST), handle, store,
+        stop=stop, workers=8)
+    assert sorted(handled) == list(range(50))
+    stored = store.load()
+    assert stored is not None and same(stored.token, result.token)
+
+
+def test_workers_through_a_load_balancer() -> None:
+    if os.environ.get("MONGODB_URI"):
+        pytest.skip("needs the simulator's load balancer (MONGODB_URI points at a real deployment)")
+    from changestream.testing import ShardedCluster
+
+    with ShardedCluster("8.0", shards=2, mongoses=2, load_balancer=True,
+                        noop_interval=0.2) as cluster:
+        MongoClient(cluster.mongos_uri(0), directConnection=True).admin.command(
+            "shardCollection", "lb.c", key={"_id": "hashed"})
+        with MongoClient(cluster.lb_uri) as client:
+            coll = client.lb.c
+            start = start_token(coll)
+            coll.insert_many([{"_id": i % 10, "n": i} if i < 10 else {"_id": 100 + i}
+                              for i in range(40)])
+            for i in range(10):
+                coll.update_one({"_id": i}, {"$set": {"n": 1000 + i}})
+            stop = threading.Event()
+            handled: list[Any] = []
+            lock = threading.Lock()
+
+            def handle(change: Any) -> None:
+                time.sleep(random.random() * 0.002)
+                with lock:
+                    handled.append((change["documentKey"]["_id"], change["operationType"]))
+                    if len(handled) == 50:
+                        stop.set()
+
+            changestream.consume(
+                lambda token: changestream.watch(coll, resume_after=token, **FAST), handle,
+                stored_at(start), stop=stop, workers=8)
+    assert len(handled) == 50
+    for i in range(10):
+        kinds = [kind for key, kind in handled if key == i]
+        assert kinds == ["insert", "update"], (i, kinds)

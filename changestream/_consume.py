@@ -688,7 +688,7 @@ def consume(
             with bounded(stream, run.call_timeout):
                 step = run.started(stream)
                 if step is GAP:
-                    setup.report_gap(run.gap)
+                    report_gap(setup, run.gap)
                     step = run.gap_reported()
                 if step is SAVE:
                     save()
@@ -753,6 +753,11 @@ def consume(
     if run.pending:
         save()
     return run.result()
+
+
+def report_gap(setup: Setup, gap: HistoryGap | None) -> None:
+    """Call the ``gap`` function."""
+    setup.report_gap(gap)
 
 
 def _settle_quietly(pool: Workers | None, run: Run, drain_timeout: float) -> None:

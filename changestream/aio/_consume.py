@@ -150,7 +150,7 @@ async def consume(
             async with bounded(stream, run.call_timeout):
                 step = run.started(stream)
                 if step is GAP:
-                    await _maybe_await(setup.report_gap(run.gap))
+                    await report_gap(setup, run.gap)
                     step = run.gap_reported()
                 if step is SAVE:
                     await save()
@@ -219,7 +219,9 @@ async def consume(
     return run.result()
 
 
-async def _maybe_await(result: Any) -> None:
+async def report_gap(setup: Setup, gap: HistoryGap | None) -> None:
+    """Call the ``gap`` function (a coroutine function is awaited)."""
+    result = setup.report_gap(gap)
     if inspect.isawaitable(result):
         await result
 

@@ -8,7 +8,7 @@ every ``getMore`` with the same 1,000 realistic insert events, 1,000 distinct
 per change (a write to another store, an HTTP call): ``time.sleep`` on
 threads, ``await asyncio.sleep`` in tasks (on asyncio's loop, and on uvloop's when
 installed). Each configuration runs for
-``--seconds`` and reports changes/s, the client's CPU time per change
+``--seconds``, ``--runs`` times (interleaved), and reports the median changes/s, the client's CPU time per change
 (process time: the server is elsewhere) and the RSS at the end; ratios are
 against the sequential loop (``workers=1``) measured in the same run.
 
@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="1,100,1000", help="asyncio worker counts")
     parser.add_argument("--baseline", metavar="TREE",
                         help="also measure workers=1 overhead with this source tree")
+    parser.add_argument("--runs", type=int, default=3, help="runs per configuration (3)")
     parser.add_argument("--overhead-runs", type=int, default=5)
     parser.add_argument("--events", choices=("small", "realistic", "both"), default="both",
                         help="small {_id, v} inserts, the canned realistic orders (~490 bytes), "
@@ -222,21 +223,32 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[str, list[float]] = {}
     for kind in kinds:
         with server(kind) as uri:
-            table: list[dict[str, Any]] = []
-            for workers in map(int, args.threads.split(",")):
-                table.append(run_threads(uri, workers, args.seconds, sleep))
-            for loop_name in loops:
-                for workers in map(int, args.tasks.split(",")):
-                    table.append(run_tasks(uri, workers, args.seconds, sleep, loop_name))
+            configs: list[tuple[str, int]] = [
+                ("threads", w) for w in map(int, args.threads.split(","))]
+            configs += [(loop_name, w) for loop_name in loops
+                        for w in map(int, args.tasks.split(","))]
+            runs: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
+            for _ in range(args.runs):  # interleaved: load changes hit every configuration
+                for mode, workers in configs:
+                    run = (run_threads(uri, workers, args.seconds, sleep) if mode == "threads"
+                           else run_tasks(uri, workers, args.seconds, sleep, mode))
+                    runs[(mode, workers)].append(run)
+            table = []
+            for (mode, workers), results in runs.items():
+                rates = sorted(r["per_second"] for r in results)
+                table.append({"mode": mode, "workers": workers, "events": kind,
+                              "per_second": statistics.median(rates), "best": rates[-1],
+                              "cpu_us": statistics.median(r["cpu_us"] for r in results),
+                              "rss_mb": max(r["rss_mb"] for r in results)})
             sequential = next(row["per_second"] for row in table
                               if row["mode"] == "threads" and row["workers"] == 1)
-            print(f"\n{kind} events")
-            print(f"{'mode':8} {'workers':>7} {'changes/s':>10} {'x seq':>7} "
+            print(f"\n{kind} events (median of {args.runs}; best in parentheses)")
+            print(f"{'mode':8} {'workers':>7} {'changes/s':>18} {'x seq':>7} "
                   f"{'CPU us/chg':>10} {'RSS MB':>7}")
             for row in table:
-                row["events"] = kind
                 row["ratio"] = row["per_second"] / sequential
-                print(f"{row['mode']:8} {row['workers']:>7} {row['per_second']:>10,.0f} "
+                rate = f"{row['per_second']:,.0f} ({row['best']:,.0f})"
+                print(f"{row['mode']:8} {row['workers']:>7} {rate:>18} "
                       f"{row['ratio']:>7.1f} {row['cpu_us']:>10.1f} {row['rss_mb']:>7.0f}",
                       flush=True)
             rows.extend(table)

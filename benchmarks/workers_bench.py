@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.overhead_runs}):")
             medians = {name: statistics.median(values) for name, values in samples.items()}
             for name, value in medians.items():
-                runs = ", ".join(f"{v:.2f}" for v in samples[name])
-                print(f"  {name:10} {value:6.2f}  (runs: {runs})")
+                listed = ", ".join(f"{v:.2f}" for v in samples[name])
+                print(f"  {name:10} {value:6.2f}  (runs: {listed})")
             if "baseline" in medians:
                 print(f"  this tree / baseline: {medians['this tree'] / medians['baseline']:.3f}")
     if args.json:

@@ -149,8 +149,11 @@ class Workers:
 
     def _start(self) -> None:
         """A task per job that may start (up to ``workers`` running)."""
+        lanes = self._lanes
+        if not lanes.ready:
+            return
         create_task = asyncio.get_running_loop().create_task
-        while (job := self._lanes.take()) is not None:
+        while (job := lanes.take()) is not None:
             self._tasks.add(create_task(self._run(job)))  # the task removes itself when done
 
     # -- the handler tasks ----------------------------------------------------------------------
@@ -182,6 +185,8 @@ class Workers:
             lanes.done(job)
             if lanes.roomy or lanes.idle:
                 self._room.set()
+            if not lanes.ready:
+                return
             job = lanes.take()
             if lanes.ready:
                 self._start()

@@ -235,3 +235,36 @@ def test_history_lost_from_now_calls_an_async_gap(tmp_path: Path) -> None:
 
         asyncio.run(main())
     assert seen == [100] and [g.action for g in gaps] == ["from_now"]
+
+
+def test_cancelling_the_task_lets_admitted_changes_finish_then_stores_the_watermark(
+        run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        start = await start_token(ctx.coll)
+        ctx.writer.insert_many([{"_id": i} for i in range(20)])
+        handled: list[int] = []
+        first = asyncio.Event()
+
+        async def handle(change: Any) -> None:
+            first.set()
+            await asyncio.sleep(0.05)
+            handled.append(change["documentKey"]["_id"])
+
+        store = stored_at(start)
+        task = asyncio.create_task(consume(
+            lambda token: watch(ctx.coll, resume_after=token, **FAST), handle, store,
+            workers=4, max_in_flight=8))
+        await asyncio.wait_for(first.wait(), 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert handled, "the admitted changes finished"
+        assert sorted(handled) == list(range(len(handled)))  # a prefix: nothing skipped
+        stream = await watch(ctx.coll, resume_after=store.load().token, **FAST)  # type: ignore[union-attr]
+        nxt = None
+        while nxt is None:
+            nxt = await stream.try_next()
+        await stream.close()
+        assert nxt["documentKey"]["_id"] == len(handled)  # resumes right after them
+
+    run(scenario)

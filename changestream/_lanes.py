@@ -173,7 +173,7 @@ class Lanes:
     # -- inputs -------------------------------------------------------------------------------
     def admit(self, change: Any, key: Hashable, token: Any) -> Job:
         """A change came from the stream, with its key and the token after it."""
-        if self.full:
+        if self._jobs_after_watermark >= self.max_in_flight:
             raise LanesError(f"admit() while full ({self.max_in_flight} changes in flight)")
         job = Job(self._seq, key, change, token)
         self._seq += 1
@@ -304,7 +304,12 @@ def default_key(change: Any) -> Hashable:
     ``documentKey``), since an update may change a document's shard key but
     never its ``_id``: one document always maps to one lane.
     """
-    if isinstance(change, (dict, Mapping)):  # dict first: the fast check
+    if type(change) is dict:  # the common case, checked without the ABC machinery
+        document_key = change.get("documentKey")
+        ns = change.get("ns")
+        if type(ns) is dict and type(document_key) is dict and "_id" in document_key:
+            return (ns.get("db"), ns.get("coll"), hashable(document_key["_id"]))
+    if isinstance(change, Mapping):
         document_key = change.get("documentKey")
         ns = change.get("ns")
         db, coll = (ns.get("db"), ns.get("coll")) if isinstance(ns, Mapping) else (None, None)

@@ -201,6 +201,8 @@ class Progress:
     _saved: ResumeToken | None = dataclasses.field(default=None, init=False)
     _unsaved: int = dataclasses.field(default=0, init=False)
     _last_save: float = dataclasses.field(default_factory=time.monotonic, init=False)
+    _watermark: Any = dataclasses.field(default=None, init=False)
+    """The workers' watermark at the last :meth:`on_watermark` (moved or not)."""
 
     def start(self, token: Any) -> None:
         """The token loaded from the store."""
@@ -226,8 +228,10 @@ class Progress:
         if newly:
             self._unsaved += newly
             self.advanced = True
-        if token is None or token is self.token or (
-                not newly and _key(token) == _key(self.token)):
+        # Only a watermark that moved since the last call counts: after a reopen the workers
+        # still hold the previous stream's (e.g. before a lost history), never to be stored.
+        moved, self._watermark = token is not self._watermark, token
+        if token is None or not moved or (not newly and _key(token) == _key(self.token)):
             return False  # (a watermark past newly handled changes is a new token: no compare)
         self.token = token
         if not newly and not self._unsaved:

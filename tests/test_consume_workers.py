@@ -538,3 +538,48 @@ def test_workers_through_a_load_balancer() -> None:
     for i in range(10):
         kinds = [kind for key, kind in handled if key == i]
         assert kinds == ["insert", "update"], (i, kinds)
+
+
+def test_history_lost_mid_stream_with_workers_never_stores_the_old_position(
+        coll: Any, fail_point: Any) -> None:
+    start = start_token(coll)
+    coll.insert_many([{"_id": i} for i in range(5)])
+    store = RecordingStore(start)
+    gaps: list[changestream.HistoryGap] = []
+    handled: list[int] = []
+    stop = threading.Event()
+
+    before: set[bytes] = {bson.encode(start)}
+
+    def handle(change: Any) -> None:
+        handled.append(change["documentKey"]["_id"])
+        if not gaps:
+            before.add(bson.encode(change["_id"]))
+        if len(handled) == 5:  # the next getMore says the history is lost
+            fail_point({"times": 1}, failCommands=["getMore"], errorCode=286)
+            threading.Thread(target=coll.insert_many,
+                             args=([{"_id": i} for i in range(5, 10)],)).start()
+        if change["documentKey"]["_id"] == 100:
+            stop.set()
+
+    def gap(lost: changestream.HistoryGap) -> None:
+        gaps.append(lost)
+        store.after_gap = len(store.tokens)
+        coll.insert_one({"_id": 100})  # the new stream's first getMore brings a change
+
+    changestream.consume(lambda token: changestream.watch(coll, resume_after=token, **FAST),
+                         handle, store, stop=stop, workers=4, on_history_lost="from_now", gap=gap)
+    assert len(gaps) == 1 and 100 in handled
+    later = [bson.encode(t) for t in store.tokens[store.after_gap:]]
+    assert later and not before & set(later), "a position from before the lost history was stored"
+
+
+class RecordingStore(MemoryTokenStore):
+    def __init__(self, start: Any) -> None:
+        super().__init__(StoredToken(start, None, changestream.stores._now()))
+        self.tokens: list[Any] = []
+        self.after_gap = 0
+
+    def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        super().save(token, batch_id=batch_id)
+        self.tokens.append(token)

@@ -226,3 +226,18 @@ def test_on_history_lost_from_now_prints_the_gap_then_new_changes(
     with pytest.raises(subprocess.CalledProcessError):
         subprocess.run([*CLI, "watch", uri, "--db", "db", "--on-history-lost", "resnapshot"],
                        check=True, capture_output=True, timeout=60)
+
+
+def test_on_history_lost_resnapshot_prints_every_document_again(
+        lost_history: tuple[str, Path]) -> None:
+    uri, token_file = lost_history
+    result = run("watch", uri, "--db", "db", "--coll", "orders", "--token-file", str(token_file),
+                 "--on-history-lost", "resnapshot", "--until-idle", "1", "--max-await-ms", "50")
+    assert result.returncode == 0, result.stderr
+    from bson import json_util
+
+    records = [json_util.loads(line) for line in result.stdout.splitlines()]
+    assert sorted(r["fullDocument"]["i"] for r in records) == list(range(50))
+    assert all("snapshot" in r for r in records)
+    assert "history lost: the changes after" in result.stderr
+    assert "printing every document again" in result.stderr

@@ -17,10 +17,8 @@ from typing import Any
 
 import pytest
 
-from changestream import _consume, _pymongo, _snapshot_watch, _stream
+from changestream import _consume, _pymongo
 from changestream.aio import _consume as aio_consume
-from changestream.aio import _snapshot_watch as aio_snapshot
-from changestream.aio import _stream as aio_stream
 
 _NAMES = {
     "AsyncRetrying": "Retrying",
@@ -88,13 +86,7 @@ def _code(function: Any, *, unasync: bool = False) -> str:
         (_pymongo.SyncTransport.run, _pymongo.AsyncTransport.run),
         (_pymongo.SyncTransport.close, _pymongo.AsyncTransport.close),
         (_pymongo.SyncTransport._release, _pymongo.AsyncTransport._release),
-        (_stream.ChangeStream.__exit__, aio_stream.AsyncChangeStream.__aexit__),
-        (_stream.ChangeStream.__enter__, aio_stream.AsyncChangeStream.__aenter__),
         (_consume._flush_quietly, aio_consume._flush_quietly),
-        (_snapshot_watch.SnapshotThenWatch.try_next, aio_snapshot.AsyncSnapshotThenWatch.try_next),
-        (_snapshot_watch.SnapshotThenWatch.next, aio_snapshot.AsyncSnapshotThenWatch.next),
-        (_snapshot_watch.SnapshotThenWatch.close, aio_snapshot.AsyncSnapshotThenWatch.close),
-        (_snapshot_watch.SnapshotThenWatch.__exit__, aio_snapshot.AsyncSnapshotThenWatch.__aexit__),
     ],
     ids=lambda f: f.__qualname__,
 )

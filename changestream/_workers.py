@@ -1,7 +1,7 @@
 """Handler calls of :func:`changestream.consume`: on the fetching thread, or on N worker threads.
 
 :func:`call_handler` applies the ``on_error`` policy
-(:class:`changestream._policies.HandlerCalls`) to one call. :class:`Workers`
+(:class:`changestream._policies.HandlerCalls`) to one call. :class:`ThreadWorkers`
 runs those calls on ``workers`` threads; which change may start and which
 token may be stored is :class:`changestream._lanes.Lanes`'s decision, made
 under one lock. Its async twin is :mod:`changestream.aio._workers`.
@@ -20,7 +20,7 @@ import tenacity
 from ._lanes import Job, Lanes
 from ._policies import HandlerCalls
 
-__all__ = ["Workers", "call_handler"]
+__all__ = ["ThreadWorkers", "call_handler"]
 
 log = logging.getLogger("changestream.consume")
 
@@ -40,7 +40,7 @@ def call_handler(handler: Callable[[Any], object], change: Any, calls: HandlerCa
         dead_letter(change, exc)
 
 
-class Workers:
+class ThreadWorkers:
     """``workers`` threads calling the handler, per-key order and the low watermark kept by ``lanes``.
 
     The fetching thread calls :meth:`submit` (waits while ``max_in_flight``

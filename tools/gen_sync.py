@@ -42,6 +42,7 @@ PACKAGE = ROOT / "changestream"
 TWINS: tuple[tuple[str, str], ...] = (
     ("aio/_stream.py", "_stream.py"),
     ("aio/_snapshot_watch.py", "_snapshot_watch.py"),
+    ("aio/_consume.py", "_consume.py"),
 )
 """(asyncio source, generated sync twin), relative to ``changestream/``."""
 

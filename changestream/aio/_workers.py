@@ -22,7 +22,7 @@ import tenacity
 from .._lanes import Job, Lanes
 from .._policies import HandlerCalls
 
-__all__ = ["Workers", "call_handler"]
+__all__ = ["AsyncWorkers", "call_handler"]
 
 log = logging.getLogger("changestream.consume")
 
@@ -49,7 +49,7 @@ async def call_handler(handler: Callable[[Any], Any], change: Any, calls: Handle
         await _once(dead_letter, change, exc)
 
 
-class Workers:
+class AsyncWorkers:
     """Up to ``workers`` tasks calling the handler, per-key order and the low watermark kept by ``lanes``.
 
     Same surface as the thread version: the consuming coroutine calls

@@ -1,7 +1,10 @@
-"""asyncio twin of :func:`changestream.snapshot_then_watch`: the same run, awaited.
+"""``snapshot_then_watch``: the shell over :class:`changestream._snapshot.SnapshotRun`.
 
-All decisions are :class:`changestream._snapshot.SnapshotRun`'s; this shell
-only awaits the commands it asks for and the stream it opens.
+All decisions are the run's; this shell runs the commands it asks for (in one
+session, so getMores find their cursor), hands out its records, then opens
+``watch`` where the run says and hands out the stream's changes. The asyncio
+module (``changestream/aio/_snapshot_watch.py``) is the source;
+``tools/gen_sync.py`` writes the sync one from it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,16 @@ from .._snapshot import (
     opener_arguments_error,
     opens_snapshot,
 )
+from ._async_io import pymongo_collection
+
+# BEGIN async-only
 from ._stream import AsyncChangeStream, watch
+
+# END async-only
+# BEGIN sync-only
+# from ._api import watch
+# from ._stream import ChangeStream
+# END sync-only
 
 __all__ = ["AsyncSnapshotThenWatch", "snapshot_then_watch"]
 
@@ -37,18 +49,36 @@ async def snapshot_then_watch(
     copy_batch_size: int = DEFAULT_COPY_BATCH,
     **watch_options: Any,
 ) -> AsyncSnapshotThenWatch:
+    # BEGIN async-only
     """Same contract as :func:`changestream.snapshot_then_watch`, on an ``AsyncCollection``."""
-    if not isinstance(target, AsyncCollection):
+    # END async-only
+    # BEGIN sync-only
+    # """Every document of a collection as it was at one cluster time T, then its changes after T.
+    #
+    # First yields one insert-shaped record per document (``operationType:
+    # "insert"``, ``fullDocument``, ``documentKey``, ``clusterTime`` = the read
+    # time, and ``snapshot: {eventsMayRepeat}``) in ``_id`` order, read with
+    # ``readConcern: {level: "snapshot", atClusterTime: T}`` (MongoDB 5.0+);
+    # then the change stream from ``Timestamp(T.time, T.inc + 1)``. ``pipeline``
+    # applies to both. :attr:`SnapshotThenWatch.resume_token` is always the
+    # position after the last returned record or change: pass it back as
+    # ``resume_after`` to continue (the copy from the next ``_id`` at the same
+    # T, or the stream). ``watch_options`` are :func:`changestream.watch`'s,
+    # except the start options. See ``docs/snapshot.md`` for the guarantees.
+    # """
+    # END sync-only
+    collection = pymongo_collection(target)
+    if collection is None:
         raise TypeError(
             "snapshot_then_watch() needs a pymongo AsyncCollection (a snapshot copies one "
             f"collection), not {type(target).__name__}"
         )
     check_watch_options(watch_options)
-    return AsyncSnapshotThenWatch(target, pipeline, resume_after, copy_batch_size, watch_options)
+    return AsyncSnapshotThenWatch(collection, pipeline, resume_after, copy_batch_size, watch_options)
 
 
 class AsyncSnapshotThenWatch:
-    """Async iterator over snapshot records, then changes (polling surface of :class:`AsyncChangeStream`)."""
+    """Iterator over snapshot records, then changes (same polling surface as :class:`AsyncChangeStream`)."""
 
     def __init__(
         self,
@@ -71,13 +101,14 @@ class AsyncSnapshotThenWatch:
 
     @property
     def resume_token(self) -> Any:
-        """The position after the last returned record or change."""
+        """The position after the last returned record or change (``None`` before the first command)."""
         if self._stream is not None and self._stream.resume_token is not None:
             return self._stream.resume_token
         return self._run.token
 
     @property
     def copying(self) -> bool:
+        """Still in the copy phase."""
         return self._run.copying
 
     @property
@@ -129,18 +160,24 @@ class AsyncSnapshotThenWatch:
             return await self._stream.try_next()
 
     async def next(self) -> Any:
-        """Wait for the next record or change; ``StopAsyncIteration`` once closed or invalidated."""
+        """The next record or change, waiting; ``StopAsyncIteration`` once closed or invalidated."""
         while self.alive:
             change = await self.try_next()
             if change is not None:
                 return change
         raise StopAsyncIteration
 
-    def __aiter__(self) -> AsyncSnapshotThenWatch:
-        return self
-
+    # BEGIN async-only
     async def __anext__(self) -> Any:
         return await self.next()
+
+    # END async-only
+    # BEGIN sync-only
+    # __next__ = next
+    #
+    # END sync-only
+    def __aiter__(self) -> AsyncSnapshotThenWatch:
+        return self
 
     async def close(self) -> None:
         """Kill an open copy cursor, end the session, close the stream (idempotent)."""
@@ -178,12 +215,14 @@ def stream_opener(
     pipeline: list[Mapping[str, Any]] | None,
     watch_options: Mapping[str, Any] | None,
 ) -> Any:
-    """``consume``'s ``open_stream``: ``source`` itself, or one built for an ``AsyncCollection``."""
-    is_collection = isinstance(source, AsyncCollection)
-    problem = opener_arguments_error(is_collection, initial_snapshot, pipeline, watch_options)
+    """``consume``'s ``open_stream``: ``source`` itself, or one built for a collection."""
+    collection = pymongo_collection(source)
+    problem = opener_arguments_error(
+        collection is not None, initial_snapshot, pipeline, watch_options
+    )
     if problem is not None:
         raise TypeError(problem)
-    if not is_collection:
+    if collection is None:
         return source
     options = dict(watch_options or {})
     copy_batch_size = options.pop("copy_batch_size", DEFAULT_COPY_BATCH)
@@ -191,9 +230,9 @@ def stream_opener(
     async def open_stream(token: Any) -> Any:
         if opens_snapshot(token, initial_snapshot):
             return await snapshot_then_watch(
-                source, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
+                collection, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
                 **options,
             )
-        return await watch(source, pipeline, resume_after=token, **options)
+        return await watch(collection, pipeline, resume_after=token, **options)
 
     return open_stream

@@ -1,25 +1,26 @@
-# Generated from changestream/aio/_consume.py by `python tools/gen_sync.py`: edit that file and rerun, do not edit this one.
+# Generated from changestream/aio/_consume.py by tools/gen_sync.py: edit that file, then run `python tools/gen_sync.py`.
 """The consume loop: the I/O between :class:`changestream._consume_run.Run`'s decisions.
 
 Every decision (save schedule, dead ends, reopening, retry settings) is
 :class:`~changestream._consume_run.Run`'s; this loop only opens streams,
 polls them, calls the handler and the store, and sleeps between retries.
 The asyncio module (``changestream/aio/_consume.py``) is the source;
-``tools/gen_sync.py`` writes the sync one from it. The async loop awaits an
-``AsyncTokenStore`` and runs a plain ``TokenStore`` in a worker thread (a file
-store fsyncs); the sync loop calls its store directly.
+``tools/gen_sync.py`` writes the sync one from it. The async loop also takes
+async stores (awaited) and runs a plain store's methods in a worker thread (a
+file store fsyncs); the sync loop calls its store directly.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import (
+    Callable,
+    Mapping,
+)
 from typing import Any
 
 import pymongo
 import tenacity
-from pymongo.errors import PyMongoError
 
 from ._consume_run import (
     DEFAULT_CALL_TIMEOUT,
@@ -35,22 +36,10 @@ from ._consume_run import (
 from ._metrics import StatsCallback, StatsReporter
 from ._snapshot_watch import stream_opener
 from ._stream import ChangeStream
-from ._sync_io import call_handler, call_store, stop_setter, wait_for_stop
+from ._sync_io import bounded, call_handler, call_store, stop_setter, wait_for_stop
 from .stores import TokenStore
 
 __all__ = ["consume"]
-
-
-@contextlib.contextmanager
-def bounded(
-    stream: ChangeStream[Any], call_timeout: float
-) -> Iterator[ChangeStream[Any]]:
-    """``with stream:`` whose close is bounded by ``call_timeout`` and best effort."""
-    try:
-        yield stream
-    finally:
-        with pymongo.timeout(call_timeout), contextlib.suppress(PyMongoError):
-            stream.close()  # the server reaps an unkilled cursor itself
 
 
 def consume(

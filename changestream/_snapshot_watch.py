@@ -1,11 +1,11 @@
-# Generated from changestream/aio/_snapshot_watch.py by `python tools/gen_sync.py`: edit that file and rerun, do not edit this one.
+# Generated from changestream/aio/_snapshot_watch.py by tools/gen_sync.py: edit that file, then run `python tools/gen_sync.py`.
 """``snapshot_then_watch``: the shell over :class:`changestream._snapshot.SnapshotRun`.
 
-All decisions are the run's; this shell runs the commands it asks for (in one
-session, so getMores find their cursor), hands out its records, then opens
-``watch`` where the run says and hands out the stream's changes. The asyncio
-module (``changestream/aio/_snapshot_watch.py``) is the source;
-``tools/gen_sync.py`` writes the sync one from it.
+It runs the commands the run asks for (in one session, so getMores find
+their cursor), hands out its records, then opens ``watch`` where the run says
+and hands out the stream's changes. All decisions are the run's. This asyncio
+module is the one source of both shells: ``tools/gen_sync.py`` writes
+``changestream/_snapshot_watch.py`` from it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from pymongo.errors import OperationFailure
 from pymongo.synchronous.collection import Collection
 
-from ._api import watch
+from ._api import unwrap, watch
 from ._pymongo import plain_command_spec
 from ._snapshot import (
     DEFAULT_COPY_BATCH,
@@ -30,7 +30,6 @@ from ._snapshot import (
     opens_snapshot,
 )
 from ._stream import ChangeStream
-from ._sync_io import pymongo_collection
 
 __all__ = ["SnapshotThenWatch", "snapshot_then_watch"]
 
@@ -53,17 +52,17 @@ def snapshot_then_watch(
     applies to both. :attr:`SnapshotThenWatch.resume_token` is always the
     position after the last returned record or change: pass it back as
     ``resume_after`` to continue (the copy from the next ``_id`` at the same
-    T, or the stream). ``watch_options`` are :func:`changestream.watch`'s,
-    except the start options. See ``docs/snapshot.md`` for the guarantees.
+    T, or the stream). ``watch_options`` are ``watch``'s, except the start
+    options. See ``docs/snapshot.md`` for the guarantees.
     """
-    collection = pymongo_collection(target)
-    if collection is None:
+    target = unwrap(target)
+    if not isinstance(target, Collection):
         raise TypeError(
             "snapshot_then_watch() needs a pymongo Collection (a snapshot copies one "
             f"collection), not {type(target).__name__}"
         )
     check_watch_options(watch_options)
-    return SnapshotThenWatch(collection, pipeline, resume_after, copy_batch_size, watch_options)
+    return SnapshotThenWatch(target, pipeline, resume_after, copy_batch_size, watch_options)
 
 
 class SnapshotThenWatch:
@@ -149,7 +148,7 @@ class SnapshotThenWatch:
             return self._stream.try_next()
 
     def next(self) -> Any:
-        """The next record or change, waiting; ``StopIteration`` once closed or invalidated."""
+        """Wait for the next record or change; ``StopIteration`` once closed or invalidated."""
         while self.alive:
             change = self.try_next()
             if change is not None:
@@ -198,13 +197,12 @@ def stream_opener(
     watch_options: Mapping[str, Any] | None,
 ) -> Any:
     """``consume``'s ``open_stream``: ``source`` itself, or one built for a collection."""
-    collection = pymongo_collection(source)
-    problem = opener_arguments_error(
-        collection is not None, initial_snapshot, pipeline, watch_options
-    )
+    source = unwrap(source)
+    is_collection = isinstance(source, Collection)
+    problem = opener_arguments_error(is_collection, initial_snapshot, pipeline, watch_options)
     if problem is not None:
         raise TypeError(problem)
-    if collection is None:
+    if not is_collection:
         return source
     options = dict(watch_options or {})
     copy_batch_size = options.pop("copy_batch_size", DEFAULT_COPY_BATCH)
@@ -212,9 +210,9 @@ def stream_opener(
     def open_stream(token: Any) -> Any:
         if opens_snapshot(token, initial_snapshot):
             return snapshot_then_watch(
-                collection, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
+                source, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
                 **options,
             )
-        return watch(collection, pipeline, resume_after=token, **options)
+        return watch(source, pipeline, resume_after=token, **options)
 
     return open_stream

@@ -7,15 +7,17 @@ The sync modules are written by ``tools/gen_sync.py`` from the
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from pymongo.synchronous.collection import Collection as PyMongoCollection
+import pymongo
+from pymongo.errors import PyMongoError
 
-from ._api import Collection
+from ._stream import ChangeStream
 
-__all__ = ["call_handler", "call_store", "pymongo_collection", "stop_setter", "wait_for_stop"]
+__all__ = ["bounded", "call_handler", "call_store", "stop_setter", "wait_for_stop"]
 
 
 def call_store(method: Callable[..., Any], *args: Any) -> Any:
@@ -38,8 +40,11 @@ def stop_setter(stop: threading.Event) -> Callable[[], object]:
     return stop.set
 
 
-def pymongo_collection(target: Any) -> PyMongoCollection[Any] | None:
-    """The PyMongo ``Collection`` of ``target`` (one, or a :class:`changestream.Collection`), else ``None``."""
-    if isinstance(target, Collection):
-        return target.pymongo
-    return target if isinstance(target, PyMongoCollection) else None
+@contextlib.contextmanager
+def bounded(stream: ChangeStream[Any], call_timeout: float) -> Iterator[ChangeStream[Any]]:
+    """``with stream:`` whose close is bounded by ``call_timeout`` and best effort."""
+    try:
+        yield stream
+    finally:
+        with pymongo.timeout(call_timeout), contextlib.suppress(PyMongoError):
+            stream.close()  # the server reaps an unkilled cursor itself

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from pymongo.asynchronous.collection import AsyncCollection
+import pymongo
+from pymongo.errors import PyMongoError
 
-__all__ = ["call_handler", "call_store", "pymongo_collection", "stop_setter", "wait_for_stop"]
+from ._stream import AsyncChangeStream
+
+__all__ = ["bounded", "call_handler", "call_store", "stop_setter", "wait_for_stop"]
 
 
 async def call_store(method: Callable[..., Any], *args: Any) -> Any:
@@ -44,6 +47,13 @@ def stop_setter(stop: asyncio.Event) -> Callable[[], object]:
     return lambda: loop.call_soon_threadsafe(stop.set)
 
 
-def pymongo_collection(target: Any) -> AsyncCollection[Any] | None:
-    """``target`` if it is an ``AsyncCollection``, else ``None``."""
-    return target if isinstance(target, AsyncCollection) else None
+@contextlib.asynccontextmanager
+async def bounded(
+    stream: AsyncChangeStream[Any], call_timeout: float
+) -> AsyncIterator[AsyncChangeStream[Any]]:
+    """``async with stream:`` whose close is bounded by ``call_timeout`` and best effort."""
+    try:
+        yield stream
+    finally:
+        with pymongo.timeout(call_timeout), contextlib.suppress(PyMongoError):
+            await stream.close()  # the server reaps an unkilled cursor itself

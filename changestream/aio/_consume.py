@@ -4,21 +4,23 @@ Every decision (save schedule, dead ends, reopening, retry settings) is
 :class:`~changestream._consume_run.Run`'s; this loop only opens streams,
 polls them, calls the handler and the store, and sleeps between retries.
 The asyncio module (``changestream/aio/_consume.py``) is the source;
-``tools/gen_sync.py`` writes the sync one from it. The async loop awaits an
-``AsyncTokenStore`` and runs a plain ``TokenStore`` in a worker thread (a file
-store fsyncs); the sync loop calls its store directly.
+``tools/gen_sync.py`` writes the sync one from it. The async loop also takes
+async stores (awaited) and runs a plain store's methods in a worker thread (a
+file store fsyncs); the sync loop calls its store directly.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import asyncio  # sync: import threading
+from collections.abc import (
+    Awaitable,  # async-only
+    Callable,
+    Mapping,
+)
 from typing import Any
 
 import pymongo
 import tenacity
-from pymongo.errors import PyMongoError
 
 from .._consume_run import (
     DEFAULT_CALL_TIMEOUT,
@@ -32,30 +34,18 @@ from .._consume_run import (
     stalled,
 )
 from .._metrics import StatsCallback, StatsReporter
-from ..stores import AsyncTokenStore, TokenStore
-from ._async_io import call_handler, call_store, stop_setter, wait_for_stop
+from ..stores import AsyncTokenStore, TokenStore  # sync: from ..stores import TokenStore
+from ._async_io import bounded, call_handler, call_store, stop_setter, wait_for_stop
 from ._snapshot_watch import stream_opener
 from ._stream import AsyncChangeStream
 
 __all__ = ["consume"]
 
 
-@contextlib.asynccontextmanager
-async def bounded(
-    stream: AsyncChangeStream[Any], call_timeout: float
-) -> AsyncIterator[AsyncChangeStream[Any]]:
-    """``async with stream:`` whose close is bounded by ``call_timeout`` and best effort."""
-    try:
-        yield stream
-    finally:
-        with pymongo.timeout(call_timeout), contextlib.suppress(PyMongoError):
-            await stream.close()  # the server reaps an unkilled cursor itself
-
-
 async def consume(
-    open_stream: Callable[[Any], Awaitable[AsyncChangeStream[Any]]] | Any,
+    open_stream: Callable[[Any], Awaitable[AsyncChangeStream[Any]]] | Any,  # sync: open_stream: Callable[[Any], ChangeStream[Any]] | Any,
     handler: Callable[[Any], Any],
-    store: TokenStore | AsyncTokenStore,
+    store: TokenStore | AsyncTokenStore,  # sync: store: TokenStore,
     *,
     initial_snapshot: bool = False,
     pipeline: list[Mapping[str, Any]] | None = None,
@@ -65,13 +55,13 @@ async def consume(
     retry_for: float | None = 300.0,
     backoff_initial: float = 0.5,
     backoff_max: float = 30.0,
-    stop: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,  # sync: stop: threading.Event | None = None,
     on_stats: StatsCallback | None = None,
     stats_interval: float = 10.0,
     call_timeout: float = DEFAULT_CALL_TIMEOUT,
     stop_on_signals: bool = False,
 ) -> ConsumeResult:
-    # BEGIN async-only
+    # async-only: begin
     """Handle every change at least once, keeping the resume token in ``store``.
 
     Same contract as :func:`changestream.consume`, with
@@ -83,8 +73,8 @@ async def consume(
     ``watch_options`` and ``initial_snapshot`` as in the sync ``consume``).
     ``call_timeout`` and ``stop_on_signals`` work as there.
     """
-    # END async-only
-    # BEGIN sync-only
+    # async-only: end
+    # sync-only: begin
     # """Handle every change at least once, keeping the resume token in ``store``.
     #
     # ``open_stream(token)`` opens the stream from a stored token (``None``:
@@ -129,7 +119,7 @@ async def consume(
     # its ``copy_batch_size``); the store then keeps the copy's progress, so a
     # restart continues the copy where it stopped.
     # """
-    # END sync-only
+    # sync-only: end
     open_stream = stream_opener(
         open_stream, initial_snapshot=initial_snapshot, pipeline=pipeline,
         watch_options=watch_options,
@@ -138,7 +128,7 @@ async def consume(
               backoff_initial=backoff_initial, backoff_max=backoff_max,
               stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout)
     run.loaded(await call_store(store.load))
-    stop = stop if stop is not None else asyncio.Event()
+    stop = stop if stop is not None else asyncio.Event()  # sync: stop = stop if stop is not None else threading.Event()
 
     async def save() -> None:
         await call_store(store.save, run.token)
@@ -197,7 +187,7 @@ async def consume(
     return run.result()
 
 
-async def _flush_quietly(run: Run, save: Callable[[], Awaitable[None]]) -> None:
+async def _flush_quietly(run: Run, save: Callable[[], Awaitable[None]]) -> None:  # sync: def _flush_quietly(run: Run, save: Callable[[], None]) -> None:
     """Store the last handled token on the way out; the original error matters more."""
     if run.pending:
         try:

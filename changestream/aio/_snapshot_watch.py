@@ -1,10 +1,10 @@
 """``snapshot_then_watch``: the shell over :class:`changestream._snapshot.SnapshotRun`.
 
-All decisions are the run's; this shell runs the commands it asks for (in one
-session, so getMores find their cursor), hands out its records, then opens
-``watch`` where the run says and hands out the stream's changes. The asyncio
-module (``changestream/aio/_snapshot_watch.py``) is the source;
-``tools/gen_sync.py`` writes the sync one from it.
+It runs the commands the run asks for (in one session, so getMores find
+their cursor), hands out its records, then opens ``watch`` where the run says
+and hands out the stream's changes. All decisions are the run's. This asyncio
+module is the one source of both shells: ``tools/gen_sync.py`` writes
+``changestream/_snapshot_watch.py`` from it.
 """
 
 from __future__ import annotations
@@ -27,16 +27,8 @@ from .._snapshot import (
     opener_arguments_error,
     opens_snapshot,
 )
-from ._async_io import pymongo_collection
-
-# BEGIN async-only
-from ._stream import AsyncChangeStream, watch
-
-# END async-only
-# BEGIN sync-only
-# from ._api import watch
-# from ._stream import ChangeStream
-# END sync-only
+from ._api import unwrap, watch
+from ._stream import AsyncChangeStream
 
 __all__ = ["AsyncSnapshotThenWatch", "snapshot_then_watch"]
 
@@ -49,32 +41,27 @@ async def snapshot_then_watch(
     copy_batch_size: int = DEFAULT_COPY_BATCH,
     **watch_options: Any,
 ) -> AsyncSnapshotThenWatch:
-    # BEGIN async-only
-    """Same contract as :func:`changestream.snapshot_then_watch`, on an ``AsyncCollection``."""
-    # END async-only
-    # BEGIN sync-only
-    # """Every document of a collection as it was at one cluster time T, then its changes after T.
-    #
-    # First yields one insert-shaped record per document (``operationType:
-    # "insert"``, ``fullDocument``, ``documentKey``, ``clusterTime`` = the read
-    # time, and ``snapshot: {eventsMayRepeat}``) in ``_id`` order, read with
-    # ``readConcern: {level: "snapshot", atClusterTime: T}`` (MongoDB 5.0+);
-    # then the change stream from ``Timestamp(T.time, T.inc + 1)``. ``pipeline``
-    # applies to both. :attr:`SnapshotThenWatch.resume_token` is always the
-    # position after the last returned record or change: pass it back as
-    # ``resume_after`` to continue (the copy from the next ``_id`` at the same
-    # T, or the stream). ``watch_options`` are :func:`changestream.watch`'s,
-    # except the start options. See ``docs/snapshot.md`` for the guarantees.
-    # """
-    # END sync-only
-    collection = pymongo_collection(target)
-    if collection is None:
+    """Every document of a collection as it was at one cluster time T, then its changes after T.
+
+    First yields one insert-shaped record per document (``operationType:
+    "insert"``, ``fullDocument``, ``documentKey``, ``clusterTime`` = the read
+    time, and ``snapshot: {eventsMayRepeat}``) in ``_id`` order, read with
+    ``readConcern: {level: "snapshot", atClusterTime: T}`` (MongoDB 5.0+);
+    then the change stream from ``Timestamp(T.time, T.inc + 1)``. ``pipeline``
+    applies to both. :attr:`AsyncSnapshotThenWatch.resume_token` is always the
+    position after the last returned record or change: pass it back as
+    ``resume_after`` to continue (the copy from the next ``_id`` at the same
+    T, or the stream). ``watch_options`` are ``watch``'s, except the start
+    options. See ``docs/snapshot.md`` for the guarantees.
+    """
+    target = unwrap(target)
+    if not isinstance(target, AsyncCollection):
         raise TypeError(
             "snapshot_then_watch() needs a pymongo AsyncCollection (a snapshot copies one "
             f"collection), not {type(target).__name__}"
         )
     check_watch_options(watch_options)
-    return AsyncSnapshotThenWatch(collection, pipeline, resume_after, copy_batch_size, watch_options)
+    return AsyncSnapshotThenWatch(target, pipeline, resume_after, copy_batch_size, watch_options)
 
 
 class AsyncSnapshotThenWatch:
@@ -160,22 +147,15 @@ class AsyncSnapshotThenWatch:
             return await self._stream.try_next()
 
     async def next(self) -> Any:
-        """The next record or change, waiting; ``StopAsyncIteration`` once closed or invalidated."""
+        """Wait for the next record or change; ``StopAsyncIteration`` once closed or invalidated."""
         while self.alive:
             change = await self.try_next()
             if change is not None:
                 return change
         raise StopAsyncIteration
 
-    # BEGIN async-only
-    async def __anext__(self) -> Any:
-        return await self.next()
+    __anext__ = next
 
-    # END async-only
-    # BEGIN sync-only
-    # __next__ = next
-    #
-    # END sync-only
     def __aiter__(self) -> AsyncSnapshotThenWatch:
         return self
 
@@ -216,13 +196,12 @@ def stream_opener(
     watch_options: Mapping[str, Any] | None,
 ) -> Any:
     """``consume``'s ``open_stream``: ``source`` itself, or one built for a collection."""
-    collection = pymongo_collection(source)
-    problem = opener_arguments_error(
-        collection is not None, initial_snapshot, pipeline, watch_options
-    )
+    source = unwrap(source)
+    is_collection = isinstance(source, AsyncCollection)
+    problem = opener_arguments_error(is_collection, initial_snapshot, pipeline, watch_options)
     if problem is not None:
         raise TypeError(problem)
-    if collection is None:
+    if not is_collection:
         return source
     options = dict(watch_options or {})
     copy_batch_size = options.pop("copy_batch_size", DEFAULT_COPY_BATCH)
@@ -230,9 +209,9 @@ def stream_opener(
     async def open_stream(token: Any) -> Any:
         if opens_snapshot(token, initial_snapshot):
             return await snapshot_then_watch(
-                collection, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
+                source, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
                 **options,
             )
-        return await watch(collection, pipeline, resume_after=token, **options)
+        return await watch(source, pipeline, resume_after=token, **options)
 
     return open_stream

@@ -44,7 +44,7 @@ __all__ = ["consume"]
 
 def consume(
     open_stream: Callable[[Any], ChangeStream[Any]] | Any,
-    handler: Callable[[Any], Any],
+    handler: Callable[[Any], object],
     store: TokenStore,
     *,
     initial_snapshot: bool = False,

@@ -1,5 +1,15 @@
 """What :func:`changestream.consume` decides, without its I/O: one :class:`Run` and its policy.
 
+``consume`` polls a stream with ``try_next``, calls the handler, and saves
+the token of the last *handled* change (and of empty batches, the
+postBatchResumeToken) in a :class:`~changestream.stores.TokenStore`. After a
+crash, a restart resumes from the stored token, so every change is handled
+at least once. When the stream's own single resume fails for a transient
+reason (server unreachable, network errors, a failover longer than server
+selection) the stream is reopened from the last handled token with
+exponential backoff (tenacity). What no retry can fix stops with a
+:class:`ConsumeError` saying how to recover; a dead token never loops.
+
 Both consume loops (``changestream/aio/_consume.py`` and the sync module
 generated from it) only do the I/O between :class:`Run`'s decisions: which
 errors are transient (:func:`is_transient`), which are dead ends

@@ -44,7 +44,7 @@ __all__ = ["consume"]
 
 async def consume(
     open_stream: Callable[[Any], Awaitable[AsyncChangeStream[Any]]] | Any,  # sync: open_stream: Callable[[Any], ChangeStream[Any]] | Any,
-    handler: Callable[[Any], Any],
+    handler: Callable[[Any], Any],  # sync: handler: Callable[[Any], object],
     store: TokenStore | AsyncTokenStore,  # sync: store: TokenStore,
     *,
     initial_snapshot: bool = False,

@@ -1,36 +1,40 @@
 # Generated from changestream/aio/_consume.py by tools/gen_sync.py: edit that file, then run `python tools/gen_sync.py`.
-"""At-least-once processing: run a handler for every change and keep the resume token durable.
+"""The consume loop: the I/O between :class:`changestream._consume_run.Run`'s decisions.
 
-:func:`consume` polls a stream with ``try_next``, calls the handler, and saves
-the token of the last *handled* change (and of empty batches, the
-postBatchResumeToken) in a token store. After a crash, a restart resumes from
-the stored token, so every change is handled at least once. When the
-stream's own single resume fails for a transient reason (server unreachable,
-network errors, a failover longer than server selection) the stream is
-reopened from the last handled token with exponential backoff (tenacity).
-What no retry can fix stops with a :class:`ConsumeError` saying how to
-recover; a dead token never loops. With ``workers`` > 1 the handler calls run
-on threads (sync) or tasks (asyncio), each loop's ``_workers`` module.
-
-Every decision is :class:`changestream._run.Run`'s and the option checks are
-:class:`changestream._policies.Setup`'s; this module is only the I/O between
-them. It is the one source of both loops: ``tools/gen_sync.py`` writes
-``changestream/_consume.py`` from it. Stores may be async (awaited) or plain
-(run in a worker thread by the asyncio loop, since a file store fsyncs).
+Every decision (save schedule, dead ends, reopening, retry settings) is
+:class:`~changestream._consume_run.Run`'s; this loop only opens streams,
+polls them, calls the handler and the store, and sleeps between retries.
+The asyncio module (``changestream/aio/_consume.py``) is the source;
+``tools/gen_sync.py`` writes the sync one from it. The async loop also takes
+async stores (awaited) and runs a plain store's methods in a worker thread (a
+file store fsyncs); the sync loop calls its store directly.
 """
 
 from __future__ import annotations
 
-import collections.abc
-import contextlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import (
+    Callable,
+    Mapping,
+)
 from typing import Any
 
 import pymongo
 import tenacity
-from pymongo.errors import PyMongoError
 
+from ._consume_run import (
+    DEFAULT_CALL_TIMEOUT,
+    GAP,
+    HANDLE,
+    MARK,
+    SAVE,
+    ConsumeResult,
+    Run,
+    call_bound,
+    log,
+    signals_stop,
+    stalled,
+)
 from ._lanes import KeyFunction
 from ._metrics import StatsCallback, StatsReporter
 from ._policies import (
@@ -41,68 +45,25 @@ from ._policies import (
     Setup,
     resnapshotting,
 )
-from ._run import (
-    DEFAULT_CALL_TIMEOUT,
-    GAP,
-    HANDLE,
-    MARK,
-    SAVE,
-    ConsumeError,
-    ConsumeResult,
-    HistoryLostError,
-    NotResumableError,
-    RetriesExhaustedError,
-    RetryPolicy,
-    Run,
-    StreamInvalidatedError,
-    call_bound,
-    is_transient,
-    log,
-    signals_stop,
-    stalled,
-    unrecoverable,
-)
 from ._snapshot_watch import stream_opener
 from ._stream import ChangeStream
-from ._workers import ThreadWorkers, call_handler
+from ._sync_io import (
+    bounded,
+    call_handler,
+    call_store,
+    report_gap,
+    stop_setter,
+    wait_for_stop,
+)
+from ._workers import ThreadWorkers
 from .stores import TokenStore
 
 __all__ = ["consume"]
-__all__ += [  # what the rest of the package (and its users' old imports) take from here
-    "DEFAULT_CALL_TIMEOUT",
-    "ConsumeError",
-    "ConsumeResult",
-    "HistoryLostError",
-    "NotResumableError",
-    "RetriesExhaustedError",
-    "RetryPolicy",
-    "StreamInvalidatedError",
-    "is_transient",
-    "stalled",
-    "unrecoverable",
-]
-
-
-def _call(method: Callable[..., Any], *args: Any) -> Any:
-    """A store method, called (stores are synchronous here)."""
-    return method(*args)
-
-
-@contextlib.contextmanager
-def bounded(
-    stream: ChangeStream[Any], call_timeout: float
-) -> collections.abc.Iterator[ChangeStream[Any]]:
-    """``with stream:`` whose close is bounded by ``call_timeout`` and best effort."""
-    try:
-        yield stream
-    finally:
-        with pymongo.timeout(call_timeout), contextlib.suppress(PyMongoError):
-            stream.close()  # the server reaps an unkilled cursor itself
 
 
 def consume(
-    open_stream: Callable[[Any], Any] | Any,
-    handler: Callable[[Any], Any],
+    open_stream: Callable[[Any], ChangeStream[Any]] | Any,
+    handler: Callable[[Any], object],
     store: TokenStore,
     *,
     initial_snapshot: bool = False,
@@ -124,21 +85,18 @@ def consume(
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
     on_error: OnError | None = None,
     on_history_lost: HistoryLost = "raise",
-    gap: Callable[[HistoryGap], Any] | None = None,
+    gap: Callable[[HistoryGap], object] | None = None,
 ) -> ConsumeResult:
     """Handle every change at least once, keeping the resume token in ``store``.
 
     ``open_stream(token)`` opens the stream from a stored token (``None``:
     nothing stored yet), e.g.
-    ``lambda token: changestream.watch(coll, resume_after=token)`` (with
-    asyncio a coroutine function). ``handler(change)`` is called for each
-    change, in order (with asyncio it may be a coroutine function); the token
-    is saved after every ``save_every`` handled changes, when
-    ``save_interval`` seconds have passed since the last save, after each
-    empty batch (the postBatchResumeToken) and when the loop ends. A failure
-    between handling and saving means the change is handled again after a
-    restart, never lost. ``store`` is a token store (with asyncio also an
-    async one; a plain one then runs in a worker thread).
+    ``lambda token: changestream.watch(coll, resume_after=token)``.
+    ``handler(change)`` is called for each change, in order; the token is
+    saved after every ``save_every`` handled changes, when ``save_interval``
+    seconds have passed since the last save, after each empty batch (the
+    postBatchResumeToken) and when the loop ends. A failure between handling
+    and saving means the change is handled again after a restart, never lost.
 
     Transient failures the stream could not resume from itself reopen the
     stream from the last handled token with exponential backoff
@@ -148,11 +106,9 @@ def consume(
     propagate (a transient PyMongo error from it is retried the same way,
     so the change is handled again). Raises :class:`HistoryLostError`,
     :class:`NotResumableError` or :class:`StreamInvalidatedError` on dead
-    ends. Returns when ``stop`` (an event: ``threading.Event``, with asyncio
-    ``asyncio.Event``) is set, checked between polls, so within about
-    ``max_await_time_ms``; with ``stop_on_signals=True`` (main thread only)
-    SIGTERM and SIGINT set it, for a clean stop in containers. Cancelling the
-    asyncio task stores the last handled token and re-raises.
+    ends. Returns when ``stop`` is set (checked between polls, so within
+    about ``max_await_time_ms``); with ``stop_on_signals=True`` (main thread
+    only) SIGTERM and SIGINT set it, for a clean stop in containers.
 
     Every stream call (opening, each poll, closing) runs under a client-side
     timeout of ``call_timeout`` seconds (default 60; the stream's own
@@ -164,9 +120,8 @@ def consume(
 
     ``on_stats(stats)`` receives a :class:`~changestream.ConsumeStats`
     (changes handled, events/s, lag, resumes, reopens, time of the last
-    stored token, retries, dead letters) every ``stats_interval`` seconds and
-    when the loop ends; the exporters in :mod:`changestream.exporters` are
-    such callbacks.
+    stored token) every ``stats_interval`` seconds and when the loop ends;
+    the exporters in :mod:`changestream.exporters` are such callbacks.
 
     ``open_stream`` may also be a collection: then ``consume`` opens the
     stream itself (``pipeline`` and ``watch_options`` are ``watch()``'s), and
@@ -176,20 +131,17 @@ def consume(
     its ``copy_batch_size``); the store then keeps the copy's progress, so a
     restart continues the copy where it stopped.
 
-    ``workers=N`` (N > 1) runs up to N handler calls at once (threads; with
-    asyncio, tasks, which overlap only a coroutine-function handler): changes
-    with the same ``key(change)`` (default: namespace and
-    ``documentKey._id``) run one at a time in stream order, a change without
-    a key (DDL, ...; ``key`` returning ``None``) runs alone after everything
-    before it; the stored token is the low watermark (no unhandled change
-    before it); at most ``max_in_flight`` changes (default
-    ``max(64, 4 * workers)``) wait after it. On stop, Ctrl-C, cancellation or
-    an error, admitted changes may finish for up to ``drain_timeout`` seconds
-    (default 30). ``on_error=OnError(...)`` retries a failing handler, then
-    stops or dead-letters the change; ``on_history_lost`` (``"raise"``,
-    ``"resnapshot"``, ``"from_now"`` with ``gap``) says what a lost history
-    (286) leads to. ``dead_letter`` and ``gap`` may be coroutine functions
-    with asyncio. See ``docs/consume.md``.
+    ``workers=N`` (N > 1) calls the handler on N threads: changes with the
+    same ``key(change)`` (default: namespace and ``documentKey._id``) run one
+    at a time in stream order, a change without a key (DDL, ...; ``key``
+    returning ``None``) runs alone after everything before it; the stored
+    token is the low watermark (no unhandled change before it); at most
+    ``max_in_flight`` changes (default ``max(64, 4 * workers)``) wait after it.
+    On stop, Ctrl-C or an error, admitted changes may finish for up to
+    ``drain_timeout`` seconds (default 30). ``on_error=OnError(...)`` retries
+    a failing handler, then stops or dead-letters the change;
+    ``on_history_lost`` (``"raise"``, ``"resnapshot"``, ``"from_now"`` with
+    ``gap``) says what a lost history (286) leads to. See ``docs/consume.md``.
     """
     source = open_stream
     open_stream = stream_opener(
@@ -206,13 +158,13 @@ def consume(
               backoff_initial=backoff_initial, backoff_max=backoff_max,
               stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout,
               history=setup.history, calls=setup.calls, parallel=setup.lanes is not None)
-    run.loaded(_call(store.load))
+    run.loaded(call_store(store.load))
     stop = stop if stop is not None else threading.Event()
     pool = None if setup.lanes is None else ThreadWorkers(handler, run.calls, setup.lanes,
                                                          setup.key)
 
     def save() -> None:
-        _call(store.save, run.token)
+        call_store(store.save, run.token)
         run.saved()
 
     def session() -> bool:
@@ -272,10 +224,10 @@ def consume(
         return False
 
     def sleep(seconds: float) -> None:
-        stop.wait(seconds)
-    set_stop = stop.set
+        wait_for_stop(stop, seconds)
+
     try:
-        with signals_stop(stop_on_signals, set_stop):
+        with signals_stop(stop_on_signals, stop_setter(stop)):
             while tenacity.Retrying(sleep=sleep, **run.retrying())(session):
                 pass
     except Exception as exc:
@@ -297,11 +249,6 @@ def consume(
     return run.result()
 
 
-def report_gap(setup: Setup, gap: HistoryGap | None) -> None:
-    """Call the ``gap`` function (a coroutine function is awaited)."""
-    setup.report_gap(gap)
-
-
 def _settle_quietly(pool: ThreadWorkers | None, run: Run, drain_timeout: float) -> None:
     """Let admitted changes finish (up to ``drain_timeout``) and take their watermark."""
     if pool is None:
@@ -315,7 +262,7 @@ def _settle_quietly(pool: ThreadWorkers | None, run: Run, drain_timeout: float) 
         pool.close()
 
 
-def _flush_quietly(run: Run, save: Callable[[], Any]) -> None:
+def _flush_quietly(run: Run, save: Callable[[], None]) -> None:
     """Store the last handled token on the way out; the original error matters more."""
     if run.pending:
         try:

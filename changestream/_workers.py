@@ -1,6 +1,6 @@
 """Handler calls of :func:`changestream.consume`: on the fetching thread, or on N worker threads.
 
-:func:`call_handler` applies the ``on_error`` policy
+``_sync_io.call_handler`` applies the ``on_error`` policy
 (:class:`changestream._policies.HandlerCalls`) to one call. :class:`ThreadWorkers`
 runs those calls on ``workers`` threads; which change may start and which
 token may be stored is :class:`changestream._lanes.Lanes`'s decision, made
@@ -15,29 +15,13 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import tenacity
-
 from ._lanes import Job, Lanes
 from ._policies import HandlerCalls
+from ._sync_io import call_handler
 
-__all__ = ["ThreadWorkers", "call_handler"]
+__all__ = ["ThreadWorkers"]
 
 log = logging.getLogger("changestream.consume")
-
-
-def call_handler(handler: Callable[[Any], object], change: Any, calls: HandlerCalls,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-    """``handler(change)`` under the ``on_error`` policy: retried, then raised or dead-lettered."""
-    if not calls.retrying:
-        handler(change)
-        return
-    try:
-        tenacity.Retrying(sleep=sleep, **calls.arguments())(handler, change)
-    except Exception as exc:
-        dead_letter = calls.gave_up(change, exc)
-        if dead_letter is None:
-            raise
-        dead_letter(change, exc)
 
 
 class ThreadWorkers:

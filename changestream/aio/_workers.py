@@ -17,36 +17,13 @@ import logging
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import tenacity
-
 from .._lanes import Job, Lanes
 from .._policies import HandlerCalls
+from ._async_io import call_handler
 
-__all__ = ["AsyncWorkers", "call_handler"]
+__all__ = ["AsyncWorkers"]
 
 log = logging.getLogger("changestream.consume")
-
-
-async def _once(function: Callable[..., Any], *args: Any) -> None:
-    result = function(*args)
-    if inspect.isawaitable(result):
-        await result
-
-
-async def call_handler(handler: Callable[[Any], Any], change: Any, calls: HandlerCalls) -> None:
-    """``handler(change)`` (awaited if it returns an awaitable) under the ``on_error`` policy."""
-    if not calls.retrying:
-        result = handler(change)
-        if inspect.isawaitable(result):
-            await result
-        return
-    try:
-        await tenacity.AsyncRetrying(**calls.arguments())(_once, handler, change)
-    except Exception as exc:
-        dead_letter = calls.gave_up(change, exc)
-        if dead_letter is None:
-            raise
-        await _once(dead_letter, change, exc)
 
 
 class AsyncWorkers:

@@ -1,11 +1,11 @@
-"""The sync and async twins cannot drift: each sync routine is its async twin minus ``await``.
+"""The transport twins in ``_pymongo.py`` cannot drift: each sync method is its async twin minus ``await``.
 
-Every decision lives in shared code (``_shell.StreamShell``, ``_run.Run``,
-``_pymongo._Transport``, the machine); what is left in the twins is the I/O
-skeleton. This test unasyncs the async skeleton (as PyMongo's ``synchro.py``
-does to generate its sync code: ``async def``/``async with``/``await`` dropped,
-``Async*`` names mapped) and requires the sync one to be the same code, so a
-fix made on one side only fails here.
+The stream shells, ``snapshot_then_watch`` and ``consume`` are generated from
+their asyncio sources (``tools/gen_sync.py``, checked by
+``tests/test_generated_twins.py``). ``_pymongo.py`` is not: it is the one home of
+PyMongo's private API and holds both transports side by side. This test
+unasyncs the async methods (``async def``/``async with``/``await`` dropped,
+``Async*`` names mapped) and requires the sync ones to be the same code.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Handler calls on threads and tasks (``_workers``, ``aio._workers``) and the ``on_error`` policy.
+"""Handler calls on threads and tasks (``_workers``, ``aio._workers``) and the ``on_error`` policy
+(``_sync_io.call_handler``, ``aio._async_io.call_handler``).
 
 Real threads and tasks with random handler delays: per-key order holds, the
 watermark never passes an unfinished change, the first failure stops every
@@ -17,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from changestream import _workers
+from changestream import _sync_io, _workers
 from changestream._lanes import BARRIER, Lanes
 from changestream._policies import HandlerCalls, OnError
+from changestream.aio import _async_io
 from changestream.aio import _workers as aio_workers
 
 
@@ -194,14 +196,14 @@ class Flaky:
 def test_on_error_retries_then_succeeds_and_counts_the_retries() -> None:
     calls = HandlerCalls(OnError(retries=3, backoff_initial=0, backoff_max=0))
     handler = Flaky(2)
-    _workers.call_handler(handler, "change", calls)
+    _sync_io.call_handler(handler, "change", calls)
     assert handler.calls == 3 and calls.retries == 2 and calls.dead_letters == 0
 
 
 def test_on_error_without_dead_letter_raises_the_last_exception() -> None:
     calls = HandlerCalls(OnError(retries=1, backoff_initial=0, backoff_max=0))
     with pytest.raises(RuntimeError, match="failure 2"):
-        _workers.call_handler(Flaky(5), "change", calls)
+        _sync_io.call_handler(Flaky(5), "change", calls)
     assert calls.retries == 1 and calls.dead_letters == 0
 
 
@@ -210,7 +212,7 @@ def test_on_error_dead_letters_after_the_retries_sync_and_async() -> None:
     policy = OnError(retries=2, backoff_initial=0, backoff_max=0,
                      dead_letter=lambda change, exc: letters.append((change, str(exc))))
     calls = HandlerCalls(policy)
-    _workers.call_handler(Flaky(5), "c1", calls)
+    _sync_io.call_handler(Flaky(5), "c1", calls)
     assert letters == [("c1", "failure 3")] and calls.dead_letters == 1 and calls.retries == 2
 
     async def dead_letter(change: Any, exc: BaseException) -> None:
@@ -221,7 +223,7 @@ def test_on_error_dead_letters_after_the_retries_sync_and_async() -> None:
 
     async_calls = HandlerCalls(OnError(retries=1, backoff_initial=0, backoff_max=0,
                                        dead_letter=dead_letter))
-    asyncio.run(aio_workers.call_handler(handler, "c2", async_calls))
+    asyncio.run(_async_io.call_handler(handler, "c2", async_calls))
     assert letters[-1] == ("c2", "'c2'") and async_calls.dead_letters == 1
 
 

@@ -1,12 +1,20 @@
-"""Everything a consume run decides, without its I/O (shared by both consume loops).
+"""What :func:`changestream.consume` decides, without its I/O: one :class:`Run` and its policy.
 
-:func:`changestream.consume` and :func:`changestream.aio.consume` (one
-source: ``aio/_consume.py``, the sync twin generated) poll a stream, call the
-handler and save the token; *what* to save and when, what ends the run, when
-to reopen and which error to raise is decided here, once: the classification
-of errors (:func:`is_transient`, :func:`unrecoverable`), the save schedule
-(:class:`Progress`), the reopen backoff (:class:`RetryPolicy`) and
-:class:`Run`, which the loops consult at every step.
+``consume`` polls a stream with ``try_next``, calls the handler, and saves
+the token of the last *handled* change (and of empty batches, the
+postBatchResumeToken) in a :class:`~changestream.stores.TokenStore`. After a
+crash, a restart resumes from the stored token, so every change is handled
+at least once. When the stream's own single resume fails for a transient
+reason (server unreachable, network errors, a failover longer than server
+selection) the stream is reopened from the last handled token with
+exponential backoff (tenacity). What no retry can fix stops with a
+:class:`ConsumeError` saying how to recover; a dead token never loops.
+
+Both consume loops (``changestream/aio/_consume.py`` and the sync module
+generated from it) only do the I/O between :class:`Run`'s decisions: which
+errors are transient (:func:`is_transient`), which are dead ends
+(:func:`unrecoverable`), the save schedule (:class:`Progress`) and the retry
+settings (:class:`RetryPolicy`).
 """
 
 from __future__ import annotations
@@ -48,36 +56,24 @@ from .errors import (
 from .stores import StoredToken
 
 __all__ = [
-    "DEFAULT_CALL_TIMEOUT",
-    "GAP",
-    "HANDLE",
-    "MARK",
-    "NOTHING",
-    "SAVE",
     "ConsumeError",
     "ConsumeResult",
     "HistoryLostError",
     "NotResumableError",
-    "Progress",
     "RetriesExhaustedError",
-    "RetryPolicy",
-    "Run",
     "StreamInvalidatedError",
-    "call_bound",
     "is_transient",
-    "signals_stop",
-    "stalled",
     "unrecoverable",
 ]
 
 log = logging.getLogger("changestream.consume")
 DEFAULT_CALL_TIMEOUT = 60.0
-"""Seconds each stream call (open, poll, close) of :func:`changestream.consume` may take by default."""
+"""Seconds each stream call (open, poll, close) of :func:`consume` may take by default."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ConsumeResult:
-    """How a :func:`changestream.consume` run that was stopped (``stop`` set) ended."""
+    """How a :func:`consume` run that was stopped (``stop`` set) ended."""
 
     handled: int
     """Changes passed to the handler."""

@@ -1,7 +1,7 @@
 """What a consume run does when the handler keeps failing, or when the stream's history is gone.
 
 Shared by :func:`changestream.consume` and :func:`changestream.aio.consume`
-(and used by :class:`changestream._run.Run`), so both loops decide alike:
+(and used by :class:`changestream._consume_run.Run`), so both loops decide alike:
 
 - :class:`OnError` (poison changes): retry the handler on the same change with
   exponential backoff (tenacity) up to ``retries`` times, then stop the run

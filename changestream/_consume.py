@@ -195,7 +195,10 @@ def consume(
                         try:
                             if pool is None:
                                 call_handler(handler, change, run.calls)
-                            else:
+                            else:  # the stored token never trails the window: store first
+                                pool.room()
+                                if run.advanced_to(*pool.progress()) is SAVE:
+                                    save()
                                 pool.submit(change, token)
                         except Exception as exc:
                             run.handler_error = exc

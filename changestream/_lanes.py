@@ -107,8 +107,8 @@ class Lanes:
     ``workers`` bounds the jobs running at once (:meth:`take` returns ``None``
     beyond it); ``max_in_flight`` bounds the changes admitted after the low
     watermark (:attr:`full`): fetching waits then, so a hot key or one slow
-    change cannot grow memory, and a crash re-delivers at most that many (plus what the
-    watermark passed since the consume loop last stored it).
+    change cannot grow memory, and a crash re-delivers at most that many (the consume
+    loop stores a moved watermark before it admits the next change).
     """
 
     def __init__(self, workers: int, max_in_flight: int, watermark: Any = None) -> None:

@@ -27,8 +27,8 @@ log = logging.getLogger("changestream.consume")
 class ThreadWorkers:
     """``workers`` threads calling the handler, per-key order and the low watermark kept by ``lanes``.
 
-    The fetching thread calls :meth:`submit` (waits while ``max_in_flight``
-    changes are in flight), :meth:`mark` and :meth:`progress`; each worker
+    The fetching thread calls :meth:`room` (waits while ``max_in_flight``
+    changes are in flight), :meth:`submit`, :meth:`mark` and :meth:`progress`; each worker
     thread, when its call returns, finishes the job and takes the next one
     itself, so a key's next change starts without waiting for the fetching
     thread. The first handler failure stops every start and is raised by
@@ -59,16 +59,22 @@ class ThreadWorkers:
         """The first exception a handler call ended with (after the ``on_error`` policy)."""
 
     # -- the fetching thread --------------------------------------------------------------------
-    def submit(self, change: Any, token: Any) -> None:
-        """Hand ``change`` (followed by ``token``) to the workers; waits while too many are in flight."""
-        key = self._key(change)
+    def room(self) -> None:
+        """Wait while ``max_in_flight`` changes are in flight (until a quarter is free again);
+        raises a handler's failure. The caller stores the moved watermark, then submits."""
         with self._lock:
             lanes = self._lanes
             if lanes.full:
                 while not lanes.roomy and self.failure is None:
                     self._room.wait()
             self._raise_failure()
-            lanes.admit(change, key, token)
+
+    def submit(self, change: Any, token: Any) -> None:
+        """Hand ``change`` (followed by ``token``) to the workers (after :meth:`room`)."""
+        key = self._key(change)
+        with self._lock:
+            self._raise_failure()
+            self._lanes.admit(change, key, token)
             self._start()
 
     def mark(self, token: Any) -> None:

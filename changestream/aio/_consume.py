@@ -215,7 +215,10 @@ async def consume(
                         try:
                             if pool is None:
                                 await call_handler(handler, change, run.calls)
-                            else:
+                            else:  # the stored token never trails the window: store first
+                                await pool.room()
+                                if run.advanced_to(*pool.progress()) is SAVE:
+                                    await save()
                                 await pool.submit(change, token)
                         except Exception as exc:
                             run.handler_error = exc

@@ -30,7 +30,7 @@ class AsyncWorkers:
     """Up to ``workers`` tasks calling the handler, per-key order and the low watermark kept by ``lanes``.
 
     Same surface as the thread version: the consuming coroutine calls
-    :meth:`submit` (waits while ``max_in_flight`` changes are in flight),
+    :meth:`room` (waits while ``max_in_flight`` changes are in flight), :meth:`submit`,
     :meth:`mark`, :meth:`progress`, :meth:`settle` and :meth:`restart`; a task
     whose call returns finishes its job and goes on with the next one that
     may start.
@@ -56,16 +56,21 @@ class AsyncWorkers:
         """The first exception a handler call ended with (after the ``on_error`` policy)."""
 
     # -- the consuming coroutine ------------------------------------------------------------------
-    async def submit(self, change: Any, token: Any) -> None:
-        """Hand ``change`` (followed by ``token``) to the tasks; waits while too many are in flight."""
-        key = self._key(change)
+    async def room(self) -> None:
+        """Wait while ``max_in_flight`` changes are in flight (until a quarter is free again);
+        raises a handler's failure. The caller stores the moved watermark, then submits."""
         lanes = self._lanes
         if lanes.full:
             while not lanes.roomy and self.failure is None:
                 self._room.clear()
                 await self._room.wait()
         self._raise_failure()
-        lanes.admit(change, key, token)
+
+    async def submit(self, change: Any, token: Any) -> None:
+        """Hand ``change`` (followed by ``token``) to the tasks (after :meth:`room`)."""
+        key = self._key(change)
+        self._raise_failure()
+        self._lanes.admit(change, key, token)
         self._start()
 
     async def mark(self, token: Any) -> None:

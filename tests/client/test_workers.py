@@ -88,6 +88,7 @@ def test_threads_keep_per_key_order_and_barriers_under_random_delays() -> None:
     workers = _workers.ThreadWorkers(handle, HandlerCalls(None), lanes, keyed)
     watermarks = []
     for change in stream:
+        workers.room()
         workers.submit(change, change[1])
         watermark, _ = workers.progress()
         if watermark is not None:
@@ -118,6 +119,7 @@ def test_tasks_keep_per_key_order_and_barriers_under_random_delays() -> None:
         lanes = Lanes(workers=50, max_in_flight=100)
         workers = aio_workers.AsyncWorkers(handle, HandlerCalls(None), lanes, keyed)
         for change in stream:
+            await workers.room()
             await workers.submit(change, change[1])
             assert lanes.in_flight <= 100 and lanes.running <= 50
         assert await workers.settle(None)
@@ -144,7 +146,7 @@ def test_a_failure_stops_every_start_and_reaches_the_fetching_thread() -> None:
     while workers.failure is None:
         time.sleep(0.001)
     with pytest.raises(ValueError, match="poison"):
-        workers.submit(("k9", 9), 9)
+        workers.room()
     release.set()
     assert workers.settle(None)
     watermark, _ = workers.progress()

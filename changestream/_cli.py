@@ -169,6 +169,16 @@ def _parser() -> argparse.ArgumentParser:
         help="also report DDL events (create, createIndexes, modify, ...; MongoDB 6.0+)",
     )
     watch_parser.add_argument(
+        "--change-stream-version", choices=("v1", "v2"), metavar="v1|v2",
+        help="$changeStream reader version (MongoDB 8.2+; v2: mongos targets only the shards "
+        "that hold the data)",
+    )
+    watch_parser.add_argument(
+        "--ignore-removed-shards", action="store_true",
+        help="with --change-stream-version v2 on MongoDB 9.0+: go on past a removed shard's "
+        "data instead of failing",
+    )
+    watch_parser.add_argument(
         "--on-history-lost", choices=("raise", "from-now", "resnapshot"), default="raise",
         help="when the oplog no longer holds the stored token (code 286): exit 1 with advice "
         "(raise, the default); skip to now and print the lost interval on stderr (from-now); "
@@ -363,6 +373,10 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
         options["batch_size"] = args.batch_size
     if args.show_expanded_events:
         options["show_expanded_events"] = True
+    if args.change_stream_version is not None:
+        options["version"] = args.change_stream_version
+    if args.ignore_removed_shards:
+        options["ignore_removed_shards"] = True
     # With --resume-after, stored tokens are passed as resumeAfter; else as startAfter.
     token_key = "resume_after" if args.resume_after is not None else "start_after"
     namespace = ".".join(part for part in (args.db, args.coll) if part) or "the deployment"

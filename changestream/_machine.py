@@ -708,6 +708,10 @@ class ChangeStreamMachine:
         stage.update(self._resume_options() if is_resume else self._start_options())
         if options.show_expanded_events is not None:
             stage["showExpandedEvents"] = options.show_expanded_events
+        if options.version is not None:
+            stage["version"] = options.version
+        if options.ignore_removed_shards is not None:
+            stage["ignoreRemovedShards"] = options.ignore_removed_shards
         command: dict[str, Any] = {
             "aggregate": spec.collection if spec.collection is not None else 1,
             "pipeline": [{"$changeStream": stage}, *options.pipeline],

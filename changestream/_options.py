@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import importlib
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,6 +57,23 @@ _RAW_REPLIES: CodecOptions[Any] = CodecOptions(document_class=RawBSONDocument)
 _NO_TYPE_CODECS = TypeRegistry()
 
 
+_READER_VERSION = re.compile(r"v[1-9][0-9]*")
+"""``$changeStream.version``: mongod's reader versions are ``"v1"`` and ``"v2"`` (8.2+); a later
+server may add more, so the client checks the form and leaves the value to the server."""
+
+
+def _check_reader_version(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"version must be a string such as 'v2', not {type(value).__name__}")
+    if _READER_VERSION.fullmatch(value) is None:
+        raise ValueError(
+            f"version must be a change stream reader version, 'v1' or 'v2' (MongoDB 8.2+), "
+            f"not {value!r}"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class ChangeStreamOptions:
     """The validated options of one ``watch()`` call (``None`` = not set by the caller)."""
@@ -71,6 +89,8 @@ class ChangeStreamOptions:
     collation: Mapping[str, Any] | None = None
     comment: Any = None
     show_expanded_events: bool | None = None
+    version: str | None = None
+    ignore_removed_shards: bool | None = None
     read_preference: Any = None
     read_concern: ReadConcern | None = None
     session: Any = None
@@ -104,6 +124,8 @@ class ChangeStreamOptions:
         _non_negative("timeout_ms", values.get("timeout_ms"), integral=False)
         values["collation"] = validate_collation_or_none(values.get("collation"))
         _check("show_expanded_events", values.get("show_expanded_events"), (bool,), "a bool")
+        _check("ignore_removed_shards", values.get("ignore_removed_shards"), (bool,), "a bool")
+        _check_reader_version(values.get("version"))
         for name in ("typed", "reassemble_split_events"):
             if not isinstance(values.get(name, False), bool):
                 raise TypeError(f"{name} must be a bool, not {type(values[name]).__name__}")

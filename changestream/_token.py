@@ -38,6 +38,7 @@ __all__ = [
     "describe",
     "raw_event_token",
     "raw_token_bytes",
+    "raw_token_end",
     "token_cluster_time",
     "token_from_json",
     "token_in_raw_event",
@@ -206,7 +207,7 @@ def raw_event_token(raw: bytes | memoryview) -> RawBSONDocument | None:
 
 def raw_token_bytes(raw: bytes | memoryview) -> bytes | None:
     """The BSON of a raw event's ``_id`` when it is the first field (a copy), else ``None``."""
-    end = _raw_token_end(raw)
+    end = raw_token_end(raw)
     return bytes(raw[9:end]) if end else None
 
 
@@ -218,10 +219,10 @@ def token_in_raw_event(raw: bytes) -> bool:
     when an event arrives and copies the token (:func:`raw_event_token`) only
     when it is used, so most events never pay for the copy.
     """
-    return raw.startswith(_RAW_DATA_PREFIX, 13) and _raw_token_end(raw) > 0
+    return raw.startswith(_RAW_DATA_PREFIX, 13) and raw_token_end(raw) > 0
 
 
-def _raw_token_end(raw: bytes | memoryview) -> int:
+def raw_token_end(raw: bytes | memoryview) -> int:
     """Where the ``_id`` of a raw event ends when it is the first field and well framed; 0 if not.
 
     Framed as ``RawBSONDocument`` checks it: at least 5 bytes, inside the event,

@@ -202,19 +202,22 @@ def effective_codec_options(options: ChangeStreamOptions, target: Target) -> Cod
     return codec
 
 
-def reply_codec(codec: CodecOptions[Any]) -> CodecOptions[Any]:
+def reply_codec(codec: CodecOptions[Any], typed: bool = False) -> CodecOptions[Any]:
     """The codec the transport decodes replies with, chosen so each event is decoded only once.
 
     When decoding with the user's ``codec`` keeps resume tokens exact, replies
     are decoded with it, in C, in one pass: a ``RawBSONDocument`` class keeps
     the bytes, and ``dict``/``SON`` without custom type decoders turn a token
     ``{_data: <str>, _typeBits: <BinData 0>}`` into ``str``/``bytes``, which
-    re-encode byte for byte. Any other codec gets ``RawBSONDocument`` replies and
+    re-encode byte for byte. Any other codec, and every ``typed`` stream (its
+    events are decoded when first read), gets ``RawBSONDocument`` replies and
     :func:`event_decoder` decodes each event with the user's codec.
     """
     document_class = codec.document_class
     if issubclass(document_class, RawBSONDocument):
         return codec
+    if typed:
+        return _RAW_REPLIES
     if document_class in (dict, SON) and codec.type_registry == _NO_TYPE_CODECS:
         return codec
     return _RAW_REPLIES
@@ -229,16 +232,24 @@ def event_decoder(
     ``RawBSONDocument`` replies. Events are decoded with the user's codec
     options (document class, type registry, tz, UUID representation) unless
     the transport already did so; merged split events (plain dicts) are
-    converted. With ``typed=True`` the result is further parsed by a
-    :class:`changestream.events.EventParser` of its own (one per stream: it
-    learns whether the consumer reads events). ``None``: deliver events as received.
+    converted. With ``typed=True`` each event becomes a lazy typed event of a
+    :class:`changestream.events.EventParser` of the stream: decoded with the
+    user's codec when a field is first read. ``None``: deliver events as received.
     """
-    parse = importlib.import_module("changestream.events").EventParser().parse if typed else None
     document_class = codec.document_class
+    if typed:
+        parse = importlib.import_module("changestream.events").EventParser(codec).parse
+
+        def typed_event(event: Mapping[str, Any]) -> Any:
+            if not isinstance(event, RawBSONDocument):  # a merged split event
+                event = RawBSONDocument(bson.encode(event))
+            return parse(event)
+
+        return typed_event
     decoded_by_transport = wire is codec
     if decoded_by_transport and document_class is dict:
         # Events, and split events merged from them, are already the user's dicts.
-        return parse
+        return None
     raw_output = issubclass(document_class, RawBSONDocument)
 
     def decode(event: Mapping[str, Any]) -> Any:
@@ -247,7 +258,7 @@ def event_decoder(
         else:
             data = event.raw if isinstance(event, RawBSONDocument) else bson.encode(event)
             document = document_class(data, codec) if raw_output else bson.decode(data, codec)
-        return document if parse is None else parse(document)
+        return document
 
     return decode
 

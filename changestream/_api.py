@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from .events import ChangeEvent
 
-__all__ = ["Client", "Collection", "Database", "watch"]
+__all__ = ["Client", "Collection", "Database", "unwrap", "watch"]
 
 _D = TypeVar("_D")
 Pipeline = list[Mapping[str, Any]]
@@ -58,6 +58,8 @@ def watch(
     collation: Mapping[str, Any] | Collation | None = None,
     comment: Any = None,
     show_expanded_events: bool | None = None,
+    version: str | None = None,
+    ignore_removed_shards: bool | None = None,
     read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
     read_concern: ReadConcern | None = None,
     timeout_ms: float | None = None,
@@ -81,6 +83,8 @@ def watch(
     collation: Mapping[str, Any] | Collation | None = None,
     comment: Any = None,
     show_expanded_events: bool | None = None,
+    version: str | None = None,
+    ignore_removed_shards: bool | None = None,
     read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
     read_concern: ReadConcern | None = None,
     timeout_ms: float | None = None,
@@ -104,6 +108,8 @@ def watch(
     collation: Mapping[str, Any] | Collation | None = None,
     comment: Any = None,
     show_expanded_events: bool | None = None,
+    version: str | None = None,
+    ignore_removed_shards: bool | None = None,
     read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
     read_concern: ReadConcern | None = None,
     timeout_ms: float | None = None,
@@ -127,6 +133,8 @@ def watch(
     collation: Mapping[str, Any] | Collation | None = None,
     comment: Any = None,
     show_expanded_events: bool | None = None,
+    version: str | None = None,
+    ignore_removed_shards: bool | None = None,
     read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
     read_concern: ReadConcern | None = None,
     timeout_ms: float | None = None,
@@ -152,6 +160,8 @@ def watch(
     collation: Mapping[str, Any] | Collation | None = None,
     comment: Any = None,
     show_expanded_events: bool | None = None,
+    version: str | None = None,
+    ignore_removed_shards: bool | None = None,
     read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
     read_concern: ReadConcern | None = None,
     timeout_ms: float | None = None,
@@ -174,8 +184,7 @@ def watch(
     fragments). Change streams require read concern "majority" or none (the
     server rejects others). The initial ``aggregate`` runs before this returns.
     """
-    if isinstance(target, (Client, Database, Collection)):
-        target = target.pymongo
+    target = unwrap(target)
     options = ChangeStreamOptions.from_kwargs(
         pipeline,
         typed=typed,
@@ -191,6 +200,8 @@ def watch(
         collation=collation,
         comment=comment,
         show_expanded_events=show_expanded_events,
+        version=version,
+        ignore_removed_shards=ignore_removed_shards,
         read_preference=read_preference,
         read_concern=read_concern,
         timeout_ms=timeout_ms,
@@ -200,7 +211,16 @@ def watch(
         # END generated watch options
         **unknown_options,  # unknown names: from_kwargs raises, listing the valid ones
     )
-    return ChangeStream(target, options)
+    stream: ChangeStream[Any] = ChangeStream(target, options)
+    stream._start()
+    return stream
+
+
+def unwrap(target: Any) -> Any:
+    """The PyMongo object behind a ``Client``/``Database``/``Collection`` wrapper, else ``target``."""
+    if isinstance(target, (Client, Database, Collection)):
+        return target.pymongo
+    return target
 
 
 class _BoundWatch(Protocol):
@@ -222,6 +242,8 @@ class _BoundWatch(Protocol):
         collation: Mapping[str, Any] | Collation | None = None,
         comment: Any = None,
         show_expanded_events: bool | None = None,
+        version: str | None = None,
+        ignore_removed_shards: bool | None = None,
         read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
         read_concern: ReadConcern | None = None,
         timeout_ms: float | None = None,
@@ -245,6 +267,8 @@ class _BoundWatch(Protocol):
         collation: Mapping[str, Any] | Collation | None = None,
         comment: Any = None,
         show_expanded_events: bool | None = None,
+        version: str | None = None,
+        ignore_removed_shards: bool | None = None,
         read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
         read_concern: ReadConcern | None = None,
         timeout_ms: float | None = None,
@@ -268,6 +292,8 @@ class _BoundWatch(Protocol):
         collation: Mapping[str, Any] | Collation | None = None,
         comment: Any = None,
         show_expanded_events: bool | None = None,
+        version: str | None = None,
+        ignore_removed_shards: bool | None = None,
         read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
         read_concern: ReadConcern | None = None,
         timeout_ms: float | None = None,
@@ -291,6 +317,8 @@ class _BoundWatch(Protocol):
         collation: Mapping[str, Any] | Collation | None = None,
         comment: Any = None,
         show_expanded_events: bool | None = None,
+        version: str | None = None,
+        ignore_removed_shards: bool | None = None,
         read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
         read_concern: ReadConcern | None = None,
         timeout_ms: float | None = None,

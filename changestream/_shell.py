@@ -52,7 +52,7 @@ def stream_setup(target: Target, options: ChangeStreamOptions) -> StreamSetup:
     timeout_ms = effective_timeout_ms(options, target.client)
     check_max_await(options, timeout_ms)
     codec = effective_codec_options(options, target)
-    wire = reply_codec(codec)
+    wire = reply_codec(codec, options.typed)
     spec = StreamSpec(
         database=target.database,
         collection=target.collection,
@@ -117,7 +117,7 @@ class Progress:
         ``server time - token time``: the newest cluster time any reply of this
         stream carried, minus the cluster time of the last event returned (or of
         the ``postBatchResumeToken`` once a batch is consumed). ``None`` until
-        both are known. Second resolution; see :mod:`changestream.position`.
+        both are known. Second resolution; see :class:`changestream.Position`.
         """
         return self._machine.position.lag
 

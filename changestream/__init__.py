@@ -28,6 +28,7 @@ from ._watch_types import AsyncWatchOptions, WatchOptions
 from .errors import (
     ChangeStreamError,
     ConsumeError,
+    EventTooLargeError,
     HistoryLostError,
     InvalidResumeTokenError,
     MalformedReplyError,
@@ -78,6 +79,7 @@ __all__ = [
     "ConsumeResult",
     "ConsumeStats",
     "Database",
+    "EventTooLargeError",
     "FileTokenStore",
     "HistoryLostError",
     "InvalidResumeTokenError",

@@ -33,12 +33,12 @@ from pymongo.read_preferences import ReadPreference
 
 from ._api import watch
 from ._cli_progress import StatusLine, WatchProgress, parse_operation_time
-from ._consume import (
+from ._consume import consume
+from ._consume_run import (
     DEAD_END_MARK,
     DEFAULT_CALL_TIMEOUT,
     ConsumeError,
     StreamInvalidatedError,
-    consume,
 )
 from ._diagnosis import authentication_failed, wrong_credentials_message
 from ._stream import ChangeStream

@@ -157,7 +157,7 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
         return NotResumableError(message + "." + server, token=token)
     if exc.code == CHANGE_STREAM_FATAL:
         return NotResumableError(
-            token_not_in_history_message(where, held, errmsg(exc)) + "." + server, token=token
+            token_not_in_history_message(where, held, errmsg(exc), stored=token is not None) + "." + server, token=token
         )
     if exc.code == BSON_OBJECT_TOO_LARGE:
         return EventTooLargeError(event_too_large_message(where, held) + "." + server,

@@ -90,7 +90,7 @@ def errmsg(exc: BaseException) -> str:
     return str(exc)
 
 
-def token_not_in_history_message(where: str, store: str, errmsg: str) -> str:
+def token_not_in_history_message(where: str, store: str, errmsg: str, *, stored: bool) -> str:
     """ChangeStreamFatalError (280): the token cannot be found, or a stage changed ``_id``."""
     if "_id" in errmsg and "modified" in errmsg:
         return (
@@ -99,15 +99,16 @@ def token_not_in_history_message(where: str, store: str, errmsg: str) -> str:
             f"the stage that sets or removes '_id', then run again: {store} holds {where}, "
             "the last token before it"
         )
+    token = f"{store} holds {where}" if stored else "the token the stream was opened with"
     return (
         f"the resume token is not in this deployment's change history (ChangeStreamFatalError, "
-        f"code 280): {store} holds {where}, which this deployment never produced. Running "
-        "again from it fails the same way. It comes from (1) another deployment: point the "
-        "URI at the deployment the token came from, or clear the token to start from now on "
-        "this one; (2) a backup restored after the token was saved: the changes after the "
-        "backup are not in its history, so copy the collection again and clear the token to "
-        "start from now; (3) a pipeline stage that changed '_id' (the resume token) when the "
-        "token was saved: fix the stage, then clear the token and resynchronise"
+        f"code 280): {token}, which this deployment never produced, and running again from it "
+        "fails the same way. It comes from (1) another deployment: point the URI at the "
+        "deployment the token came from, or clear the token to start from now on this one; "
+        "(2) a backup restored after the token was saved: the changes after the backup are not "
+        "in its history, so copy the collection again and clear the token to start from now; "
+        "(3) a pipeline stage that changed '_id' (the resume token) when the token was saved: "
+        "fix the stage, then clear the token and copy the collection again"
     )
 
 

@@ -60,6 +60,7 @@ async def consume(
     stats_interval: float = 10.0,
     call_timeout: float = DEFAULT_CALL_TIMEOUT,
     stop_on_signals: bool = False,
+    oversize: str = "fail",
 ) -> ConsumeResult:
     # async-only: begin
     """Handle every change at least once, keeping the resume token in ``store``.
@@ -71,7 +72,7 @@ async def consume(
     set; cancelling the task stores the last handled token and re-raises.
     ``open_stream`` may also be an ``AsyncCollection`` (with ``pipeline``,
     ``watch_options`` and ``initial_snapshot`` as in the sync ``consume``).
-    ``call_timeout`` and ``stop_on_signals`` work as there.
+    ``call_timeout``, ``stop_on_signals`` and ``oversize`` work as there.
     """
     # async-only: end
     # sync-only: begin
@@ -118,11 +119,17 @@ async def consume(
     # :func:`changestream.snapshot_then_watch`; ``watch_options`` may also hold
     # its ``copy_batch_size``); the store then keeps the copy's progress, so a
     # restart continues the copy where it stopped.
+    #
+    # ``oversize`` says what an event over 16 MB does: ``"fail"`` (default)
+    # stops with :class:`EventTooLargeError`; ``"split"`` (MongoDB 7.0+ or
+    # 6.0.9+, a collection as first argument) opens the stream with
+    # ``reassemble_split_events=True`` so the server splits it and the stream
+    # joins the fragments.
     # """
     # sync-only: end
     open_stream = stream_opener(
         open_stream, initial_snapshot=initial_snapshot, pipeline=pipeline,
-        watch_options=watch_options,
+        watch_options=watch_options, oversize=oversize,
     )
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 from ._api import Client, Collection, Database, watch
 from ._consume import consume
 from ._consume_run import ConsumeResult
+from ._lanes import BARRIER
 from ._metrics import ConsumeStats
+from ._policies import HistoryGap, OnError
 from ._position import Position
 from ._snapshot import SnapshotError
 from ._snapshot_watch import SnapshotThenWatch, snapshot_then_watch
@@ -69,6 +71,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
+    "BARRIER",
     "AsyncMongoTokenStore",
     "AsyncTokenStore",
     "AsyncWatchOptions",
@@ -82,6 +85,7 @@ __all__ = [
     "Database",
     "EventTooLargeError",
     "FileTokenStore",
+    "HistoryGap",
     "HistoryLostError",
     "InvalidResumeTokenError",
     "MalformedReplyError",
@@ -89,6 +93,7 @@ __all__ = [
     "MissingResumeTokenError",
     "MongoTokenStore",
     "NotResumableError",
+    "OnError",
     "Position",
     "RetriesExhaustedError",
     "SnapshotError",

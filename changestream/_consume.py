@@ -24,7 +24,9 @@ import tenacity
 
 from ._consume_run import (
     DEFAULT_CALL_TIMEOUT,
+    GAP,
     HANDLE,
+    MARK,
     SAVE,
     ConsumeResult,
     Run,
@@ -33,10 +35,27 @@ from ._consume_run import (
     signals_stop,
     stalled,
 )
+from ._lanes import KeyFunction
 from ._metrics import StatsCallback, StatsReporter
+from ._policies import (
+    DEFAULT_DRAIN_TIMEOUT,
+    HistoryGap,
+    HistoryLost,
+    OnError,
+    Setup,
+    resnapshotting,
+)
 from ._snapshot_watch import stream_opener
 from ._stream import ChangeStream
-from ._sync_io import bounded, call_handler, call_store, stop_setter, wait_for_stop
+from ._sync_io import (
+    bounded,
+    call_handler,
+    call_store,
+    report_gap,
+    stop_setter,
+    wait_for_stop,
+)
+from ._workers import ThreadWorkers
 from .stores import TokenStore
 
 __all__ = ["consume"]
@@ -60,6 +79,13 @@ def consume(
     stats_interval: float = 10.0,
     call_timeout: float = DEFAULT_CALL_TIMEOUT,
     stop_on_signals: bool = False,
+    workers: int = 1,
+    key: KeyFunction | None = None,
+    max_in_flight: int | None = None,
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    on_error: OnError | None = None,
+    on_history_lost: HistoryLost = "raise",
+    gap: Callable[[HistoryGap], object] | None = None,
     oversize: str = "fail",
 ) -> ConsumeResult:
     """Handle every change at least once, keeping the resume token in ``store``.
@@ -111,16 +137,38 @@ def consume(
     6.0.9+, a collection as first argument) opens the stream with
     ``reassemble_split_events=True`` so the server splits it and the stream
     joins the fragments.
+
+    ``workers=N`` (N > 1) calls the handler on N threads: changes with the
+    same ``key(change)`` (default: namespace and ``documentKey._id``) run one
+    at a time in stream order, a change without a key (DDL, ...; ``key``
+    returning ``None``) runs alone after everything before it; the stored
+    token is the low watermark (no unhandled change before it); at most
+    ``max_in_flight`` changes (default ``max(64, 4 * workers)``) wait after it.
+    On stop, Ctrl-C or an error, admitted changes may finish for up to
+    ``drain_timeout`` seconds (default 30). ``on_error=OnError(...)`` retries
+    a failing handler, then stops or dead-letters the change;
+    ``on_history_lost`` (``"raise"``, ``"resnapshot"``, ``"from_now"`` with
+    ``gap``) says what a lost history (286) leads to. See ``docs/consume.md``.
     """
+    source = open_stream
     open_stream = stream_opener(
-        open_stream, initial_snapshot=initial_snapshot, pipeline=pipeline,
+        source, initial_snapshot=initial_snapshot, pipeline=pipeline,
         watch_options=watch_options, oversize=oversize,
     )
+    setup = Setup(source, open_stream, workers=workers, key=key, max_in_flight=max_in_flight,
+                  drain_timeout=drain_timeout, on_error=on_error,
+                  on_history_lost=on_history_lost, gap=gap)
+    if setup.resnapshot:
+        open_stream = resnapshotting(open_stream, stream_opener(
+            source, initial_snapshot=True, pipeline=pipeline, watch_options=watch_options))
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,
-              stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout)
+              stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout,
+              history=setup.history, calls=setup.calls, parallel=setup.lanes is not None)
     run.loaded(call_store(store.load))
     stop = stop if stop is not None else threading.Event()
+    pool = None if setup.lanes is None else ThreadWorkers(handler, run.calls, setup.lanes,
+                                                         setup.key)
 
     def save() -> None:
         call_store(store.save, run.token)
@@ -130,11 +178,20 @@ def consume(
         """Run one stream; ``True``: it failed transiently after progress, open a new one."""
         if stop.is_set():
             return False
-        with pymongo.timeout(run.call_timeout):
-            stream = open_stream(run.opening())
+        try:
+            with pymongo.timeout(run.call_timeout):
+                stream = open_stream(run.opening())
+        except Exception as exc:
+            if run.history_lost(exc):
+                return True
+            raise
         try:
             with bounded(stream, run.call_timeout):
-                if run.started(stream) is SAVE:
+                step = run.started(stream)
+                if step is GAP:
+                    report_gap(setup, run.gap)
+                    step = run.gap_reported()
+                if step is SAVE:
                     save()
                 while not stop.is_set():
                     with call_bound(stream, run.call_timeout):
@@ -143,14 +200,34 @@ def consume(
                     step = run.polled(change, token, stream.alive, stalled(stream))
                     if step is HANDLE:
                         try:
-                            call_handler(handler, change)
+                            if pool is None:
+                                call_handler(handler, change, run.calls)
+                            else:  # the stored token never trails the window: store first
+                                pool.room()
+                                if run.advanced_to(*pool.progress()) is SAVE:
+                                    save()
+                                pool.submit(change, token)
                         except Exception as exc:
                             run.handler_error = exc
                             raise
-                        step = run.handled(token)
+                        step = run.handled(token) if pool is None else run.advanced_to(
+                            *pool.progress())
+                    elif step is MARK and pool is not None:
+                        try:
+                            pool.mark(token)
+                        except Exception as exc:
+                            run.handler_error = exc
+                            raise
+                        step = run.advanced_to(*pool.progress())
                     if step is SAVE:
                         save()
         except Exception as exc:
+            if pool is not None:  # a reopen starts from the low watermark, nothing running
+                settled = pool.settle(setup.drain_timeout)
+                run.advanced_to(*pool.progress())
+                if not settled:
+                    raise
+                pool.restart()
             if run.reopen_after(exc):
                 return True
             raise
@@ -164,6 +241,7 @@ def consume(
             while tenacity.Retrying(sleep=sleep, **run.retrying())(session):
                 pass
     except Exception as exc:
+        _settle_quietly(pool, run, setup.drain_timeout)
         _flush_quietly(run, save)
         run.finished()
         error = run.final_error(exc)
@@ -171,12 +249,27 @@ def consume(
             raise
         raise error from error.__cause__
     except BaseException:
+        _settle_quietly(pool, run, setup.drain_timeout)
         _flush_quietly(run, save)
         run.finished()
         raise
+    _settle_quietly(pool, run, setup.drain_timeout)
     if run.pending:
         save()
     return run.result()
+
+
+def _settle_quietly(pool: ThreadWorkers | None, run: Run, drain_timeout: float) -> None:
+    """Let admitted changes finish (up to ``drain_timeout``) and take their watermark."""
+    if pool is None:
+        return
+    try:
+        pool.settle(drain_timeout)
+    except BaseException:  # interrupted again (Ctrl-C, cancelled): keep what is done
+        log.warning("stopped waiting for the handlers; their changes are delivered again")
+    finally:
+        run.advanced_to(*pool.progress())
+        pool.close()
 
 
 def _flush_quietly(run: Run, save: Callable[[], None]) -> None:

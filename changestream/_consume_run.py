@@ -55,6 +55,7 @@ from ._diagnosis import (
     wrong_credentials_message,
 )
 from ._metrics import StatsReporter
+from ._policies import HandlerCalls, HistoryGap, HistoryPolicy
 from ._token import ResumeToken, token_cluster_time, token_to_json
 from .errors import (
     ConsumeError,
@@ -218,6 +219,8 @@ class Progress:
     _saved: ResumeToken | None = dataclasses.field(default=None, init=False)
     _unsaved: int = dataclasses.field(default=0, init=False)
     _last_save: float = dataclasses.field(default_factory=time.monotonic, init=False)
+    _watermark: Any = dataclasses.field(default=None, init=False)
+    """The workers' watermark at the last :meth:`on_watermark` (moved or not)."""
 
     def start(self, token: Any) -> None:
         """The token loaded from the store."""
@@ -230,6 +233,29 @@ class Progress:
         self.handled += 1
         self._unsaved += 1
         self.advanced = True
+        due = self.save_interval is not None and (
+            time.monotonic() - self._last_save >= self.save_interval
+        )
+        return self._unsaved >= self.save_every or due
+
+    def on_watermark(self, token: Any, handled: int, *, healthy: bool = True) -> bool:
+        """Parallel handlers: ``handled`` changes so far, ``token`` their low watermark;
+        ``True``: save now (as :meth:`on_change` for changes, :meth:`on_idle` for a moved mark)."""
+        newly = handled - self.handled
+        self.handled = handled
+        if newly:
+            self._unsaved += newly
+            self.advanced = True
+        # Only a watermark that moved since the last call counts: after a reopen the workers
+        # still hold the previous stream's (e.g. before a lost history), never to be stored.
+        moved, self._watermark = token is not self._watermark, token
+        if token is None or not moved or (not newly and _key(token) == _key(self.token)):
+            return False  # (a watermark past newly handled changes is a new token: no compare)
+        self.token = token
+        if not newly and not self._unsaved:
+            # Only an empty batch's token moved: saved at once, as without workers.
+            self.advanced = self.advanced or healthy
+            return True
         due = self.save_interval is not None and (
             time.monotonic() - self._last_save >= self.save_interval
         )
@@ -377,7 +403,13 @@ def call_bound(stream: Any, call_timeout: float) -> contextlib.AbstractContextMa
 
 # -- one run, without its I/O (shared with the async loop) ------------------------------------
 HANDLE = "handle"
-"""A change came: call the handler, then :meth:`Run.handled`."""
+"""A change came: call the handler, then :meth:`Run.handled` (with workers: submit it, then
+:meth:`Run.advanced_to`)."""
+MARK = "mark"
+"""With workers: no change came; hand the stream's token to the workers in order, then
+:meth:`Run.advanced_to`."""
+GAP = "gap"
+"""The stream opened after a lost history: pass :attr:`Run.gap` to the ``gap`` function, then save."""
 SAVE = "save"
 """Store the token now."""
 NOTHING = "nothing"
@@ -403,6 +435,9 @@ class Run:
         backoff_max: float,
         stats: StatsReporter,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        history: HistoryPolicy | None = None,
+        calls: HandlerCalls | None = None,
+        parallel: bool = False,
     ) -> None:
         check_save_options(save_every, save_interval)
         check_call_timeout(call_timeout)
@@ -413,6 +448,15 @@ class Run:
         self.stats = stats
         self.opened = 0
         self.handler_error: BaseException | None = None
+        self.history = history if history is not None else HistoryPolicy(
+            "raise", None, is_collection=False)
+        self.calls = calls if calls is not None else HandlerCalls(None)
+        stats.calls = self.calls
+        self.parallel = parallel
+        """Changes go to worker threads or tasks (``workers`` > 1)."""
+        self._stalled = False
+        self.gap: HistoryGap | None = None
+        """The lost interval to report (after :data:`GAP`)."""
 
     def loaded(self, stored: StoredToken | None) -> None:
         """What the store held when the run began."""
@@ -426,7 +470,7 @@ class Run:
     def opening(self) -> Any:
         """A stream is about to open: the token to open it from."""
         self.opened += 1
-        return self.progress.token
+        return self.history.opening(self.progress.token)
 
     def started(self, stream: Any) -> str:
         """``stream`` opened: :data:`SAVE` if its token moved the position."""
@@ -435,7 +479,15 @@ class Run:
             log.info("reopened the change stream (reopen %d)", self.opened - 1)
         due = self.progress.on_idle(stream.resume_token)
         self.progress.advanced = False
+        self.gap = self.history.opened(stream)
+        if self.gap is not None:
+            return GAP
         return SAVE if due else NOTHING
+
+    def gap_reported(self) -> str:
+        """The ``gap`` function returned (after :data:`GAP`): :data:`SAVE` if the position moved."""
+        self.gap = None
+        return SAVE if self.progress.pending else NOTHING
 
     def polled(self, change: Any, token: Any, alive: bool, stalled: bool = False) -> str:
         """``try_next`` returned ``change`` and left ``token``; raise at the stream's end.
@@ -444,10 +496,13 @@ class Run:
         moved token is saved but does not count as progress.
         """
         progress = self.progress
+        self._stalled = stalled
         self.stats.poll(progress.handled, self.opened - 1)
         if change is None:
             if not alive:
                 raise invalidated(None, progress.token, token)
+            if self.parallel:
+                return MARK
             return SAVE if progress.on_idle(token, healthy=not stalled) else NOTHING
         if is_invalidate(change):
             raise invalidated(change, progress.token, token)
@@ -456,6 +511,11 @@ class Run:
     def handled(self, token: Any) -> str:
         """The handler returned for the change that left ``token``."""
         return SAVE if self.progress.on_change(token) else NOTHING
+
+    def advanced_to(self, watermark: Any, handled: int) -> str:
+        """With workers: ``handled`` changes are done and ``watermark`` may be stored."""
+        due = self.progress.on_watermark(watermark, handled, healthy=not self._stalled)
+        return SAVE if due else NOTHING
 
     def saved(self) -> None:
         self.progress.saved()
@@ -466,8 +526,19 @@ class Run:
         """A token not yet in the store."""
         return self.progress.pending
 
+    def history_lost(self, exc: BaseException) -> bool:
+        """Opening or reading failed with ``exc``: a lost history ``on_history_lost`` recovers
+        from (reopen at once, from now or with a new snapshot) or not."""
+        if not self.history.recover(exc, self.progress.token):
+            return False
+        self.progress.token = None
+        self.progress.advanced = True
+        return True
+
     def reopen_after(self, exc: BaseException) -> bool:
         """The stream failed with ``exc``: reopen at once (it had made progress) or not."""
+        if exc is not self.handler_error and self.history_lost(exc):
+            return True
         if self.progress.advanced and is_transient(exc):
             log.warning("change stream failed after progress (%s); reopening",
                         describe_error(exc))
@@ -490,6 +561,8 @@ class Run:
         server error keeps its type but reads ``code codeName: errmsg``; the
         handler's own errors propagate untouched. Raise it ``from error.__cause__``.
         """
+        if self.parallel and isinstance(exc, ConsumeError):
+            exc.token = self.progress.token  # raised before the workers finished: now they have
         dead_end = self.dead_end(exc)
         if dead_end is not None:
             log.error("%s", dead_end, extra={DEAD_END_MARK: True})

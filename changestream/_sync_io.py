@@ -13,11 +13,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pymongo
+import tenacity
 from pymongo.errors import PyMongoError
 
+from ._policies import HandlerCalls, HistoryGap, Setup
 from ._stream import ChangeStream
 
-__all__ = ["bounded", "call_handler", "call_store", "stop_setter", "wait_for_stop"]
+__all__ = ["bounded", "call_handler", "call_store", "report_gap", "stop_setter", "wait_for_stop"]
 
 
 def call_store(method: Callable[..., Any], *args: Any) -> Any:
@@ -25,9 +27,24 @@ def call_store(method: Callable[..., Any], *args: Any) -> Any:
     return method(*args)
 
 
-def call_handler(handler: Callable[[Any], object], change: Any) -> None:
-    """Call the handler."""
-    handler(change)
+def call_handler(handler: Callable[[Any], object], change: Any, calls: HandlerCalls) -> None:
+    """Call the handler under the ``on_error`` policy (retried with backoff, then raised or
+    dead-lettered)."""
+    if not calls.retrying:
+        handler(change)
+        return
+    try:
+        tenacity.Retrying(**calls.arguments())(handler, change)
+    except Exception as exc:
+        dead_letter = calls.gave_up(change, exc)
+        if dead_letter is None:
+            raise
+        dead_letter(change, exc)
+
+
+def report_gap(setup: Setup, gap: HistoryGap | None) -> None:
+    """Call the ``gap`` function."""
+    setup.report_gap(gap)
 
 
 def wait_for_stop(stop: threading.Event, seconds: float) -> None:

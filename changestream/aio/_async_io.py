@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pymongo
+import tenacity
 from pymongo.errors import PyMongoError
 
+from .._policies import HandlerCalls, HistoryGap, Setup
 from ._stream import AsyncChangeStream
 
-__all__ = ["bounded", "call_handler", "call_store", "stop_setter", "wait_for_stop"]
+__all__ = ["bounded", "call_handler", "call_store", "report_gap", "stop_setter", "wait_for_stop"]
 
 
 async def call_store(method: Callable[..., Any], *args: Any) -> Any:
@@ -28,9 +30,33 @@ async def call_store(method: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.to_thread(method, *args)
 
 
-async def call_handler(handler: Callable[[Any], Any], change: Any) -> None:
-    """Call a handler that is a function or a coroutine function."""
-    result = handler(change)
+async def call_handler(handler: Callable[[Any], Any], change: Any, calls: HandlerCalls) -> None:
+    """Call a handler that is a function or a coroutine function, under the ``on_error``
+    policy (retried with backoff, then raised or dead-lettered; ``dead_letter`` may be a
+    coroutine function too)."""
+    if not calls.retrying:
+        result = handler(change)
+        if inspect.isawaitable(result):
+            await result
+        return
+    try:
+        await tenacity.AsyncRetrying(**calls.arguments())(_once, handler, change)
+    except Exception as exc:
+        dead_letter = calls.gave_up(change, exc)
+        if dead_letter is None:
+            raise
+        await _once(dead_letter, change, exc)
+
+
+async def _once(function: Callable[..., Any], *args: Any) -> None:
+    result = function(*args)
+    if inspect.isawaitable(result):
+        await result
+
+
+async def report_gap(setup: Setup, gap: HistoryGap | None) -> None:
+    """Call the ``gap`` function (a coroutine function is awaited)."""
+    result = setup.report_gap(gap)
     if inspect.isawaitable(result):
         await result
 

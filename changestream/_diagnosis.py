@@ -72,6 +72,9 @@ def describe_store(store: object) -> str:
     """The token store in the user's terms: a file, a collection, or memory."""
     from .stores import AsyncMongoTokenStore, FileTokenStore, MemoryTokenStore, MongoTokenStore
 
+    inner = getattr(store, "store", None)
+    if inner is not None and inner is not store:  # a wrapper (the CLI's): the store it keeps
+        return describe_store(inner)
     if isinstance(store, MemoryTokenStore):
         return "the in-memory token store"
     if isinstance(store, FileTokenStore):

@@ -31,6 +31,7 @@ from ._watch_types import AsyncWatchOptions, WatchOptions
 from .errors import (
     ChangeStreamError,
     ConsumeError,
+    EventTooLargeError,
     HistoryLostError,
     InvalidResumeTokenError,
     MalformedReplyError,
@@ -82,6 +83,7 @@ __all__ = [
     "ConsumeResult",
     "ConsumeStats",
     "Database",
+    "EventTooLargeError",
     "FileTokenStore",
     "HistoryGap",
     "HistoryLostError",

@@ -181,7 +181,8 @@ def watch(
     ``read_concern``, ``timeout_ms``, ``codec_options``, ``document_class``,
     ``typed`` (return :mod:`changestream.events` objects) and
     ``reassemble_split_events`` (merge ``$changeStreamSplitLargeEvent``
-    fragments). Change streams require read concern "majority" or none (the
+    fragments; the stage is appended when the pipeline lacks it, and a server
+    without it, before 7.0 and 6.0.9, refuses with :class:`~changestream.errors.SplitEventError`). Change streams require read concern "majority" or none (the
     server rejects others). The initial ``aggregate`` runs before this returns.
     """
     target = unwrap(target)

@@ -18,10 +18,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
+from urllib.parse import parse_qs, urlsplit
 
 import pymongo
 from bson import json_util
@@ -32,7 +34,13 @@ from pymongo.read_preferences import ReadPreference
 from ._api import watch
 from ._cli_progress import StatusLine, WatchProgress, parse_operation_time
 from ._consume import consume
-from ._consume_run import DEFAULT_CALL_TIMEOUT, ConsumeError, StreamInvalidatedError
+from ._consume_run import (
+    DEAD_END_MARK,
+    DEFAULT_CALL_TIMEOUT,
+    ConsumeError,
+    StreamInvalidatedError,
+)
+from ._diagnosis import authentication_failed, wrong_credentials_message
 from ._policies import HistoryGap
 from ._stream import ChangeStream
 from ._token import token_cluster_time, token_from_json, token_to_json
@@ -165,6 +173,11 @@ def _parser() -> argparse.ArgumentParser:
         help="changes per batch (default: the server's)",
     )
     watch_parser.add_argument(
+        "--oversize", choices=("fail", "split"), default="fail",
+        help="a change over 16 MB: stop with a message (fail, default) or let the server split "
+        "it and join the fragments (split; MongoDB 7.0+ or 6.0.9+)",
+    )
+    watch_parser.add_argument(
         "--show-expanded-events", action="store_true",
         help="also report DDL events (create, createIndexes, modify, ...; MongoDB 6.0+)",
     )
@@ -257,6 +270,9 @@ def _main(argv: list[str] | None) -> int:
             start_after = token_from_json(given)
         except ValueError as exc:
             parser.error(f"{option}: {exc}")
+        problem = _token_data_problem(start_after.get("_data"))
+        if problem is not None:
+            parser.error(f"{option}: not a resume token: {problem}")
     if args.start_at_operation_time is not None:
         try:
             args.start_at_operation_time = parse_operation_time(args.start_at_operation_time)
@@ -281,26 +297,74 @@ def _main(argv: list[str] | None) -> int:
     return _watch(args, client, store, pipeline, start_after)
 
 
+def _token_data_problem(data: Any) -> str | None:
+    """Why a token's ``_data`` cannot be resumed from (``None``: it can)."""
+    if not isinstance(data, str):
+        return f"'_data' must be a hex string, not {type(data).__name__} {data!r:.40}"
+    try:
+        bytes.fromhex(data)
+    except ValueError:
+        return f"'_data' must be a hex string (copy it from an event's _id), not {data!r:.40}"
+    return None
+
+
 def _redact(text: str, uri: str) -> str:
     """Never print the credentials of a URI (``user:password@``)."""
     userinfo = uri.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[0]
     return text.replace(userinfo, "***") if userinfo else text
 
 
-def _reach(client: MongoClient[dict[str, Any]], seconds: float) -> str | None:
-    """``None`` once any member answers a ping; else one line saying what was tried."""
-    try:
-        with pymongo.timeout(seconds):
-            client.admin.command("ping", read_preference=ReadPreference.NEAREST)
-    except PyMongoError as exc:
-        seeds = ", ".join(
-            f"{host}:{port}" for host, port in client.topology_description.server_descriptions()
-        )
-        if getattr(exc, "timeout", False) or not hasattr(exc, "code"):
-            return (f"could not reach the deployment ({seeds}) within {seconds:g} s: "
-                    f"{describe_error(exc)}")
-        return f"the deployment ({seeds}) refused the first command: {describe_error(exc)}"
+def _reach(client: MongoClient[dict[str, Any]], seconds: float, uri: str) -> str | None:
+    """``None`` once any member answers a ping; else one line saying what was tried.
+
+    Pings in short rounds so failed authentication is reported at once: after
+    it, PyMongo leaves the member unselectable until its next heartbeat.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with pymongo.timeout(max(min(left, 0.5), 0.01)):
+                client.admin.command("ping", read_preference=ReadPreference.NEAREST)
+            return None
+        except PyMongoError as exc:
+            failure = _auth_failure(client, exc)
+            if failure is not None:
+                return (f"the deployment ({_hosts(uri)}): {wrong_credentials_message()}. "
+                        f"Server: {describe_error(failure)}")
+            timed_out = getattr(exc, "timeout", False) or not hasattr(exc, "code")
+            if not timed_out:
+                return (f"the deployment ({_hosts(uri)}) refused the first command: "
+                        f"{describe_error(exc)}")
+            if time.monotonic() >= deadline:
+                return (f"could not reach the deployment ({_hosts(uri)}) within {seconds:g} s: "
+                        f"{describe_error(exc)}{_set_name_hint(exc, uri)}")
+
+
+def _auth_failure(client: MongoClient[dict[str, Any]], exc: PyMongoError) -> BaseException | None:
+    """The authentication error behind ``exc`` (or a member's last error), if any."""
+    if authentication_failed(exc):
+        return exc
+    for description in client.topology_description.server_descriptions().values():
+        if description.error is not None and authentication_failed(description.error):
+            return description.error
     return None
+
+
+def _hosts(uri: str) -> str:
+    """The hosts as written in the URI (an SRV name is marked so), never its credentials."""
+    rest = uri.split("://", 1)[-1]
+    hosts = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    return f"{hosts} (SRV)" if uri.startswith("mongodb+srv://") else hosts
+
+
+def _set_name_hint(exc: PyMongoError, uri: str) -> str:
+    """A wrong ``replicaSet`` name removes every member from the topology: say so."""
+    wanted = parse_qs(urlsplit(uri).query).get("replicaSet")
+    if not wanted or "No replica set members available for replica set name" not in str(exc):
+        return ""
+    return (f"; no member answered as replica set {wanted[0]!r}: check that the URI's "
+            f"replicaSet= is the set's name (rs.status().set), or leave it out")
 
 
 def _say(message: str) -> None:
@@ -345,6 +409,11 @@ class _PrintGuard:
         return repr(self.store)
 
 
+def _not_dead_end(record: logging.LogRecord) -> bool:
+    """``consume`` logs the error it stops with; the CLI prints that line itself."""
+    return not getattr(record, DEAD_END_MARK, False)
+
+
 def _log_level(args: argparse.Namespace) -> int:
     if args.log_level is not None:
         return int(getattr(logging, args.log_level))
@@ -360,6 +429,7 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
     progress = WatchProgress(stop, status, args.until_idle)
     for handler in logging.getLogger().handlers:
         progress.attach(handler)
+        handler.addFilter(_not_dead_end)  # printed once below, as the exit message
     guard = _PrintGuard(store, stop)
     # Also when started in the background, where SIGINT is inherited as ignored.
     previous = {signum: signal.signal(signum, guard.interrupt)
@@ -373,6 +443,8 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
         options["batch_size"] = args.batch_size
     if args.show_expanded_events:
         options["show_expanded_events"] = True
+    if args.oversize == "split":
+        options["reassemble_split_events"] = True
     if args.change_stream_version is not None:
         options["version"] = args.change_stream_version
     if args.ignore_removed_shards:
@@ -416,7 +488,7 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
             stop.set()
 
     try:
-        problem = _reach(client, args.connect_timeout)
+        problem = _reach(client, args.connect_timeout, args.uri)
         if problem is not None:
             _say(_redact(problem, args.uri))
             return 1

@@ -9,6 +9,9 @@ Spark adapter's errors) imports it from here. Names are the server's own
 from __future__ import annotations
 
 __all__ = [
+    "AUTHENTICATION_CODES",
+    "BSON_OBJECT_TOO_LARGE",
+    "CHANGE_STREAM_FATAL",
     "CHANGE_STREAM_HISTORY_LOST",
     "CURSOR_KILLED",
     "CURSOR_NOT_FOUND",
@@ -20,6 +23,7 @@ __all__ = [
     "TRANSIENT_CODES",
     "TRANSIENT_LABELS",
     "UNAUTHORIZED",
+    "UNRECOGNIZED_PIPELINE_STAGE",
 ]
 
 # -- single codes ---------------------------------------------------------------------------
@@ -31,6 +35,14 @@ CURSOR_KILLED = 237
 """killCursors (or killSessions) hit the cursor while a getMore was using it: the getMore
 fails with CursorKilled. Not resumable for the stream (spec), but reopening from the
 stored token is safe, so consume() retries it."""
+CHANGE_STREAM_FATAL = 280
+"""ChangeStreamFatalError: the resume token is not in this deployment's history (another
+deployment, a restored backup) or a stage modified the events' ``_id``: never retried."""
+BSON_OBJECT_TOO_LARGE = 10334
+"""BSONObjectTooLarge: a change event over 16 MB. The same event fails every resume, so it
+is never retried; ``$changeStreamSplitLargeEvent`` (reassemble_split_events) avoids it."""
+UNRECOGNIZED_PIPELINE_STAGE = 40324
+"""A stage the server does not know, e.g. ``$changeStreamSplitLargeEvent`` before 7.0/6.0.9."""
 CHANGE_STREAM_HISTORY_LOST = 286
 """ChangeStreamHistoryLost: the resume point has fallen off the oplog; the changes since are gone."""
 
@@ -43,6 +55,13 @@ RETRYABLE_READ_LABEL = "RetryableError"
 """Retryable-reads spec: a failed aggregate carrying this label may be retried once."""
 
 # -- code sets ------------------------------------------------------------------------------
+AUTHENTICATION_CODES = frozenset({
+    11,  # UserNotFound
+    18,  # AuthenticationFailed
+    334,  # MechanismUnavailable
+})
+"""The credentials do not work: reported at once, never retried (only new credentials help)."""
+
 _UNAVAILABLE = frozenset({
     6,  # HostUnreachable
     7,  # HostNotFound

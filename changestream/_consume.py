@@ -86,6 +86,7 @@ def consume(
     on_error: OnError | None = None,
     on_history_lost: HistoryLost = "raise",
     gap: Callable[[HistoryGap], object] | None = None,
+    oversize: str = "fail",
 ) -> ConsumeResult:
     """Handle every change at least once, keeping the resume token in ``store``.
 
@@ -131,6 +132,12 @@ def consume(
     its ``copy_batch_size``); the store then keeps the copy's progress, so a
     restart continues the copy where it stopped.
 
+    ``oversize`` says what an event over 16 MB does: ``"fail"`` (default)
+    stops with :class:`EventTooLargeError`; ``"split"`` (MongoDB 7.0+ or
+    6.0.9+, a collection as first argument) opens the stream with
+    ``reassemble_split_events=True`` so the server splits it and the stream
+    joins the fragments.
+
     ``workers=N`` (N > 1) calls the handler on N threads: changes with the
     same ``key(change)`` (default: namespace and ``documentKey._id``) run one
     at a time in stream order, a change without a key (DDL, ...; ``key``
@@ -146,7 +153,7 @@ def consume(
     source = open_stream
     open_stream = stream_opener(
         source, initial_snapshot=initial_snapshot, pipeline=pipeline,
-        watch_options=watch_options,
+        watch_options=watch_options, oversize=oversize,
     )
     setup = Setup(source, open_stream, workers=workers, key=key, max_in_flight=max_in_flight,
                   drain_timeout=drain_timeout, on_error=on_error,

@@ -35,17 +35,31 @@ import tenacity
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from ._codes import (
+    BSON_OBJECT_TOO_LARGE,
+    CHANGE_STREAM_FATAL,
     CHANGE_STREAM_HISTORY_LOST,
     NON_RESUMABLE_LABEL,
     TRANSIENT_CODES,
     TRANSIENT_LABELS,
     UNAUTHORIZED,
 )
+from ._diagnosis import (
+    authentication_failed,
+    describe_store,
+    errmsg,
+    event_too_large_message,
+    missing_credentials,
+    missing_credentials_message,
+    not_authorized_message,
+    token_not_in_history_message,
+    wrong_credentials_message,
+)
 from ._metrics import StatsReporter
 from ._policies import HandlerCalls, HistoryGap, HistoryPolicy
 from ._token import ResumeToken, token_cluster_time, token_to_json
 from .errors import (
     ConsumeError,
+    EventTooLargeError,
     HistoryLostError,
     NotResumableError,
     RetriesExhaustedError,
@@ -67,6 +81,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("changestream.consume")
+DEAD_END_MARK = "changestream_dead_end"
+"""Set on the log record of the error a run stops with (the CLI prints it itself)."""
 DEFAULT_CALL_TIMEOUT = 60.0
 """Seconds each stream call (open, poll, close) of :func:`consume` may take by default."""
 
@@ -89,10 +105,13 @@ def is_transient(exc: BaseException) -> bool:
 
     Network errors, server selection timeouts, client-side timeouts, and
     server errors labelled resumable/retryable or with a retryable code are;
-    anything labelled ``NonResumableChangeStreamError`` never is.
+    anything labelled ``NonResumableChangeStreamError`` never is, nor failed
+    authentication (a server selection timeout included: only new credentials help).
     """
     if not isinstance(exc, PyMongoError) or exc.has_error_label(NON_RESUMABLE_LABEL):
         return False
+    if authentication_failed(exc) or getattr(exc, "code", None) == BSON_OBJECT_TOO_LARGE:
+        return False  # the same credentials, the same oversized event: never better on retry
     if isinstance(exc, ConnectionFailure) or exc.timeout:
         return True
     if isinstance(exc, OperationFailure):
@@ -111,33 +130,44 @@ def _describe_token(token: Any) -> str:
 
 
 def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError | None:
-    """The :class:`ConsumeError` for ``exc`` if it is one of the known dead ends, else ``None``."""
+    """The :class:`ConsumeError` for ``exc`` if it is one of the known dead ends, else ``None``.
+
+    The wording is :mod:`changestream._diagnosis`'s (shared with the CLI and Spark).
+    """
+    where = _describe_token(token)
+    held = describe_store(store)
+    server = f" Server: {describe_error(exc)}"
+    if authentication_failed(exc):
+        return NotResumableError(wrong_credentials_message(where, held) + "." + server,
+                                 token=token)
     if not isinstance(exc, OperationFailure):
         return None
-    where = _describe_token(token)
     if exc.code == CHANGE_STREAM_HISTORY_LOST:
         return HistoryLostError(
             f"change stream history lost (code 286): the stored {where} is older than the "
             f"oldest entry of the server's oplog, so the changes since then are gone from the "
             f"change stream. To recover: resynchronise from the collection itself (e.g. a full "
             f"copy), then start a new stream at the time of that copy "
-            f"(start_at_operation_time=...) or from now after clearing {store!r}. A larger "
-            f"oplog (replSetResizeOplog) or a faster consumer prevents this. Server: "
-            f"{describe_error(exc)}",
+            f"(start_at_operation_time=...) or from now after clearing {held}. A larger "
+            f"oplog (replSetResizeOplog) or a faster consumer prevents this.{server}",
             token=token,
         )
     if exc.code == UNAUTHORIZED:
+        message = (missing_credentials_message if missing_credentials(exc)
+                   else not_authorized_message)(where, held)
+        return NotResumableError(message + "." + server, token=token)
+    if exc.code == CHANGE_STREAM_FATAL:
         return NotResumableError(
-            f"not authorized to watch (code 13): grant the user the 'changeStream' and 'find' "
-            f"actions on the watched namespace, then run again; {store!r} still holds {where}. "
-            f"Server: {describe_error(exc)}",
-            token=token,
+            token_not_in_history_message(where, held, errmsg(exc), stored=token is not None) + "." + server, token=token
         )
+    if exc.code == BSON_OBJECT_TOO_LARGE:
+        return EventTooLargeError(event_too_large_message(where, held) + "." + server,
+                                  token=token)
     if exc.has_error_label(NON_RESUMABLE_LABEL):
         return NotResumableError(
             f"the server says this change stream cannot be resumed "
-            f"(NonResumableChangeStreamError): {describe_error(exc)}. Fix the cause (often the pipeline, e.g. "
-            f"a stage removing '_id'), then run again from {where} in {store!r}.",
+            f"(NonResumableChangeStreamError): {describe_error(exc)}. Fix the cause (often the "
+            f"pipeline), then run again: {held} holds {where}.",
             token=token,
         )
     return None
@@ -296,7 +326,7 @@ class RetryPolicy:
             source = "the handler" if from_handler else "the change stream"
             return RetriesExhaustedError(
                 f"{source} kept failing for {self.retry_for:g} s, the last time with "
-                f"{describe_error(exc)}; {store!r} holds {_describe_token(token)}: run again once"
+                f"{describe_error(exc)}; {describe_store(store)} holds {_describe_token(token)}: run again once"
                 " the deployment is reachable and it resumes from there",
                 token=token,
             )
@@ -535,6 +565,7 @@ class Run:
             exc.token = self.progress.token  # raised before the workers finished: now they have
         dead_end = self.dead_end(exc)
         if dead_end is not None:
+            log.error("%s", dead_end, extra={DEAD_END_MARK: True})
             dead_end.__cause__ = exc
             return dead_end
         return exc if exc is self.handler_error else one_line(exc)

@@ -38,12 +38,15 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from ._codes import (
+    BSON_OBJECT_TOO_LARGE,
     CURSOR_NOT_FOUND,
     RESUMABLE_CODES_BEFORE_4_4,
     RESUMABLE_LABEL,
     RETRYABLE_READ_CODES,
     RETRYABLE_READ_LABEL,
+    UNRECOGNIZED_PIPELINE_STAGE,
 )
+from ._diagnosis import SPLIT_STAGE, event_too_large_message, split_unsupported_message
 from ._options import ChangeStreamOptions
 from ._position import Position, newest_reply_time
 from ._split import SplitReassembler
@@ -54,6 +57,8 @@ from .errors import (
     MalformedReplyError,
     MissingResumeTokenError,
     SplitEventError,
+    describe_error,
+    reworded,
 )
 
 __all__ = [
@@ -253,6 +258,13 @@ class ChangeStreamMachine:
         self._batch: deque[Mapping[str, Any]] = deque()
         self._post_batch_token: Mapping[str, Any] | None = None
         self._fragments = SplitReassembler() if options.reassemble_split_events else None
+        self._split_stage: tuple[Mapping[str, Any], ...] = (
+            ({SPLIT_STAGE: {}},)
+            if options.reassemble_split_events
+            and not any(SPLIT_STAGE in stage for stage in options.pipeline)
+            else ()
+        )
+        """reassemble_split_events without the split stage in the pipeline: it is appended."""
         self._error: BaseException | None = None
         """What the plan's RAISE raises."""
         self._server_time: Timestamp | None = None
@@ -427,6 +439,7 @@ class ChangeStreamMachine:
 
     def receive_error(self, error: ErrorInfo) -> None:
         """Feed the failure of the in-flight command."""
+        error = self._explained(error)
         flight = self._state.flight
         if flight is Act.KILL_CURSORS:
             event = Event.KILLED  # spec: errors while killing the cursor are suppressed
@@ -435,6 +448,18 @@ class ChangeStreamMachine:
         else:
             event = self._aggregate_error_event(error)
         self._fire(event, None, error.exception)
+
+    def _explained(self, error: ErrorInfo) -> ErrorInfo:
+        """``error`` whose fix is one of this client's options, saying which (codes unchanged)."""
+        exception = error.exception
+        if error.code == BSON_OBJECT_TOO_LARGE and self._fragments is None:
+            text = f"{event_too_large_message()}. Server: {describe_error(exception)}"
+            return dataclasses.replace(error, exception=reworded(exception, text))
+        if error.code == UNRECOGNIZED_PIPELINE_STAGE and self._split_stage:
+            refused = SplitEventError(split_unsupported_message(describe_error(exception)))
+            refused.__cause__ = exception
+            return dataclasses.replace(error, exception=refused)
+        return error
 
     # -- classification ---------------------------------------------------------
     @staticmethod
@@ -710,7 +735,7 @@ class ChangeStreamMachine:
             stage["ignoreRemovedShards"] = options.ignore_removed_shards
         command: dict[str, Any] = {
             "aggregate": spec.collection if spec.collection is not None else 1,
-            "pipeline": [{"$changeStream": stage}, *options.pipeline],
+            "pipeline": [{"$changeStream": stage}, *options.pipeline, *self._split_stage],
             "cursor": {} if options.batch_size is None else {"batchSize": options.batch_size},
         }
         if options.collation is not None:

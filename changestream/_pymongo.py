@@ -61,6 +61,7 @@ maxAwaitTimeMS, remaining - minRTT)`` and *no* ``maxTimeMS`` without
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import gc
 from collections.abc import Mapping
@@ -86,6 +87,7 @@ from pymongo.read_preferences import ReadPreference
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.mongo_client import MongoClient
 
+from ._diagnosis import authentication_failed
 from ._machine import Command, ErrorInfo, KillCursors, ReplyInfo, RunAggregate, RunGetMore
 
 __all__ = [
@@ -298,6 +300,22 @@ class _Transport:
         self._pin: _Checkout | None = None
         """Load-balanced mode: the connection the open cursor lives on."""
 
+    def _check_credentials(self, command: Command) -> None:
+        """Before an aggregate: raise the authentication failure that left no member usable.
+
+        After failed authentication PyMongo marks the member Unknown until its next
+        heartbeat (10 s by default), so server selection would wait that long and
+        fail the same way; only new credentials help, so say so at once.
+        """
+        if not isinstance(command, RunAggregate):
+            return
+        servers = self._client.topology_description.server_descriptions().values()
+        if any(server.is_server_type_known for server in servers):
+            return
+        for server in servers:
+            if server.error is not None and authentication_failed(server.error):
+                raise copy.copy(server.error)
+
     def _take_pin(self, route: _Route) -> _Checkout | None:
         """The pinned connection a getMore/killCursors runs on (taken: the run re-pins)."""
         if route.is_aggregate:
@@ -373,6 +391,7 @@ class SyncTransport(_Transport):
             checkout = self._take_pin(route)
             if checkout is None:
                 self._release()
+                self._check_credentials(command)
                 server = self._client._select_server(
                     route.selector, self._session, route.operation, address=route.address
                 )
@@ -433,6 +452,7 @@ class AsyncTransport(_Transport):
             checkout = self._take_pin(route)
             if checkout is None:
                 await self._release()
+                self._check_credentials(command)
                 server = await self._client._select_server(
                     route.selector, self._session, route.operation, address=route.address
                 )

@@ -22,6 +22,7 @@ from ._api import unwrap, watch
 from ._pymongo import plain_command_spec
 from ._snapshot import (
     DEFAULT_COPY_BATCH,
+    OVERSIZE_CHOICES,
     DeliverRecord,
     RunCommand,
     SnapshotRun,
@@ -195,16 +196,23 @@ def stream_opener(
     initial_snapshot: bool,
     pipeline: list[Mapping[str, Any]] | None,
     watch_options: Mapping[str, Any] | None,
+    oversize: str = "fail",
 ) -> Any:
-    """``consume``'s ``open_stream``: ``source`` itself, or one built for a collection."""
+    """``consume``'s ``open_stream``: ``source`` itself, or one built for a collection.
+
+    ``oversize="split"`` opens it with ``reassemble_split_events=True``.
+    """
     source = unwrap(source)
     is_collection = isinstance(source, Collection)
-    problem = opener_arguments_error(is_collection, initial_snapshot, pipeline, watch_options)
+    problem = opener_arguments_error(is_collection, initial_snapshot, pipeline, watch_options,
+                                     oversize)
     if problem is not None:
-        raise TypeError(problem)
+        raise (ValueError if oversize not in OVERSIZE_CHOICES else TypeError)(problem)
     if not is_collection:
         return source
     options = dict(watch_options or {})
+    if oversize == "split":
+        options["reassemble_split_events"] = True
     copy_batch_size = options.pop("copy_batch_size", DEFAULT_COPY_BATCH)
 
     def open_stream(token: Any) -> Any:

@@ -13,7 +13,9 @@ They subclass PyMongo's exceptions so code that already catches
     └── ConsumeError                  a consumer stopped on a dead end; .token: where to restart
         ├── HistoryLostError          ChangeStreamHistoryLost (286): the token left the oplog
         ├── StreamInvalidatedError    the namespace was dropped/renamed; .invalidate_token
-        ├── NotResumableError         not authorized (13) or NonResumableChangeStreamError
+        ├── NotResumableError         credentials (13, 18), a token not in this deployment's
+        │                             history (280), NonResumableChangeStreamError
+        ├── EventTooLargeError        an event over 16 MB (10334) without reassemble_split_events
         └── RetriesExhaustedError     transient failures outlasted retry_for
 
 A consumer is :func:`changestream.consume`, its asyncio twin, or the Spark
@@ -36,6 +38,7 @@ from pymongo.errors import InvalidOperation, OperationFailure
 __all__ = [
     "ChangeStreamError",
     "ConsumeError",
+    "EventTooLargeError",
     "HistoryLostError",
     "InvalidResumeTokenError",
     "MalformedReplyError",
@@ -90,7 +93,20 @@ class HistoryLostError(ConsumeError):
 
 
 class NotResumableError(ConsumeError):
-    """The server refuses the stream itself: not authorized (13) or ``NonResumableChangeStreamError``."""
+    """The server refuses the stream itself; the message says what to change before running again.
+
+    Missing or wrong credentials (13, 18), a token that is not in this deployment's
+    history (ChangeStreamFatalError 280: another deployment, a restored backup, a
+    stage that changed ``_id``), or any ``NonResumableChangeStreamError``.
+    """
+
+
+class EventTooLargeError(ConsumeError):
+    """A change event is over 16 MB (BSONObjectTooLarge, 10334); every resume would hit it again.
+
+    Open the stream with ``reassemble_split_events=True`` (MongoDB 7.0+ or 6.0.9+;
+    ``consume(..., oversize="split")``) or leave the large fields out with ``$project``.
+    """
 
 
 class StreamInvalidatedError(ConsumeError):
@@ -141,6 +157,8 @@ def describe_error(exc: BaseException) -> str:
     topology dump; both bury the cause, so they are left out. Other errors are
     ``TypeName: message``.
     """
+    if getattr(exc, "_reworded", False):
+        return str(exc)  # written for people already (reworded)
     details = getattr(exc, "details", None)
     if isinstance(exc, OperationFailure) or (
         isinstance(details, Mapping) and "errmsg" in details
@@ -165,15 +183,22 @@ def one_line(exc: BaseException) -> BaseException:
     """
     from pymongo.errors import PyMongoError
 
-    if not isinstance(exc, PyMongoError) or isinstance(exc, ChangeStreamError):
+    if (not isinstance(exc, PyMongoError) or isinstance(exc, ChangeStreamError)
+            or getattr(exc, "_reworded", False)):
         return exc  # ours are written for people already
     text = describe_error(exc)
     if str(exc) == text or text.endswith(f": {exc}"):
         return exc  # nothing to cut
+    return reworded(exc, text)
+
+
+def reworded(exc: BaseException, text: str) -> BaseException:
+    """A copy of ``exc`` (same type, code, labels, ``details``) whose ``str()`` is ``text``."""
     kind = type(exc)
     clean = kind.__new__(kind)  # not __init__: subclasses differ in their arguments
     clean.__dict__.update(exc.__dict__)
     clean.args = (text,)
+    clean._reworded = True  # type: ignore[attr-defined]
     return clean.with_traceback(exc.__traceback__)
 
 

@@ -309,7 +309,7 @@ def test_invalidate_stops_and_its_token_starts_a_new_stream(coll: Any) -> None:
 
 @pytest.mark.parametrize(
     ("code", "expected"),
-    [(13, "not authorized"), (280, "cannot be resumed")],
+    [(13, "not authorized"), (280, "not in this deployment's change history")],
 )
 def test_server_refusals_stop_at_once(coll: Any, fail_point: Callable[..., None], code: int,
                                       expected: str) -> None:

@@ -86,6 +86,7 @@ async def consume(
     on_error: OnError | None = None,
     on_history_lost: HistoryLost = "raise",
     gap: Callable[[HistoryGap], Any] | None = None,  # sync: gap: Callable[[HistoryGap], object] | None = None,
+    oversize: str = "fail",
 ) -> ConsumeResult:
     # async-only: begin
     """Handle every change at least once, keeping the resume token in ``store``.
@@ -97,7 +98,7 @@ async def consume(
     set; cancelling the task stores the last handled token and re-raises.
     ``open_stream`` may also be an ``AsyncCollection`` (with ``pipeline``,
     ``watch_options`` and ``initial_snapshot`` as in the sync ``consume``).
-    ``call_timeout`` and ``stop_on_signals`` work as there. ``workers=N`` runs up
+    ``call_timeout``, ``stop_on_signals`` and ``oversize`` work as there. ``workers=N`` runs up
     to N handler calls as tasks (a coroutine-function handler overlaps them;
     a plain function runs on the loop, one at a time); ``key``,
     ``max_in_flight``, ``drain_timeout``, ``on_error`` (``dead_letter`` may be a
@@ -150,6 +151,12 @@ async def consume(
     # its ``copy_batch_size``); the store then keeps the copy's progress, so a
     # restart continues the copy where it stopped.
     #
+    # ``oversize`` says what an event over 16 MB does: ``"fail"`` (default)
+    # stops with :class:`EventTooLargeError`; ``"split"`` (MongoDB 7.0+ or
+    # 6.0.9+, a collection as first argument) opens the stream with
+    # ``reassemble_split_events=True`` so the server splits it and the stream
+    # joins the fragments.
+    #
     # ``workers=N`` (N > 1) calls the handler on N threads: changes with the
     # same ``key(change)`` (default: namespace and ``documentKey._id``) run one
     # at a time in stream order, a change without a key (DDL, ...; ``key``
@@ -166,7 +173,7 @@ async def consume(
     source = open_stream
     open_stream = stream_opener(
         source, initial_snapshot=initial_snapshot, pipeline=pipeline,
-        watch_options=watch_options,
+        watch_options=watch_options, oversize=oversize,
     )
     setup = Setup(source, open_stream, workers=workers, key=key, max_in_flight=max_in_flight,
                   drain_timeout=drain_timeout, on_error=on_error,

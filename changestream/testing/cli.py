@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 import threading
@@ -195,6 +196,17 @@ def _banner(args: argparse.Namespace) -> str:
     )
 
 
+def _port_in_use(args: argparse.Namespace) -> str:
+    """A port already taken: say which, and that ``--port 0`` picks free ones."""
+    several = args.sharded or args.members > 1
+    ports = f"port {args.port} (or one after it)" if several else f"port {args.port}"
+    return (
+        f"cannot start the simulator: {ports} on {args.host} is in use (another mongod or "
+        "simulator?); choose another --port, or --port 0 for free ports (the URI is the first "
+        "line on stdout)"
+    )
+
+
 def _addresses(deployment: ReplicaSet | ShardedCluster) -> list[str]:
     if isinstance(deployment, ShardedCluster):
         return deployment.mongoses
@@ -266,7 +278,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m changestream.test
     except DbPathError as exc:
         print(f"error: --dbpath {args.dbpath}: {exc}", file=sys.stderr)
         return 1
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        message = (
+            _port_in_use(args)
+            if exc.errno == errno.EADDRINUSE
+            else f"cannot start the simulator on {args.host}:{args.port}: {exc}"
+        )
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
         print(
             f"error: cannot start the simulator on {args.host}:{args.port}: {exc}", file=sys.stderr
         )

@@ -1,0 +1,170 @@
+"""What went wrong and what to do next: the one-line messages for failures a user must fix.
+
+A failure no retry can fix (a token from another deployment, missing or wrong
+credentials, an event over 16 MB) must say its cause and the next step the same
+way wherever it surfaces: the library's exception, ``consume``'s log, the
+command line, the Spark source. The wording lives here, once; the policy code
+(:func:`changestream._consume.unrecoverable`, :func:`~changestream._consume.is_transient`)
+decides *when* it applies. Messages name public options and the user's own
+things (token file, URI), never an internal class, never a credential.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pymongo.errors import OperationFailure, PyMongoError
+
+from ._codes import (
+    AUTHENTICATION_CODES,
+    BSON_OBJECT_TOO_LARGE,
+    CHANGE_STREAM_FATAL,
+    UNAUTHORIZED,
+)
+
+__all__ = [
+    "SPLIT_STAGE",
+    "SPLIT_VERSIONS",
+    "authentication_failed",
+    "describe_store",
+    "errmsg",
+    "event_too_large_message",
+    "missing_credentials",
+    "missing_credentials_message",
+    "not_authorized_message",
+    "split_unsupported_message",
+    "token_not_in_history_message",
+    "wrong_credentials_message",
+]
+
+SPLIT_STAGE = "$changeStreamSplitLargeEvent"
+"""The stage ``reassemble_split_events=True`` appends when the pipeline lacks it."""
+SPLIT_VERSIONS = "MongoDB 7.0+ or 6.0.9+"
+"""The servers that have ``$changeStreamSplitLargeEvent``."""
+
+
+def authentication_failed(exc: BaseException) -> bool:
+    """Did ``exc`` come from failed authentication (wrong user, password or mechanism)?
+
+    PyMongo raises it as an ``OperationFailure`` (code 18) the first time; after
+    that the member stays unselectable until its next heartbeat, so a retry
+    ends in a ``ServerSelectionTimeoutError`` whose text carries the code name.
+    Either way no retry helps: the credentials must change.
+    """
+    if isinstance(exc, OperationFailure):
+        return exc.code in AUTHENTICATION_CODES
+    if isinstance(exc, PyMongoError):
+        text = str(exc)
+        return "'codeName': 'AuthenticationFailed'" in text or "Authentication failed" in text
+    return False
+
+
+def missing_credentials(exc: BaseException) -> bool:
+    """Unauthorized (13) because the client did not authenticate at all."""
+    return (
+        isinstance(exc, OperationFailure)
+        and exc.code == UNAUTHORIZED
+        and "requires authentication" in errmsg(exc)
+    )
+
+
+def describe_store(store: object) -> str:
+    """The token store in the user's terms: a file, a collection, or memory."""
+    from .stores import AsyncMongoTokenStore, FileTokenStore, MemoryTokenStore, MongoTokenStore
+
+    inner = getattr(store, "store", None)
+    if inner is not None and inner is not store:  # a wrapper (the CLI's): the store it keeps
+        return describe_store(inner)
+    if isinstance(store, MemoryTokenStore):
+        return "the in-memory token store"
+    if isinstance(store, FileTokenStore):
+        return f"the token file {store.path}"
+    if isinstance(store, (MongoTokenStore, AsyncMongoTokenStore)):
+        collection = getattr(store, "_collection", None)
+        name = getattr(collection, "full_name", "?")
+        return f"the token store collection {name} (key {getattr(store, '_key', '?')!r})"
+    return f"the token store {store!r}"
+
+
+def errmsg(exc: BaseException) -> str:
+    details = getattr(exc, "details", None)
+    if isinstance(details, Mapping) and isinstance(details.get("errmsg"), str):
+        return str(details["errmsg"])
+    return str(exc)
+
+
+def token_not_in_history_message(where: str, store: str, errmsg: str, *, stored: bool) -> str:
+    """ChangeStreamFatalError (280): the token cannot be found, or a stage changed ``_id``."""
+    if "_id" in errmsg and "modified" in errmsg:
+        return (
+            "a pipeline stage changed the events' '_id' (their resume token), so the server "
+            "cannot resume this change stream (ChangeStreamFatalError, code 280). Remove or fix "
+            f"the stage that sets or removes '_id', then run again: {store} holds {where}, "
+            "the last token before it"
+        )
+    token = f"{store} holds {where}" if stored else "the token the stream was opened with"
+    return (
+        f"the resume token is not in this deployment's change history (ChangeStreamFatalError, "
+        f"code 280): {token}, which this deployment never produced, and running again from it "
+        "fails the same way. It comes from (1) another deployment: point the URI at the "
+        "deployment the token came from, or clear the token to start from now on this one; "
+        "(2) a backup restored after the token was saved: the changes after the backup are not "
+        "in its history, so copy the collection again and clear the token to start from now; "
+        "(3) a pipeline stage that changed '_id' (the resume token) when the token was saved: "
+        "fix the stage, then clear the token and copy the collection again"
+    )
+
+
+def missing_credentials_message(where: str, store: str) -> str:
+    """Unauthorized (13) without authentication: the URI has no user."""
+    return (
+        "the deployment requires authentication and the client sent no credentials: put the "
+        "user in the connection string (mongodb://USER:PASSWORD@HOST/?authSource=admin), "
+        f"then run again; {store} holds {where}"
+    )
+
+
+def not_authorized_message(where: str, store: str) -> str:
+    """Unauthorized (13) for an authenticated user: missing privileges."""
+    return (
+        "not authorized to watch (code 13): grant the user the 'changeStream' and 'find' "
+        f"actions on the watched namespace, then run again; {store} holds {where}"
+    )
+
+
+def wrong_credentials_message(where: str | None = None, store: str | None = None) -> str:
+    """AuthenticationFailed (18) and friends: the credentials do not work."""
+    held = f"; {store} holds {where}" if store and where else ""
+    return (
+        "authentication failed (code 18): the user name or password in the connection string "
+        "is wrong, or the user is defined in another database than its authSource "
+        "(add ?authSource=DB), or the server does not offer the authMechanism; fix the "
+        f"credentials, then run again{held}"
+    )
+
+
+def event_too_large_message(where: str | None = None, store: str | None = None) -> str:
+    """BSONObjectTooLarge (10334): a change event over the 16 MB BSON limit."""
+    held = f"; {store} holds {where}, the last token before it" if store and where else ""
+    return (
+        f"a change event is larger than 16 MB (BSONObjectTooLarge, code {BSON_OBJECT_TOO_LARGE}), "
+        "so the server cannot return it and running again fails the same way. With "
+        f"{SPLIT_VERSIONS}, let the server split it: reassemble_split_events=True in watch() "
+        "(consume(..., oversize='split'), the CLI's --oversize split); on older servers, "
+        "leave the large fields out with a $project stage (e.g. fullDocument, "
+        f"fullDocumentBeforeChange, updateDescription.updatedFields){held}"
+    )
+
+
+def split_unsupported_message(server_message: str) -> str:
+    """``reassemble_split_events=True`` on a server without ``$changeStreamSplitLargeEvent``."""
+    return (
+        "reassemble_split_events=True needs $changeStreamSplitLargeEvent, which this server "
+        f"does not have ({SPLIT_VERSIONS} have it): upgrade the server, or drop "
+        "reassemble_split_events and keep events under 16 MB (leave large fields out with a "
+        f"$project stage). Server: {server_message}"
+    )
+
+
+CODES_EXPLAINED = (CHANGE_STREAM_FATAL, UNAUTHORIZED, BSON_OBJECT_TOO_LARGE, *AUTHENTICATION_CODES)
+"""The server codes this module has a message for (the docs' error table lists them)."""

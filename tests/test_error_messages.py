@@ -1,0 +1,334 @@
+"""Every failure a user must fix reads as one line naming its cause and the next step.
+
+The same cause is checked where it surfaces: the library's exception, ``consume``'s
+log, the command line (one line on stderr, the exit status) and ``serve``. A last
+test checks that none of these messages leaks a credential or an internal name.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure
+
+import changestream
+from changestream.stores import FileTokenStore, MemoryTokenStore
+from changestream.testing import ReplicaSet
+
+CLI = [sys.executable, "-m", "changestream"]
+PASSWORD = "s3cret-Pa55"
+FAST = {"max_await_time_ms": 50}
+MESSAGES: list[str] = []
+"""Every message the tests below saw, for the leak check at the end."""
+
+
+def run_cli(*args: str, timeout: float = 90) -> tuple[int, str]:
+    """Run the CLI; its exit status and stderr (also kept for the leak check)."""
+    done = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+    MESSAGES.append(done.stderr)
+    return done.returncode, done.stderr
+
+
+def one_line(stderr: str) -> str:
+    """The CLI's message: exactly one line, and no traceback."""
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[ReplicaSet]:
+    """A simulated replica set that requires authentication (user ``u``)."""
+    with ReplicaSet("8.0", users={"u": PASSWORD}) as rs:
+        yield rs
+
+
+@pytest.fixture(scope="module")
+def plain() -> Iterator[ReplicaSet]:
+    with ReplicaSet("8.0") as rs:
+        yield rs
+
+
+@pytest.fixture
+def coll(plain: ReplicaSet) -> Iterator[Any]:
+    client: MongoClient[dict[str, Any]] = MongoClient(plain.uri)
+    yield client.db.coll
+    client.admin.command("configureFailPoint", "failCommand", mode="off")
+    client.close()
+
+
+def fail_next(coll: Any, command: str, code: int, **extra: Any) -> None:
+    coll.database.client.admin.command(
+        "configureFailPoint", "failCommand", mode={"times": 1},
+        data={"failCommands": [command], "errorCode": code, **extra},
+    )
+
+
+def consume_error(open_stream: Any, store: Any, caplog: pytest.LogCaptureFixture) -> Any:
+    """What ``consume`` raises; its log must carry the same message (once, at ERROR)."""
+    with caplog.at_level(logging.ERROR, logger="changestream"), pytest.raises(
+        changestream.ConsumeError
+    ) as info:
+        changestream.consume(open_stream, lambda change: None, store, retry_for=30)
+    message = str(info.value)
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert logged == [message]
+    MESSAGES.append(message)
+    return info.value
+
+
+# -- 280: a token that is not in this deployment's history ----------------------------------
+def test_a_token_from_another_deployment(coll: Any, tmp_path: Any,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    store = FileTokenStore(tmp_path / "token.json")
+    with changestream.watch(coll, **FAST) as stream:
+        store.save(stream.resume_token)
+    opened: list[Any] = []
+
+    def open_stream(token: Any) -> Any:
+        opened.append(token)
+        return changestream.watch(coll, resume_after=token, **FAST)
+
+    fail_next(coll, "aggregate", 280)
+    error = consume_error(open_stream, store, caplog)
+    assert isinstance(error, changestream.NotResumableError) and len(opened) == 1
+    text = str(error)
+    assert "not in this deployment's change history" in text
+    assert "another deployment" in text and "backup" in text and "'_id'" in text
+    assert f"the token file {tmp_path / 'token.json'} holds" in text
+    assert "valid" not in text  # the token is the problem: never called valid
+
+
+def test_a_stage_that_changed_id_is_named(coll: Any, caplog: pytest.LogCaptureFixture) -> None:
+    def open_stream(token: Any) -> Any:
+        return changestream.watch(coll, [{"$set": {"_id": "changed"}}], resume_after=token,
+                                  **FAST)
+
+    coll.insert_one({"i": 1})  # after the stream opens: the stage modifies its _id
+    store = MemoryTokenStore()
+    with changestream.watch(coll, **FAST) as stream:
+        store.save(stream.resume_token)
+    coll.insert_one({"i": 2})
+    error = consume_error(open_stream, store, caplog)
+    assert "a pipeline stage changed the events' '_id'" in str(error)
+    assert "the in-memory token store holds token" in str(error)
+
+
+def test_cli_token_not_in_history(plain: ReplicaSet, coll: Any, tmp_path: Any) -> None:
+    fail_next(coll, "aggregate", 280, errorLabels=["NonResumableChangeStreamError"])
+    status, stderr = run_cli("watch", plain.uri, "--db", "db", "--coll", "coll",
+                             "--no-status", "--connect-timeout", "20")
+    line = one_line(stderr.replace("changestream: watching db.coll from now; Ctrl-C to stop\n",
+                                   ""))
+    assert status == 1
+    assert "not in this deployment's change history (ChangeStreamFatalError, code 280)" in line
+
+
+# -- credentials -------------------------------------------------------------------------------
+def test_no_credentials(secured: ReplicaSet, caplog: pytest.LogCaptureFixture) -> None:
+    client: MongoClient[dict[str, Any]] = MongoClient(secured.uri)
+    error = consume_error(lambda token: changestream.watch(client.db.coll, resume_after=token),
+                          MemoryTokenStore(), caplog)
+    client.close()
+    assert isinstance(error, changestream.NotResumableError)
+    assert str(error).startswith("the deployment requires authentication and the client sent "
+                                 "no credentials: put the user in the connection string")
+
+
+def test_cli_no_credentials(secured: ReplicaSet) -> None:
+    status, stderr = run_cli("watch", secured.uri, "--no-status", "--connect-timeout", "20")
+    lines = [line for line in stderr.splitlines() if "watching" not in line]
+    assert status == 1 and len(lines) == 1 and "Traceback" not in stderr
+    assert "requires authentication and the client sent no credentials" in lines[0]
+
+
+def wrong_password_uri(rs: ReplicaSet) -> str:
+    return rs.uri.replace("mongodb://", "mongodb://u:wrong-Pa55@")
+
+
+def test_wrong_credentials_are_not_retried(secured: ReplicaSet,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    client: MongoClient[dict[str, Any]] = MongoClient(wrong_password_uri(secured))
+    opened: list[Any] = []
+
+    def open_stream(token: Any) -> Any:
+        opened.append(token)
+        return changestream.watch(client.db.coll, resume_after=token)
+
+    # A second client's failure comes as a server selection timeout (the member is
+    # unselectable until its next heartbeat): neither is retried.
+    with pytest.raises(OperationFailure):
+        client.admin.command("ping")
+    error = consume_error(open_stream, MemoryTokenStore(), caplog)
+    client.close()
+    assert isinstance(error, changestream.NotResumableError) and len(opened) == 1
+    assert str(error).startswith("authentication failed (code 18): the user name or password")
+    assert not [r for r in caplog.records if "reopening" in r.getMessage()]
+
+
+def test_cli_wrong_credentials(secured: ReplicaSet) -> None:
+    status, stderr = run_cli("watch", wrong_password_uri(secured), "--connect-timeout", "60")
+    line = one_line(stderr)
+    assert status == 1
+    assert "authentication failed (code 18)" in line and "fix the credentials" in line
+
+
+# -- reaching the deployment ----------------------------------------------------------------
+def test_cli_wrong_replica_set_name(plain: ReplicaSet) -> None:
+    uri = plain.uri.replace("replicaSet=rs0", "replicaSet=other")
+    status, stderr = run_cli("watch", uri, "--connect-timeout", "1")
+    line = one_line(stderr)
+    host = plain.members[0]
+    assert status == 1
+    assert f"could not reach the deployment ({host}" in line
+    assert "no member answered as replica set 'other'" in line and "replicaSet=" in line
+
+
+def test_cli_names_srv_hosts_as_written() -> None:
+    from changestream._cli import _hosts
+
+    assert _hosts("mongodb+srv://u:p@cluster0.example.invalid/?x=1") == (
+        "cluster0.example.invalid (SRV)"
+    )
+    assert _hosts("mongodb://u:p@a:1,b:2/db") == "a:1,b:2"
+
+
+# -- events over 16 MB ----------------------------------------------------------------------
+def test_oversized_event_names_the_option(coll: Any, caplog: pytest.LogCaptureFixture) -> None:
+    fail_next(coll, "getMore", 10334, errmsg="BSONObj size: 18874782 (0x1200000) is invalid")
+    with changestream.watch(coll, **FAST) as stream, pytest.raises(OperationFailure) as info:
+        coll.insert_one({"i": 1})
+        stream.next()
+    assert info.value.code == 10334  # still the server's error, for code that checks it
+    MESSAGES.append(str(info.value))
+    assert str(info.value).startswith("a change event is larger than 16 MB (BSONObjectTooLarge")
+    assert "reassemble_split_events=True" in str(info.value)
+
+    opened: list[Any] = []
+
+    def open_stream(token: Any) -> Any:
+        opened.append(token)
+        return changestream.watch(coll, resume_after=token, **FAST)
+
+    fail_next(coll, "getMore", 10334)
+    coll.insert_one({"i": 2})
+    error = consume_error(open_stream, MemoryTokenStore(), caplog)
+    assert isinstance(error, changestream.EventTooLargeError) and len(opened) == 1
+    assert "oversize='split'" in str(error)
+
+
+def test_cli_oversized_event(plain: ReplicaSet, coll: Any) -> None:
+    fail_next(coll, "getMore", 10334)
+    process = subprocess.Popen(
+        [*CLI, "watch", plain.uri, "--db", "db", "--coll", "coll", "--no-status",
+         "--max-await-ms", "100"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )
+    assert process.stderr is not None
+    assert "watching" in process.stderr.readline()
+    coll.insert_one({"big": 1})
+    status = process.wait(60)
+    stderr = process.stderr.read()
+    MESSAGES.append(stderr)
+    assert status == 1
+    assert "larger than 16 MB" in one_line(stderr) and "--oversize split" in stderr
+
+
+def test_split_events_are_requested_and_joined() -> None:
+    with ReplicaSet("7.0") as rs:
+        client: MongoClient[dict[str, Any]] = MongoClient(rs.uri)
+        coll = client.db.big
+        coll.insert_one({"_id": 1, "a": "x" * (7 << 20)})
+        with changestream.watch(coll, full_document="updateLookup",
+                                reassemble_split_events=True, **FAST) as stream:
+            coll.update_one({"_id": 1}, {"$set": {"b": "y" * (7 << 20)}})
+            change = stream.next()  # about 21 MB: split by the server, joined here
+        assert len(change["fullDocument"]["b"]) == 7 << 20
+        assert "splitEvent" not in change
+        client.close()
+
+
+@pytest.mark.parametrize("version", ["6.0.8", "5.0"])
+def test_split_events_on_an_older_server_refused_at_watch(version: str) -> None:
+    with ReplicaSet(version) as rs:
+        client: MongoClient[dict[str, Any]] = MongoClient(rs.uri)
+        with pytest.raises(changestream.SplitEventError) as info:
+            changestream.watch(client.db.coll, reassemble_split_events=True)
+        client.close()
+    text = str(info.value)
+    MESSAGES.append(text)
+    assert text.startswith("reassemble_split_events=True needs $changeStreamSplitLargeEvent, "
+                           "which this server does not have (MongoDB 7.0+ or 6.0.9+ have it)")
+    assert "\n" not in text
+
+
+def test_consume_oversize_choice(coll: Any) -> None:
+    with pytest.raises(ValueError, match="oversize must be 'fail' or 'split', not 'skip'"):
+        changestream.consume(coll, print, MemoryTokenStore(), oversize="skip")
+    with pytest.raises(TypeError, match="pass reassemble_split_events=True to watch"):
+        changestream.consume(lambda token: None, print, MemoryTokenStore(), oversize="split")
+
+
+# -- the command line's own arguments ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("option", "token", "expected"),
+    [
+        ("--resume-after", '{"_data": "zz"}', "'_data' must be a hex string"),
+        ("--start-after", '{"_data": 5}', "'_data' must be a hex string, not int 5"),
+    ],
+)
+def test_cli_malformed_token(option: str, token: str, expected: str) -> None:
+    status, stderr = run_cli("watch", "mongodb://127.0.0.1:9/", option, token)
+    line = one_line(stderr)
+    assert status == 2 and f"{option}: not a resume token: {expected}" in line
+
+
+def test_serve_on_a_port_in_use() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, stderr = run_cli("serve", "--port", str(port))
+    line = one_line(stderr)
+    assert status == 1
+    assert f"port {port} on 127.0.0.1 is in use" in line and "--port 0" in line
+
+
+# -- last: nothing leaks ----------------------------------------------------------------------
+def internal_names() -> set[str]:
+    """Classes defined in the package's private modules and not exported publicly."""
+    import changestream.errors
+    import changestream.stores
+
+    public = set(changestream.__all__) | set(changestream.errors.__all__)
+    names: set[str] = set()
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "")
+        if not name.startswith("changestream.") or "._" not in name or ".testing" in name:
+            continue
+        for attribute, value in vars(module).items():
+            if isinstance(value, type) and value.__module__ == name and attribute not in public:
+                names.add(attribute)
+    # Single words (Command, Cursor, Progress) are also English: only compound names count.
+    compound = {name for name in names if len(re.findall(r"[A-Z]", name)) > 1}
+    return compound | {"MemoryTokenStore", "FileTokenStore", "MongoTokenStore"}
+
+
+def test_no_message_leaks_a_credential_or_an_internal_name() -> None:
+    if len(MESSAGES) < 12:
+        pytest.skip("checks the messages the tests above collected: run the whole module")
+    internal = internal_names()
+    assert {"ChangeStreamMachine", "MemoryTokenStore"} <= internal
+    for message in MESSAGES:
+        assert PASSWORD not in message and "wrong-Pa55" not in message, message
+        words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", message))
+        assert not words & internal, (words & internal, message)
+        assert "Traceback" not in message

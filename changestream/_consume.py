@@ -35,6 +35,7 @@ from ._consume_run import (
 )
 from ._metrics import StatsCallback, StatsReporter
 from ._snapshot_watch import stream_opener
+from ._stats_timer import start_stats_timer
 from ._stream import ChangeStream
 from ._sync_io import bounded, call_handler, call_store, stop_setter, wait_for_stop
 from .stores import TokenStore
@@ -152,6 +153,7 @@ def consume(
     def sleep(seconds: float) -> None:
         wait_for_stop(stop, seconds)
 
+    start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
     try:
         with signals_stop(stop_on_signals, stop_setter(stop)):
             while tenacity.Retrying(sleep=sleep, **run.retrying())(session):

@@ -43,6 +43,7 @@ TWINS: tuple[tuple[str, str], ...] = (
     ("aio/_stream.py", "_stream.py"),
     ("aio/_snapshot_watch.py", "_snapshot_watch.py"),
     ("aio/_consume.py", "_consume.py"),
+    ("aio/_stats_timer.py", "_stats_timer.py"),
 )
 """(asyncio source, generated sync twin), relative to ``changestream/``."""
 

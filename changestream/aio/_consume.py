@@ -37,6 +37,7 @@ from .._metrics import StatsCallback, StatsReporter
 from ..stores import AsyncTokenStore, TokenStore  # sync: from ..stores import TokenStore
 from ._async_io import bounded, call_handler, call_store, stop_setter, wait_for_stop
 from ._snapshot_watch import stream_opener
+from ._stats_timer import start_stats_timer
 from ._stream import AsyncChangeStream
 
 __all__ = ["consume"]
@@ -167,6 +168,7 @@ async def consume(
     async def sleep(seconds: float) -> None:
         await wait_for_stop(stop, seconds)
 
+    start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
     try:
         with signals_stop(stop_on_signals, stop_setter(stop)):
             while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from ._api import Client, Collection, Database, watch
 from ._consume import consume
 from ._consume_run import ConsumeResult
+from ._hub import Hub, Subscription
+from ._hub_items import Gap, SubscriberDisconnected
 from ._metrics import ConsumeStats
 from ._position import Position
 from ._snapshot import SnapshotError
@@ -80,7 +82,9 @@ __all__ = [
     "ConsumeStats",
     "Database",
     "FileTokenStore",
+    "Gap",
     "HistoryLostError",
+    "Hub",
     "InvalidResumeTokenError",
     "MalformedReplyError",
     "MemoryTokenStore",
@@ -94,6 +98,8 @@ __all__ = [
     "SplitEventError",
     "StoredToken",
     "StreamInvalidatedError",
+    "SubscriberDisconnected",
+    "Subscription",
     "TokenStore",
     "TokenStoreError",
     "WatchOptions",

@@ -265,6 +265,9 @@ class ChangeStreamMachine:
         self.clock: Callable[[], float] = time.monotonic
         """The local monotonic clock the lag counts with (tests set their own)."""
         self._reply_at: float | None = None
+        self._server_seen_at: float | None = None
+        """Local monotonic time the newest server time was first seen: an idle deployment's
+        cluster time stands still (writes and a no-op every 10 s move it), local time does not."""
         """Local monotonic time of the last reply (the lag counts from it; no wall clock)."""
         self._empty_getmore = False
         """The last reply was a getMore with an empty batch (caught up, see :attr:`position`)."""
@@ -304,7 +307,8 @@ class ChangeStreamMachine:
             if handling is not None:
                 _, event_token, event = handling
                 token = _raw_event_token(event) if event_token is _IN_EVENT else event_token  # type: ignore[arg-type]
-            return Position.of(token, self._server_time, reply_age=now - reply_at,
+            seen_at = reply_at if self._server_seen_at is None else self._server_seen_at
+            return Position.of(token, self._server_time, reply_age=now - seen_at,
                                await_seconds=self._await_seconds)
         # Everything received is handled and more was asked for: only an overdue reply counts.
         asked_at = self._asked_at
@@ -468,7 +472,9 @@ class ChangeStreamMachine:
             )
             self._fire(Event.BAD_REPLY, _Reply(server_time), error)
             return
-        self._reply_at = self.clock()
+        self._reply_at = now = self.clock()
+        if server_time != self._server_time or self._server_seen_at is None:
+            self._server_seen_at = now
         self._empty_getmore = not aggregate and not read.batch
         self._handling = None
         self._fire(Event.REPLY if read.cursor_id else Event.FINAL_REPLY, read)

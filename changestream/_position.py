@@ -13,7 +13,9 @@ Their difference is how far behind the stream was *when the last reply
 arrived*. Server time arrives only with a reply, and none arrives while a big
 batch is being handled or while the deployment is down, so ``lag`` adds the
 local monotonic time since that reply (``reply_age``): a difference of two
-readings of this process's own clock, so skew still never enters. While a
+readings of this process's own clock, so skew still never enters (counted
+from when the newest server time was first seen: an idle deployment's cluster
+time stands still while its wall clock runs on). While a
 batch is handled (events buffered, or its last event not yet done) all of it
 counts. Once everything received is handled and the caller asks for more,
 only the time past the getMore's await (``max_await_time_ms``, 1 s by

@@ -295,18 +295,24 @@ class ChangeStreamMachine:
 
     @property
     def position(self) -> Position:
-        """Cluster time of the resume token, newest server time seen, and the lag between them."""
+        """Cluster time of the resume token, newest server time seen, and the lag between them.
+
+        Reads without changing anything (the stats timer reads it from another
+        thread while the stream runs): a raw event's token is sliced, not cached.
+        """
+        event = self._token_event
+        current = self._token if event is None else _raw_event_token(event)
         reply_at = self._reply_at
         if reply_at is None:
-            return Position.of(self.resume_token, self._server_time)
+            return Position.of(current, self._server_time)
         now = self.clock()
         handling = self._handling
         if self._batch or handling is not None:
             # A batch is being handled: everything since its reply counts.
-            token = self.resume_token
+            token = current
             if handling is not None:
-                _, event_token, event = handling
-                token = _raw_event_token(event) if event_token is _IN_EVENT else event_token  # type: ignore[arg-type]
+                _, event_token, last = handling
+                token = _raw_event_token(last) if event_token is _IN_EVENT else event_token  # type: ignore[arg-type]
             seen_at = reply_at if self._server_seen_at is None else self._server_seen_at
             return Position.of(token, self._server_time, reply_age=now - seen_at,
                                await_seconds=self._await_seconds)
@@ -314,7 +320,7 @@ class ChangeStreamMachine:
         asked_at = self._asked_at
         anchor = reply_at if asked_at is None else max(reply_at, asked_at)
         return Position.of(
-            self.resume_token, self._server_time, reply_age=now - anchor, waiting=True,
+            current, self._server_time, reply_age=now - anchor, waiting=True,
             caught_up=self._empty_getmore, await_seconds=self._await_seconds,
         )
 

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from ._api import Client, Collection, Database, watch
 from ._consume import consume
 from ._consume_run import ConsumeResult
+from ._hub import Hub, Subscription
+from ._hub_items import Gap, SubscriberDisconnected
 from ._lanes import BARRIER
 from ._metrics import ConsumeStats
 from ._policies import HistoryGap, OnError
@@ -85,8 +87,10 @@ __all__ = [
     "Database",
     "EventTooLargeError",
     "FileTokenStore",
+    "Gap",
     "HistoryGap",
     "HistoryLostError",
+    "Hub",
     "InvalidResumeTokenError",
     "MalformedReplyError",
     "MemoryTokenStore",
@@ -101,6 +105,8 @@ __all__ = [
     "SplitEventError",
     "StoredToken",
     "StreamInvalidatedError",
+    "SubscriberDisconnected",
+    "Subscription",
     "TokenStore",
     "TokenStoreError",
     "WatchOptions",

@@ -46,6 +46,7 @@ from ._policies import (
     resnapshotting,
 )
 from ._snapshot_watch import stream_opener
+from ._stats_timer import start_stats_timer
 from ._stream import ChangeStream
 from ._sync_io import (
     bounded,
@@ -236,6 +237,7 @@ def consume(
     def sleep(seconds: float) -> None:
         wait_for_stop(stop, seconds)
 
+    start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
     try:
         with signals_stop(stop_on_signals, stop_setter(stop)):
             while tenacity.Retrying(sleep=sleep, **run.retrying())(session):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -269,6 +270,22 @@ class ChangeStreamMachine:
         """What the plan's RAISE raises."""
         self._server_time: Timestamp | None = None
         """Newest cluster time seen in a reply (see :attr:`position`)."""
+        self.clock: Callable[[], float] = time.monotonic
+        """The local monotonic clock the lag counts with (tests set their own)."""
+        self._reply_at: float | None = None
+        self._server_seen_at: float | None = None
+        """Local monotonic time the newest server time was first seen: an idle deployment's
+        cluster time stands still (writes and a no-op every 10 s move it), local time does not."""
+        """Local monotonic time of the last reply (the lag counts from it; no wall clock)."""
+        self._empty_getmore = False
+        """The last reply was a getMore with an empty batch (caught up, see :attr:`position`)."""
+        self._asked_at: float | None = None
+        """Local monotonic time the caller last asked for more with nothing buffered."""
+        self._handling: tuple[Any, Any, Mapping[str, Any]] | None = None
+        """The batch's last event while the caller handles it (the token is already the
+        postBatchResumeToken; the lag still counts from the event)."""
+        max_await = options.max_await_time_ms
+        self._await_seconds = 1.0 if max_await is None else max_await / 1000
         self._resumes = 0
         self._idle_resumes = 0
         """Resumes since the last successful getMore or non-empty batch (see MAX_IDLE_RESUMES)."""
@@ -286,8 +303,34 @@ class ChangeStreamMachine:
 
     @property
     def position(self) -> Position:
-        """Cluster time of the resume token, newest server time seen, and the lag between them."""
-        return Position.of(self.resume_token, self._server_time)
+        """Cluster time of the resume token, newest server time seen, and the lag between them.
+
+        Reads without changing anything (the stats timer reads it from another
+        thread while the stream runs): a raw event's token is sliced, not cached.
+        """
+        event = self._token_event
+        current = self._token if event is None else raw_event_token(event.raw)
+        reply_at = self._reply_at
+        if reply_at is None:
+            return Position.of(current, self._server_time)
+        now = self.clock()
+        handling = self._handling
+        if self._batch or handling is not None:
+            # A batch is being handled: everything since its reply counts.
+            token = current
+            if handling is not None:
+                _, event_token, last = handling
+                token = raw_event_token(last.raw) if event_token is _IN_EVENT else event_token  # type: ignore[attr-defined]
+            seen_at = reply_at if self._server_seen_at is None else self._server_seen_at
+            return Position.of(token, self._server_time, reply_age=now - seen_at,
+                               await_seconds=self._await_seconds)
+        # Everything received is handled and more was asked for: only an overdue reply counts.
+        asked_at = self._asked_at
+        anchor = reply_at if asked_at is None else max(reply_at, asked_at)
+        return Position.of(
+            current, self._server_time, reply_age=now - anchor, waiting=True,
+            caught_up=self._empty_getmore, await_seconds=self._await_seconds,
+        )
 
     @property
     def resumes(self) -> int:
@@ -343,11 +386,19 @@ class ChangeStreamMachine:
 
     def begin_next(self) -> None:
         """Begin a blocking ``next``: getMore until a document arrives or the stream dies."""
+        self._asking()
         self._fire(Event.NEXT)
 
     def begin_try_next(self) -> None:
         """Begin ``try_next``: at most one getMore; after a resume only the new first batch."""
+        self._asking()
         self._fire(Event.TRY_NEXT)
+
+    def _asking(self) -> None:
+        """The caller is back for more: the last event is handled (see :attr:`position`)."""
+        self._handling = None
+        if not self._batch:
+            self._asked_at = self.clock()
 
     def close(self) -> None:
         """Begin closing: kill the server cursor (if any). Allowed between commands."""
@@ -435,6 +486,11 @@ class ChangeStreamMachine:
             )
             self._fire(Event.BAD_REPLY, _Reply(server_time), error)
             return
+        self._reply_at = now = self.clock()
+        if server_time != self._server_time or self._server_seen_at is None:
+            self._server_seen_at = now
+        self._empty_getmore = not aggregate and not read.batch
+        self._handling = None
         self._fire(Event.REPLY if read.cursor_id else Event.FINAL_REPLY, read)
 
     def receive_error(self, error: ErrorInfo) -> None:
@@ -680,6 +736,7 @@ class ChangeStreamMachine:
             return
         self._token, self._token_event = self._post_batch_token, None
         self._use_start_after = False
+        self._handling = taken
 
     def _keep_error(self, arg: Any, error: BaseException | None) -> None:
         assert error is not None

@@ -1,8 +1,10 @@
 """Progress reports of :func:`changestream.consume` (and its async twin), for callbacks and exporters.
 
 ``consume(..., on_stats=callback)`` calls ``callback(ConsumeStats)`` every
-``stats_interval`` seconds (checked after each poll, so at least every
-``max_await_time_ms``) and once when the loop ends. The exporters
+``stats_interval`` seconds, on a timer (a task of the loop for
+``aio.consume``, a daemon thread for ``consume``: ``aio/_stats_timer.py``), so
+reports keep coming while a poll or a reopen waits through an outage, and
+once when the loop ends. The exporters
 (:class:`changestream.exporters.prometheus.PrometheusExporter`,
 :class:`changestream.exporters.opentelemetry.OpenTelemetryExporter`) are such
 callbacks. A failing callback is logged and never stops the loop.
@@ -12,11 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from ._headroom import HeadroomProbe
 from ._position import Position
 from ._token import token_cluster_time
 
@@ -47,6 +51,9 @@ class ConsumeStats:
     """Cluster time of the last stored token (UTC), ``None`` if none was stored or readable."""
     elapsed: float
     """Seconds since the loop started."""
+    oplog_headroom: timedelta | None = None
+    """Cluster time of the stream's token minus the oldest oplog entry's (``None``: not readable
+    here, e.g. through mongos or without ``find`` on ``local``; see ``docs/consume.md``)."""
     final: bool = False
     """The loop has ended; this is its last report."""
     retries: int = 0
@@ -81,6 +88,28 @@ class StatsReporter:
         self.last_stored_token_time: datetime | None = None
         self.calls: Any = None
         """The run's :class:`~changestream._policies.HandlerCalls` (retry and dead-letter counts)."""
+        self.headroom = HeadroomProbe()
+        """Reads of the oldest oplog entry (done by the stats timer)."""
+        self.timer: Any = None
+        """The running stats timer (a task or a thread), ``None`` before it starts."""
+        self.ended = False
+        """The final report was made: the timer stops."""
+        self._lock = threading.Lock()
+        """The timer thread and the loop may both report (sync ``consume``)."""
+
+    @property
+    def active(self) -> bool:
+        """A callback is set: reports are wanted."""
+        return self._callback is not None
+
+    def due_in(self) -> float:
+        """Seconds until the next report is due (0: now)."""
+        return max(0.0, self._interval - (self._clock() - self._last_report))
+
+    @property
+    def stream(self) -> Any:
+        """The current stream (``None`` before the first opens)."""
+        return self._stream
 
     def on_stream(self, stream: Any) -> None:
         """A new stream was opened (its predecessor's resumes are kept)."""
@@ -97,14 +126,15 @@ class StatsReporter:
             log.debug("stored the resume token (cluster time %s)", cluster_time)
 
     def poll(self, handled: int, reopens: int) -> None:
-        """After each poll: report if ``interval`` seconds have passed."""
+        """After each poll and on each timer tick: report if ``interval`` seconds have passed."""
         if self._callback is not None and self._clock() - self._last_report >= self._interval:
             self._report(handled, reopens, final=False)
 
     def finish(self, handled: int, reopens: int) -> None:
-        """The loop ended (returned or raised): the last report."""
+        """The loop ended (returned or raised): the last report; the timer stops."""
         if self._callback is not None:
             self._report(handled, reopens, final=True)
+        self.ended = True
 
     def snapshot(self, handled: int, reopens: int, *, final: bool = False) -> ConsumeStats:
         now = self._clock()
@@ -123,17 +153,25 @@ class StatsReporter:
             stored=self.stored,
             last_stored_token_time=self.last_stored_token_time,
             elapsed=now - self._started,
+            oplog_headroom=self.headroom.headroom(position),
             final=final,
             retries=0 if self.calls is None else self.calls.retries,
             dead_letters=0 if self.calls is None else self.calls.dead_letters,
         )
 
     def _report(self, handled: int, reopens: int, *, final: bool) -> None:
-        stats = self.snapshot(handled, reopens, final=final)
-        self._last_report = self._clock()
-        self._handled_at_last_report = handled
-        assert self._callback is not None
-        try:
-            self._callback(stats)
-        except Exception:
-            log.exception("the on_stats callback failed (ignored)")
+        with self._lock:
+            if self.ended:
+                return  # the timer lost the race with the final report
+            if not final and self._clock() - self._last_report < self._interval:
+                return  # the loop and the timer were both due: one report
+            stats = self.snapshot(handled, reopens, final=final)
+            self._last_report = self._clock()
+            self._handled_at_last_report = handled
+            if final:
+                self.ended = True
+            assert self._callback is not None
+            try:
+                self._callback(stats)
+            except Exception:
+                log.exception("the on_stats callback failed (ignored)")

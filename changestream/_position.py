@@ -9,12 +9,22 @@ never enters:
 * ``server_time``: the newest cluster time seen in any reply of the stream
   (``operationTime``, ``$clusterTime`` and the ``postBatchResumeToken``).
 
-``lag`` is their difference. It grows when the consumer falls behind (the
-server keeps answering getMores with newer times while the token stays on old
-events) and drops to zero once it has caught up. Cluster times have
-one-second resolution, and an idle deployment advances its cluster time only
-with writes (mongod writes a no-op every 10 s), so ``lag`` is precise to about
-a second.
+Their difference is how far behind the stream was *when the last reply
+arrived*. Server time arrives only with a reply, and none arrives while a big
+batch is being handled or while the deployment is down, so ``lag`` adds the
+local monotonic time since that reply (``reply_age``): a difference of two
+readings of this process's own clock, so skew still never enters (counted
+from when the newest server time was first seen: an idle deployment's cluster
+time stands still while its wall clock runs on). While a
+batch is handled (events buffered, or its last event not yet done) all of it
+counts. Once everything received is handled and the caller asks for more,
+only the time past the getMore's await (``max_await_time_ms``, 1 s by
+default) counts: an overdue reply, so the lag keeps growing through an
+outage. Caught up (the last getMore came back empty), the lag is 0 until
+then. Cluster times have one-second
+resolution, so the lag is the true lag (now minus the wall time of the
+oldest change not yet handled) to within about a second plus the await time
+(tested within 2 s, ``tests/client/test_lag_truth.py``).
 """
 
 from __future__ import annotations
@@ -69,6 +79,16 @@ class Position:
     """Cluster time of the resume token (``None``: no token yet, or one that cannot be read)."""
     server_time: Timestamp | None
     """Newest cluster time seen in a reply (``None``: no reply carried one)."""
+    reply_age: float | None = None
+    """Seconds (local monotonic clock) since the stream's last reply; ``None``: not counted."""
+    waiting: bool = False
+    """Everything received is handled and more was asked for: only the part of
+    :attr:`reply_age` past :attr:`await_seconds` counts (the reply is overdue)."""
+    caught_up: bool = False
+    """Waiting after a getMore that came back empty: the cluster times' difference is dropped."""
+    await_seconds: float = 1.0
+    """How long a getMore may wait for changes (``max_await_time_ms``): a caught-up stream's
+    next reply is due within it."""
 
     @property
     def token_datetime(self) -> datetime | None:
@@ -82,13 +102,32 @@ class Position:
 
     @property
     def lag(self) -> timedelta | None:
-        """``server_time - token_time`` (never negative); ``None`` if either is unknown."""
+        """How far behind the stream is now (see the module docstring); never negative.
+
+        Caught up: the time past the await since the last reply (0 while replies
+        keep coming). Otherwise ``server_time - token_time`` plus the time since
+        the reply. ``None`` while either cluster time is unknown.
+        """
         if self.token_time is None or self.server_time is None:
             return None
-        return timedelta(seconds=max(0, self.server_time.time - self.token_time.time))
+        age = 0.0 if self.reply_age is None else max(0.0, self.reply_age)
+        if self.waiting or self.caught_up:
+            age = max(0.0, age - self.await_seconds)
+        behind = 0 if self.caught_up else max(0, self.server_time.time - self.token_time.time)
+        return timedelta(seconds=behind + age)
 
     @classmethod
-    def of(cls, token: Mapping[str, Any] | None, server_time: Timestamp | None) -> Position:
+    def of(
+        cls,
+        token: Mapping[str, Any] | None,
+        server_time: Timestamp | None,
+        *,
+        reply_age: float | None = None,
+        waiting: bool = False,
+        caught_up: bool = False,
+        await_seconds: float = 1.0,
+    ) -> Position:
         """The position for a stream holding ``token`` that has seen ``server_time``."""
         token_time = None if token is None else token_cluster_time(token)
-        return cls(token_time, _later(server_time, token_time))
+        return cls(token_time, _later(server_time, token_time), reply_age, waiting, caught_up,
+                   await_seconds)

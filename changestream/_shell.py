@@ -112,12 +112,15 @@ class Progress:
 
     @property
     def lag(self) -> timedelta | None:
-        """How far the stream is behind the server, from cluster times in the server's replies.
+        """How far the stream is behind the server now, without the client's wall clock.
 
-        ``server time - token time``: the newest cluster time any reply of this
-        stream carried, minus the cluster time of the last event returned (or of
-        the ``postBatchResumeToken`` once a batch is consumed). ``None`` until
-        both are known. Second resolution; see :class:`changestream.Position`.
+        ``server time - token time`` (the newest cluster time any reply of this
+        stream carried, minus the cluster time of the last event returned, or of
+        the ``postBatchResumeToken`` once a batch is consumed) plus the local
+        monotonic time since that reply, so it keeps growing while a big batch
+        is handled or the deployment is down; 0 once caught up (the last getMore
+        was empty and nothing is buffered). ``None`` until both cluster times
+        are known. See :class:`changestream.Position`.
         """
         return self._machine.position.lag
 

@@ -191,3 +191,71 @@ def test_opentelemetry_exporter_records_counters_and_gauges() -> None:
     assert points["changestream.lag"] == [(1.0, {"stream": "orders"})]
     assert points["changestream.events.rate"] == [(2.5, {"stream": "orders"})]
     assert points["changestream.last_stored_token.timestamp"] == [(T0, {"stream": "orders"})]
+
+
+def test_two_prometheus_exporters_share_one_family_with_a_label_each() -> None:
+    prometheus_client = pytest.importorskip(
+        "prometheus_client", reason='needs pip install "changestream[prometheus]"'
+    )
+    from changestream.exporters.prometheus import PrometheusExporter
+
+    registry = prometheus_client.CollectorRegistry()
+    orders = PrometheusExporter(registry, stream="orders")
+    users = PrometheusExporter(registry, stream="users")  # raised DuplicateTimeseries before
+    orders(stats(10, lag=timedelta(seconds=3), oplog_headroom=timedelta(hours=2)))
+    users(stats(4, lag=timedelta(seconds=9)))
+    assert registry.get_sample_value("changestream_events_handled_total", {"stream": "orders"}) == 10
+    assert registry.get_sample_value("changestream_events_handled_total", {"stream": "users"}) == 4
+    assert registry.get_sample_value("changestream_lag_seconds", {"stream": "users"}) == 9
+    assert registry.get_sample_value(
+        "changestream_oplog_headroom_seconds", {"stream": "orders"}) == 7200
+    # Absent, not 0, where the headroom cannot be read.
+    assert registry.get_sample_value(
+        "changestream_oplog_headroom_seconds", {"stream": "users"}) is None
+    with pytest.raises(ValueError, match=r"labels \['stream'\], not \['db', 'stream'\]"):
+        PrometheusExporter(registry, stream="x", db="y")
+
+
+def test_the_prometheus_endpoint_listens_on_loopback_unless_told_otherwise() -> None:
+    prometheus_client = pytest.importorskip(
+        "prometheus_client", reason='needs pip install "changestream[prometheus]"'
+    )
+    from changestream.exporters.prometheus import serve
+
+    started = serve(0, registry=prometheus_client.CollectorRegistry())
+    if not isinstance(started, tuple):
+        pytest.skip("this prometheus_client's start_http_server returns no server to inspect")
+    server, thread = started
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_two_opentelemetry_exporters_on_one_meter_both_report() -> None:
+    pytest.importorskip("opentelemetry.sdk", reason='needs pip install opentelemetry-sdk')
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from changestream.exporters.otel import OpenTelemetryExporter
+
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    orders = OpenTelemetryExporter(meter, attributes={"stream": "orders"})
+    users = OpenTelemetryExporter(meter, attributes={"stream": "users"})
+    orders(stats(10, lag=timedelta(seconds=3)))
+    users(stats(4, lag=timedelta(seconds=9), oplog_headroom=timedelta(minutes=5)))
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        metric.name: sorted((dict(p.attributes or {})["stream"], p.value)
+                            for p in metric.data.data_points)
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    }
+    assert points["changestream.events.handled"] == [("orders", 10), ("users", 4)]
+    assert points["changestream.lag"] == [("orders", 3.0), ("users", 9.0)]
+    assert points["changestream.oplog.headroom"] == [("users", 300.0)]

@@ -43,6 +43,8 @@ TWINS: tuple[tuple[str, str], ...] = (
     ("aio/_stream.py", "_stream.py"),
     ("aio/_snapshot_watch.py", "_snapshot_watch.py"),
     ("aio/_consume.py", "_consume.py"),
+    ("aio/_stats_timer.py", "_stats_timer.py"),
+    ("aio/_hub.py", "_hub.py"),
 )
 """(asyncio source, generated sync twin), relative to ``changestream/``."""
 
@@ -69,6 +71,8 @@ NAMES: dict[str, str] = {
     "__aiter__": "__iter__",
     "asynchronous": "synchronous",
     "AsyncWorkers": "ThreadWorkers",
+    "AsyncHub": "Hub",
+    "AsyncSubscription": "Subscription",
     "_async_io": "_sync_io",
 }
 """Whole-word renames from the asyncio source to the sync twin."""

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from ._api import watch
 from ._consume import consume
+from ._hub import AsyncHub, AsyncSubscription
 from ._snapshot_watch import AsyncSnapshotThenWatch, snapshot_then_watch
 from ._stream import AsyncChangeStream, TokenCallback
 
 __all__ = [
     "AsyncChangeStream",
+    "AsyncHub",
     "AsyncSnapshotThenWatch",
+    "AsyncSubscription",
     "TokenCallback",
     "consume",
     "snapshot_then_watch",

@@ -55,6 +55,7 @@ from ._async_io import (
     wait_for_stop,
 )
 from ._snapshot_watch import stream_opener
+from ._stats_timer import start_stats_timer
 from ._stream import AsyncChangeStream
 from ._workers import AsyncWorkers
 
@@ -256,6 +257,7 @@ async def consume(
     async def sleep(seconds: float) -> None:
         await wait_for_stop(stop, seconds)
 
+    start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
     try:
         with signals_stop(stop_on_signals, stop_setter(stop)):
             while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):

@@ -13,20 +13,80 @@ provider: configure the SDK and its exporter as usual). The same names as the
 Prometheus exporter, dotted: ``changestream.events.handled``,
 ``changestream.resumes``, ``changestream.reopens``, ``changestream.tokens.stored``
 (counters); ``changestream.events.rate`` (events/s), ``changestream.lag``
-(seconds), ``changestream.last_stored_token.timestamp`` (Unix seconds)
+(seconds), ``changestream.oplog.headroom`` (seconds; absent where it cannot be
+read), ``changestream.last_stored_token.timestamp`` (Unix seconds)
 (observable gauges reporting the latest stats).
+
+Several loops in one process export side by side: the exporters of one meter
+share its instruments (created once; the gauges' callbacks report every
+exporter's latest stats), and ``attributes`` (e.g. ``{"stream": "orders"}``)
+tell them apart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Counter, Meter, Observation
 
 from .._metrics import ConsumeStats
 
 __all__ = ["OpenTelemetryExporter"]
+
+
+class _Instruments:
+    """One meter's instruments, shared by its exporters (a meter warns on a second creation
+    and keeps the first callback only)."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.exporters: list[OpenTelemetryExporter] = []
+        self.handled = meter.create_counter(
+            "changestream.events.handled", unit="{event}", description="Changes handled"
+        )
+        self.resumes = meter.create_counter(
+            "changestream.resumes", unit="{resume}", description="Automatic stream resumes"
+        )
+        self.reopens = meter.create_counter(
+            "changestream.reopens", unit="{reopen}", description="Streams reopened by the loop"
+        )
+        self.stored = meter.create_counter(
+            "changestream.tokens.stored", unit="{token}", description="Tokens stored"
+        )
+        for name, read, unit, description in (
+            ("changestream.events.rate", lambda s: s.events_per_second, "{event}/s",
+             "Handled changes per second (last interval)"),
+            ("changestream.lag", lambda s: None if s.lag is None else s.lag.total_seconds(),
+             "s", "How far behind the change stream is"),
+            ("changestream.oplog.headroom",
+             lambda s: None if s.oplog_headroom is None else s.oplog_headroom.total_seconds(),
+             "s", "Token cluster time minus the oldest oplog entry's"),
+            ("changestream.last_stored_token.timestamp",
+             lambda s: None if s.last_stored_token_time is None
+             else s.last_stored_token_time.timestamp(),
+             "s", "Cluster time of the last stored token (Unix seconds)"),
+        ):
+            meter.create_observable_gauge(name, [self._observer(read)], unit=unit,
+                                          description=description)
+
+    def _observer(
+        self, read: Callable[[ConsumeStats], float | None]
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            for exporter in list(self.exporters):
+                latest = exporter._latest
+                value = None if latest is None else read(latest)
+                if value is not None:
+                    yield Observation(value, exporter._attributes)
+        return observe
+
+
+_INSTRUMENTS: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
+"""Per meter (held weakly), its instruments: how a second exporter finds the first's."""
+_LOCK = threading.Lock()
 
 
 class OpenTelemetryExporter:
@@ -39,53 +99,24 @@ class OpenTelemetryExporter:
     ) -> None:
         meter = metrics.get_meter("changestream") if meter is None else meter
         self._attributes = dict(attributes or {})
-        self._handled = meter.create_counter(
-            "changestream.events.handled", unit="{event}", description="Changes handled"
-        )
-        self._resumes = meter.create_counter(
-            "changestream.resumes", unit="{resume}", description="Automatic stream resumes"
-        )
-        self._reopens = meter.create_counter(
-            "changestream.reopens", unit="{reopen}", description="Streams reopened by the loop"
-        )
-        self._stored = meter.create_counter(
-            "changestream.tokens.stored", unit="{token}", description="Tokens stored"
-        )
         self._latest: ConsumeStats | None = None
-        meter.create_observable_gauge(
-            "changestream.events.rate", [self._observe_rate], unit="{event}/s",
-            description="Handled changes per second (last interval)",
-        )
-        meter.create_observable_gauge(
-            "changestream.lag", [self._observe_lag], unit="s",
-            description="Server cluster time minus the stream's token time",
-        )
-        meter.create_observable_gauge(
-            "changestream.last_stored_token.timestamp", [self._observe_stored_time], unit="s",
-            description="Cluster time of the last stored token (Unix seconds)",
-        )
+        with _LOCK:
+            instruments = _INSTRUMENTS.get(meter)
+            if instruments is None:
+                instruments = _INSTRUMENTS[meter] = _Instruments(meter)
+            instruments.exporters.append(self)
+        self._instruments = instruments
 
     def __call__(self, stats: ConsumeStats) -> None:
         before = self._latest
-        for counter, now, was in (
-            (self._handled, stats.handled, 0 if before is None else before.handled),
-            (self._resumes, stats.resumes, 0 if before is None else before.resumes),
-            (self._reopens, stats.reopens, 0 if before is None else before.reopens),
-            (self._stored, stats.stored, 0 if before is None else before.stored),
-        ):
+        shared = self._instruments
+        counters: tuple[tuple[Counter, int, int], ...] = (
+            (shared.handled, stats.handled, 0 if before is None else before.handled),
+            (shared.resumes, stats.resumes, 0 if before is None else before.resumes),
+            (shared.reopens, stats.reopens, 0 if before is None else before.reopens),
+            (shared.stored, stats.stored, 0 if before is None else before.stored),
+        )
+        for counter, now, was in counters:
             if now > was:
                 counter.add(now - was, self._attributes)
         self._latest = stats
-
-    def _observe_rate(self, options: CallbackOptions) -> Iterable[Observation]:
-        if self._latest is not None:
-            yield Observation(self._latest.events_per_second, self._attributes)
-
-    def _observe_lag(self, options: CallbackOptions) -> Iterable[Observation]:
-        if self._latest is not None and self._latest.lag is not None:
-            yield Observation(self._latest.lag.total_seconds(), self._attributes)
-
-    def _observe_stored_time(self, options: CallbackOptions) -> Iterable[Observation]:
-        stats = self._latest
-        if stats is not None and stats.last_stored_token_time is not None:
-            yield Observation(stats.last_stored_token_time.timestamp(), self._attributes)

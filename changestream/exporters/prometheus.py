@@ -1,12 +1,18 @@
-"""Prometheus metrics for a :func:`changestream.consume` loop (``pip install "changestream[prometheus]"``).
+"""Prometheus metrics for :func:`changestream.consume` loops (``pip install "changestream[prometheus]"``).
 
 ::
 
-    from prometheus_client import start_http_server
-    from changestream.exporters.prometheus import PrometheusExporter
+    from changestream.exporters.prometheus import PrometheusExporter, serve
 
-    start_http_server(9108)
-    changestream.consume(open_stream, handle, store, on_stats=PrometheusExporter(stream="orders"))
+    serve(9108)                     # http://127.0.0.1:9108/metrics (loopback unless addr= says otherwise)
+    changestream.consume(open_orders, handle, store, on_stats=PrometheusExporter(stream="orders"))
+
+Several loops in one process export side by side: every exporter of a registry
+and namespace shares one metric family per name, and the keyword arguments
+are the labels that tell the loops apart (``PrometheusExporter(stream="orders")``,
+``PrometheusExporter(stream="users")``). All exporters of a family must use the
+same label names (else one ``ValueError`` says which); two exporters with the
+same label values count into the same series (use one per loop).
 
 Metrics (``namespace`` prefix, default ``changestream``; every one carries the
 labels given as keyword arguments):
@@ -16,7 +22,9 @@ name                                          type     meaning
 ============================================  =======  ==============================================
 ``changestream_events_handled_total``         counter  changes passed to the handler
 ``changestream_events_per_second``            gauge    handled changes per second, last interval
-``changestream_lag_seconds``                  gauge    server time minus the stream's token time
+``changestream_lag_seconds``                  gauge    how far behind the stream is (``ConsumeStats.lag``)
+``changestream_oplog_headroom_seconds``       gauge    token time minus the oldest oplog entry (absent
+                                                       where it cannot be read)
 ``changestream_resumes_total``                counter  automatic resumes inside the stream
 ``changestream_reopens_total``                counter  streams reopened by the loop
 ``changestream_tokens_stored_total``          counter  tokens written to the store
@@ -26,11 +34,92 @@ name                                          type     meaning
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+import weakref
+from typing import Any
+
+import prometheus_client
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from .._metrics import ConsumeStats
 
-__all__ = ["PrometheusExporter"]
+__all__ = ["PrometheusExporter", "serve"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Family:
+    """The metrics of one registry and namespace, shared by its exporters."""
+
+    labels: tuple[str, ...]
+    handled: Counter
+    rate: Gauge
+    lag: Gauge
+    headroom: Gauge
+    resumes: Counter
+    reopens: Counter
+    stored: Counter
+    stored_time: Gauge
+
+
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, _Family]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per registry (held weakly: it lives as long as the registry does), the families by namespace.
+A registry accepts each metric name once; this is how a second exporter finds the first's."""
+_LOCK = threading.Lock()
+
+
+def _family(registry: CollectorRegistry, namespace: str, labels: tuple[str, ...]) -> _Family:
+    with _LOCK:
+        families = _FAMILIES.setdefault(registry, {})
+        family = families.get(namespace)
+        if family is not None:
+            if family.labels != labels:
+                raise ValueError(
+                    f"the {namespace!r} metrics of this registry have the labels "
+                    f"{list(family.labels)}, not {list(labels)}: give every PrometheusExporter "
+                    f"of one registry the same label names (e.g. stream=...), or another "
+                    f"namespace"
+                )
+            return family
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, namespace=namespace, registry=registry)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, namespace=namespace, registry=registry)
+
+        family = _Family(
+            labels,
+            handled=counter("events_handled", "Changes passed to the handler"),
+            rate=gauge("events_per_second", "Handled changes per second (last interval)"),
+            lag=gauge("lag_seconds", "How far behind the change stream is (seconds)"),
+            headroom=gauge(
+                "oplog_headroom_seconds", "Token cluster time minus the oldest oplog entry's"
+            ),
+            resumes=counter("resumes", "Automatic resumes inside the change stream"),
+            reopens=counter("reopens", "Change streams reopened by the consume loop"),
+            stored=counter("tokens_stored", "Resume tokens written to the store"),
+            stored_time=gauge(
+                "last_stored_token_timestamp",
+                "Cluster time of the last stored token (Unix seconds)",
+            ),
+        )
+        families[namespace] = family
+        return family
+
+
+def serve(
+    port: int = 9108, addr: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY
+) -> Any:
+    """Serve ``/metrics`` over HTTP on ``addr:port``: loopback unless ``addr`` says otherwise.
+
+    ``prometheus_client.start_http_server`` listens on every interface by
+    default; a metrics endpoint open to the network is a choice to make
+    explicitly (``addr="0.0.0.0"``). Returns what ``start_http_server`` returns.
+    """
+    return prometheus_client.start_http_server(port, addr=addr, registry=registry)
 
 
 class PrometheusExporter:
@@ -43,43 +132,30 @@ class PrometheusExporter:
         **labels: str,
     ) -> None:
         registry = REGISTRY if registry is None else registry
-        names = sorted(labels)
+        self._family = family = _family(registry, namespace, tuple(sorted(labels)))
         self._labels = labels
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, names, namespace=namespace, registry=registry)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, names, namespace=namespace, registry=registry)
-
-        self._handled = counter("events_handled", "Changes passed to the handler")
-        self._rate = gauge("events_per_second", "Handled changes per second (last interval)")
-        self._lag = gauge("lag_seconds", "Server cluster time minus the stream's token time")
-        self._resumes = counter("resumes", "Automatic resumes inside the change stream")
-        self._reopens = counter("reopens", "Change streams reopened by the consume loop")
-        self._stored = counter("tokens_stored", "Resume tokens written to the store")
-        self._stored_time = gauge(
-            "last_stored_token_timestamp", "Cluster time of the last stored token (Unix seconds)"
-        )
         self._seen = ConsumeStats(0, 0.0, None, None, 0, 0, 0, None, 0.0)
-        for total in (self._handled, self._resumes, self._reopens, self._stored):
+        for total in (family.handled, family.resumes, family.reopens, family.stored):
             total.labels(**labels)  # exported as 0 from the start, not absent
 
     def __call__(self, stats: ConsumeStats) -> None:
         labels = self._labels
         seen = self._seen
+        family = self._family
         # Counters only go up: add what happened since the previous report.
         for metric, now, before in (
-            (self._handled, stats.handled, seen.handled),
-            (self._resumes, stats.resumes, seen.resumes),
-            (self._reopens, stats.reopens, seen.reopens),
-            (self._stored, stats.stored, seen.stored),
+            (family.handled, stats.handled, seen.handled),
+            (family.resumes, stats.resumes, seen.resumes),
+            (family.reopens, stats.reopens, seen.reopens),
+            (family.stored, stats.stored, seen.stored),
         ):
             if now > before:
                 metric.labels(**labels).inc(now - before)
-        self._rate.labels(**labels).set(stats.events_per_second)
+        family.rate.labels(**labels).set(stats.events_per_second)
         if stats.lag is not None:
-            self._lag.labels(**labels).set(stats.lag.total_seconds())
+            family.lag.labels(**labels).set(stats.lag.total_seconds())
+        if stats.oplog_headroom is not None:
+            family.headroom.labels(**labels).set(stats.oplog_headroom.total_seconds())
         if stats.last_stored_token_time is not None:
-            self._stored_time.labels(**labels).set(stats.last_stored_token_time.timestamp())
+            family.stored_time.labels(**labels).set(stats.last_stored_token_time.timestamp())
         self._seen = stats

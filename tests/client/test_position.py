@@ -51,24 +51,59 @@ def test_newest_reply_time_takes_the_latest_of_operation_time_cluster_time_and_p
     assert newest_reply_time({"operationTime": "junk", "$clusterTime": 3}, None) is None
 
 
+class Clock:
+    """A local monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_machine_lag_grows_while_behind_and_vanishes_once_caught_up() -> None:
     driver = Driver()
+    clock = driver.machine.clock = Clock()
     driver.start(with_times(aggregate_reply([], tok(T0)), T0, T0))
     assert driver.machine.position.lag == timedelta(0)
     # One getMore brings three events written 0, 10 and 20 s after T0; the server is at T0 + 30.
     batch = [ev(T0), ev(T0 + 10), ev(T0 + 20)]
     delivered(driver.next(with_times(getmore_reply(batch, tok(T0 + 20, 2)), T0 + 30, T0 + 30)))
     assert driver.machine.position.lag == timedelta(seconds=30)
+    # The batch is being handled: the local time since its reply counts (no reply comes).
+    clock.now += 12
+    assert driver.machine.position.lag == timedelta(seconds=42)
     delivered(driver.next())
-    assert driver.machine.position.lag == timedelta(seconds=20)
+    assert driver.machine.position.lag == timedelta(seconds=32)
     delivered(driver.next())
-    # Last of the batch: the token is the postBatchResumeToken (T0 + 20).
-    assert driver.machine.position.token_time == Timestamp(T0 + 20, 2)
-    assert driver.machine.position.lag == timedelta(seconds=10)
-    # An empty batch moves the token to where the server is: caught up.
+    # Last of the batch, still being handled: its own time counts (the token already is
+    # the postBatchResumeToken).
+    assert driver.machine.resume_token == tok(T0 + 20, 2)
+    assert driver.machine.position.token_time == Timestamp(T0 + 20, 1)
+    assert driver.machine.position.lag == timedelta(seconds=22)
+    # An empty batch moves the token to where the server is: caught up, 0 ...
     driver.try_next(with_times(getmore_reply([], tok(T0 + 31)), T0 + 31, T0 + 31))
     assert driver.machine.position.lag == timedelta(0)
     assert driver.machine.position.server_time == Timestamp(T0 + 31, 3)
+    clock.now += 0.9  # ... while the next getMore is within its await (1 s) ...
+    assert driver.machine.position.lag == timedelta(0)
+    clock.now += 5.1  # ... and growing once no reply comes (an outage): 6 s - 1 s.
+    assert driver.machine.position.lag == timedelta(seconds=5)
+
+
+def test_a_drained_batch_counts_only_an_overdue_reply() -> None:
+    driver = Driver()
+    clock = driver.machine.clock = Clock()
+    driver.start(with_times(aggregate_reply([], tok(T0)), T0, T0))
+    batch = [ev(T0 + 29), ev(T0 + 30)]
+    delivered(driver.next(with_times(getmore_reply(batch, tok(T0 + 30, 2)), T0 + 30, T0 + 30)))
+    delivered(driver.next())
+    clock.now += 3  # handled in 3 s
+    assert driver.machine.position.lag == timedelta(seconds=3)
+    driver.machine.begin_try_next()  # back for more: the getMore is in flight
+    assert driver.machine.position.lag == timedelta(0)
+    clock.now += 4
+    assert driver.machine.position.lag == timedelta(seconds=3)
 
 
 def test_resumes_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:

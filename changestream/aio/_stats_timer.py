@@ -1,0 +1,72 @@
+"""The consume loop's stats timer: reports on their interval, also while a poll or a reopen waits.
+
+The loop itself reports after each poll, but during an outage no poll returns
+(server selection, backoff between reopens), and the reports are wanted most
+then: the lag keeps growing (:class:`changestream.Position`) and the reopen
+count moves. The timer runs beside the loop (a task of its event loop here; a
+daemon thread in the generated sync twin, ``changestream/_stats_timer.py``),
+calls the same :meth:`~changestream._metrics.StatsReporter.poll` and, every
+:data:`~changestream._headroom.PROBE_EVERY` seconds, reads the oldest oplog
+entry for the headroom. It stops with the loop's final report
+(:meth:`StatsReporter.finish`).
+"""
+
+from __future__ import annotations
+
+import asyncio  # sync: import threading
+from typing import Any
+
+import pymongo
+from pymongo.errors import PyMongoError
+
+from .._consume_run import Run
+from .._headroom import OPLOG_QUERY, log, oplog_client
+from .._metrics import StatsReporter
+
+__all__ = ["start_stats_timer"]
+
+PROBE_TIMEOUT = 10.0
+"""Seconds one read of the oldest oplog entry may take."""
+
+
+def start_stats_timer(run: Run) -> None:
+    """Start reporting ``run``'s stats on their interval, until its final report."""
+    stats = run.stats
+    if not stats.active or stats.timer is not None:
+        return
+    stats.timer = asyncio.get_running_loop().create_task(_tick(run, stats))  # sync: stats.timer = threading.Thread(target=_tick, args=(run, stats), name="changestream-stats", daemon=True)
+    # sync-only: begin
+    # stats.timer.start()
+    # sync-only: end
+
+
+async def _tick(run: Run, stats: StatsReporter) -> None:
+    """Sleep until the next report is due, report, repeat; stop once the loop has ended."""
+    while not stats.ended:
+        await asyncio.sleep(min(stats.due_in(), 1.0) or 0.05)  # sync: threading.Event().wait(min(stats.due_in(), 1.0) or 0.05)
+        if stats.ended:
+            return
+        try:
+            await _probe_headroom(stats)
+        except Exception:  # the probe is best effort; the report matters more
+            log.debug("reading the oplog headroom failed", exc_info=True)
+        stats.poll(run.progress.handled, max(run.opened - 1, 0))
+
+
+async def _probe_headroom(stats: StatsReporter) -> None:
+    """Read the oldest oplog entry if it is time to (see :mod:`changestream._headroom`)."""
+    probe = stats.headroom
+    if not probe.due():
+        return
+    client, why_not = oplog_client(stats.stream)
+    if why_not is not None:
+        probe.give_up(why_not)
+    if client is None:
+        return
+    try:
+        with pymongo.timeout(PROBE_TIMEOUT):
+            entry: Any = await client.local["oplog.rs"].find_one({}, **OPLOG_QUERY)
+    except PyMongoError as exc:
+        probe.failed(exc)
+        return
+    probe.read(entry)

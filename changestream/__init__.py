@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._api import Client, Collection, Database, watch
 from ._consume import ConsumeResult, consume
+from ._merge import MergeBatch, MergeRow, MissingDocumentError, merge_ready
 from ._metrics import ConsumeStats
 from ._position import Position
 from ._snapshot import SnapshotError
@@ -83,6 +84,9 @@ __all__ = [
     "InvalidResumeTokenError",
     "MalformedReplyError",
     "MemoryTokenStore",
+    "MergeBatch",
+    "MergeRow",
+    "MissingDocumentError",
     "MissingResumeTokenError",
     "MongoTokenStore",
     "NotResumableError",
@@ -100,6 +104,7 @@ __all__ = [
     "aio",
     "consume",
     "describe_error",
+    "merge_ready",
     "one_line",
     "snapshot_then_watch",
     "spark_adapter",

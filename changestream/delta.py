@@ -192,6 +192,7 @@ class DeltaSink:
         self.idle_commit_seconds = idle_commit_seconds
         self._table: DeltaTable | None = None
         self._staged: list[Mapping[str, Any]] = []
+        self._staged_table: tuple[pa.Table, bool] | None = None
         self._token_committed_at: float | None = None
         self.commits = 0
         """Commits made by this sink object."""
@@ -255,6 +256,13 @@ class DeltaSink:
 
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
         """Commit the staged changes with ``token`` (version ``batch_id``, or the next one)."""
+        if self._staged_table is not None:
+            table, cleared = self._staged_table
+            applied = self.applied_version
+            version = batch_id if batch_id is not None else (-1 if applied is None else applied) + 1
+            self._commit(table, version, token, cleared=cleared)
+            self._staged_table = None
+            return
         staged, self._staged = self._staged, []
         if not staged:
             now = time.monotonic()
@@ -280,32 +288,47 @@ class DeltaSink:
         """Stage one change (the next :meth:`save` commits it): ``consume``'s handler."""
         self._staged.append(change)
 
+    def stage(self, table: pa.Table, *, cleared: bool = False) -> None:
+        """Stage a whole merge table (:func:`merge_table`'s columns); the next :meth:`save` commits it.
+
+        ``foreach_batch``'s path: its ``func`` stages, then it saves the batch's
+        token and id in this sink (the store), so both land in one commit.
+        """
+        if self._staged or self._staged_table is not None:
+            raise RuntimeError("a batch is already staged and not saved")
+        self._staged_table = (table, cleared)
+
     # -- whole batches -----------------------------------------------------------------------
     def write(
         self,
         batch: MergeBatch | Sequence[Mapping[str, Any]] | pa.Table,
         version: int,
         token: Mapping[str, Any] | None = None,
+        *,
+        cleared: bool = False,
     ) -> bool:
         """Merge ``batch`` as version ``version`` unless the table holds it; ``True``: written.
 
         ``batch`` is a :class:`MergeBatch`, a list of changes, or a merge table
         (:func:`merge_table`; the Spark path builds one). For the Spark data
         source's ``foreachBatch``, ``version`` is Spark's batch id: a batch
-        Spark runs again is skipped.
+        Spark runs again is skipped. ``cleared`` (merge tables only): delete every
+        row not in ``batch`` (the collection was dropped or renamed in it).
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be an integer >= 0, not {version!r}")
         if not isinstance(batch, (MergeBatch, pa.Table)):
             batch = merge_ready(batch, full_document=self.full_document,
                                 json_options=self._json_options)
-        return self._commit(batch, version, token)
+        return self._commit(batch, version, token, cleared=cleared)
 
     def _commit(
         self,
         batch: MergeBatch | pa.Table | None,
         version: int | None,
         token: Mapping[str, Any] | None,
+        *,
+        cleared: bool = False,
     ) -> bool:
         metadata = {_META_APP: self.app_id}
         if token is not None:
@@ -327,7 +350,6 @@ class DeltaSink:
             cleared = batch.cleared
             source = merge_table(batch, self.schema, self.json_mode)
         else:
-            cleared = False
             source = batch
         if table is None:  # created empty first: the batch and its txn go in one commit
             self._create(CommitProperties(custom_metadata={_META_APP: self.app_id}))

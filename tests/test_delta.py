@@ -273,3 +273,25 @@ def test_mirror_on_a_sharded_cluster(tmp_path: Path) -> None:
         assert not reader.is_alive()
         assert_mirrors(tmp_path / "t", coll, "a")
         admin.close()
+
+
+def test_a_dropped_collection_empties_the_table_and_ends_the_run(coll: Any, tmp_path: Path) -> None:
+    coll.insert_many([{"_id": i} for i in range(5)])
+    sink = DeltaSink(tmp_path / "t", app_id="a", full_document="updateLookup")
+    stop = threading.Event()
+
+    def handle(change: Any) -> None:
+        sink(change)
+        if change["operationType"] == "insert" and change["documentKey"]["_id"] == 5:
+            sink.save(change["_id"])  # the snapshot and the insert are in the table
+            assert len(table_state(tmp_path / "t")) == 6
+            coll.drop()
+
+    thread = threading.Thread(target=lambda: coll.insert_one({"_id": 5}))
+    with pytest.raises(changestream.StreamInvalidatedError):
+        thread.start()
+        changestream.consume(coll, handle, sink, initial_snapshot=True, stop=stop,
+                             watch_options={"full_document": "updateLookup",
+                                            "max_await_time_ms": 50})
+    thread.join()
+    assert table_state(tmp_path / "t") == {}

@@ -317,6 +317,10 @@ class DeltaSink:
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be an integer >= 0, not {version!r}")
+        applied = self.applied_version
+        if applied is not None and version <= applied:  # before any conversion: cheap
+            self.skipped += 1
+            return False
         if not isinstance(batch, (MergeBatch, pa.Table)):
             batch = merge_ready(batch, full_document=self.full_document,
                                 json_options=self._json_options)

@@ -53,11 +53,12 @@ def merge_ready(df: DataFrame, *, full_document: str | None = None) -> DataFrame
     ``op`` is ``"upsert"`` (insert, replace, update, snapshot row: ``document``
     is ``full_document``) or ``"delete"``. With ``full_document="updateLookup"``
     an update whose document was gone at lookup time is a delete; any other
-    update without ``full_document`` raises :class:`changestream.MissingDocumentError`
-    (open the stream with ``full_document`` ``updateLookup`` or ``required``).
-    Rows before a ``drop``, ``rename`` or ``dropDatabase`` of their collection
-    are left out (see :func:`clear_token`). ``full_document`` must be the JSON column
-    (no ``full_document_schema``).
+    update without ``full_document`` has ``op`` null (a lazy DataFrame cannot
+    raise): :func:`merge_into` and :func:`stage_into` refuse such a batch with
+    :class:`changestream.MissingDocumentError` (read with ``full_document``
+    ``updateLookup`` or ``required``). Rows before a ``drop``, ``rename`` or
+    ``dropDatabase`` of their database are left out. ``full_document`` must be
+    the JSON column (no ``full_document_schema``).
     """
     if dict(df.dtypes).get("full_document") != "string":
         raise ValueError(
@@ -92,40 +93,65 @@ def merge_ready(df: DataFrame, *, full_document: str | None = None) -> DataFrame
     )
 
 
-def _checked(merged: DataFrame) -> DataFrame:
-    missing = merged.where(F.col("op").isNull()).select("key", "operation_type", "resume_token")
-    first = missing.first()
-    if first is not None:
-        raise changestream.MissingDocumentError(
-            f"the {first['operation_type']} event of _id {first['key']} (token "
-            f"{first['resume_token']}) has no full_document, so the document after it is "
-            "unknown: read with full_document='updateLookup' (the current document) or "
-            "'required' (post-images: enable changeStreamPreAndPostImages), and pass the same "
-            "full_document= here"
-        )
-    return merged
-
-
-def clear_token(df: DataFrame) -> str | None:
-    """The token of the batch's last ``drop``/``rename``/``dropDatabase`` (``None``: none)."""
-    row = df.where(F.col("operation_type").isin(*_CLEARS)).agg(F.max("resume_token")).first()
-    return None if row is None else row[0]
+def _missing(operation: str, key: str, token: str) -> changestream.MissingDocumentError:
+    return changestream.MissingDocumentError(
+        f"the {operation} event of _id {key} (token {token}) has no full_document, so the "
+        "document after it is unknown: read with full_document='updateLookup' (the current "
+        "document) or 'required' (post-images: enable changeStreamPreAndPostImages), and pass "
+        "the same full_document= here"
+    )
 
 
 def _merge_table(df: DataFrame, full_document: str | None) -> tuple[Any, bool]:
-    """The sink's merge table (``_key``, ``_op``, ``document``) and whether the batch cleared."""
+    """The sink's merge table (``_key``, ``_op``, ``document``) and whether the batch cleared.
+
+    The batch goes to the driver anyway (delta-rs writes from there), so it is
+    collected once, as Arrow, and collapsed there as :func:`merge_ready` does
+    in Spark: one Spark job per batch instead of several.
+    """
+    import pyarrow as pa
+
     from changestream.delta import DOCUMENT, KEY, OP
 
-    namespaces = df.select("database", "collection").where(
-        F.col("collection").isNotNull()).distinct().count()
-    if namespaces > 1:
-        raise ValueError("a Delta sink mirrors one collection; filter the batch by "
-                         "database and collection first")
-    merged = _checked(merge_ready(df, full_document=full_document))
-    table = merged.select(
-        F.col("key").alias(KEY), F.col("op").alias(OP), F.col("document").alias(DOCUMENT)
-    ).toArrow()
-    return table, clear_token(df) is not None
+    rows = df.select("resume_token", "operation_type", "database", "collection",
+                     "document_key", "full_document").toArrow().to_pylist()
+    rows.sort(key=lambda r: (r["resume_token"] != _SNAPSHOT, r["resume_token"] or ""))
+    last: dict[str, dict[str, Any]] = {}
+    cleared = False
+    namespace = None
+    for row in rows:
+        here = (row["database"], row["collection"])
+        if row["collection"] is not None:
+            if namespace is None:
+                namespace = here
+            elif here != namespace:
+                raise ValueError("a Delta sink mirrors one collection; filter the batch by "
+                                 "database and collection first")
+        if row["operation_type"] in _CLEARS:
+            cleared = True
+            last.clear()
+            continue
+        key = _id_json(row["document_key"])
+        if key is not None:
+            last.pop(key, None)
+            last[key] = row
+    keys, ops, documents = [], [], []
+    for key, row in last.items():
+        operation, document = row["operation_type"], row["full_document"]
+        if operation == "delete" or (
+            document is None and operation == "update" and full_document == "updateLookup"
+        ):
+            op, document = "delete", None
+        elif document is not None:
+            op = "upsert"
+        else:
+            raise _missing(operation, key, row["resume_token"])
+        keys.append(key)
+        ops.append(op)
+        documents.append(document)
+    table = pa.table({KEY: pa.array(keys, pa.string()), OP: pa.array(ops, pa.string()),
+                      DOCUMENT: pa.array(documents, pa.string())})
+    return table, cleared
 
 
 def merge_into(sink: Any) -> Callable[[DataFrame, int], None]:

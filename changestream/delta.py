@@ -294,9 +294,10 @@ class DeltaSink:
         ``foreach_batch``'s path: its ``func`` stages, then it saves the batch's
         token and id in this sink (the store), so both land in one commit.
         """
-        if self._staged or self._staged_table is not None:
-            raise RuntimeError("a batch is already staged and not saved")
-        self._staged_table = (table, cleared)
+        if self._staged:
+            raise RuntimeError("changes staged by the handler are not saved yet; use one of "
+                               "the two ways per sink")
+        self._staged_table = (table, cleared)  # replaces a batch whose save failed: re-cut
 
     # -- whole batches -----------------------------------------------------------------------
     def write(

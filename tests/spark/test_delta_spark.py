@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_support import PANDAS_WARNING
+from spark_support import PANDAS_WARNING, wait_for
 
 pytest.importorskip("deltalake", reason="needs the 'delta' extra (deltalake)")
 
@@ -25,6 +30,8 @@ from changestream.spark_adapter import (
 from changestream.spark_adapter._merge import _merge_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings(PANDAS_WARNING)]
+
+SCRIPT = Path(__file__).with_name("delta_pipeline_process.py")
 
 
 def test_foreach_batch_into_delta_with_the_sink_as_token_store(
@@ -114,3 +121,63 @@ def test_merge_ready_dataframe_takes_the_last_change_in_token_order(
     assert table_state(str(tmp_path / 't')) == {0: {"_id": 0, "v": "late"},
                                               1: {"_id": 1, "v": "again"}}
 
+
+
+@pytest.mark.parametrize("mode", ["helper", "source"])
+def test_kill_9_of_the_delta_pipeline_then_restart_mirrors_the_collection(
+    spark: Any, mongodb_uri: str, coll: Any, tmp_path: Path, mode: str
+) -> None:
+    coll.insert_many([{"_id": i, "v": "before"} for i in range(40)])
+    table, state = str(tmp_path / "t"), tmp_path / "state"
+    state.mkdir()
+    if mode == "helper":  # pins the start (the data source copies a snapshot instead)
+        sink = DeltaSink(table, app_id=mode, full_document="updateLookup")
+        opener = stream_opener(coll, full_document="updateLookup", max_await_time_ms=50)
+        foreach_batch(spark, opener, stage_into(sink), sink, until_idle=True)
+        coll.update_many({}, {"$set": {"v": "pinned"}})
+    log = (tmp_path / "pipeline.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), mode, mongodb_uri, coll.database.name, coll.name,
+         table, str(state)],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=SCRIPT.parent,
+    )
+    writer = threading.Thread(target=write_mix, args=(coll, 150, 8))
+    try:
+        wait_for(lambda: process.poll() is not None or len(versions_or_none(table, mode)) >= 2,
+                 timeout=240, what="the pipeline process to commit two batches")
+        assert process.poll() is None, (tmp_path / "pipeline.log").read_text()[-3000:]
+        writer.start()
+        time.sleep(1.0)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        log.close()
+        if writer.is_alive() or writer.ident is not None:
+            writer.join()
+    sink = DeltaSink(table, app_id=mode, full_document="updateLookup")
+    if mode == "helper":
+        opener = stream_opener(coll, full_document="updateLookup", max_await_time_ms=50)
+        foreach_batch(spark, opener, stage_into(sink), sink, max_rows=100, until_idle=True)
+        assert_mirrors(table, coll, mode)
+        return
+    for _ in range(2):  # the second run takes what came after the first one's target
+        query = (
+            spark.readStream.format("changestream").option("uri", mongodb_uri)
+            .option("database", coll.database.name).option("collection", coll.name)
+            .option("full_document", "updateLookup").option("startup_mode", "snapshot")
+            .load().writeStream.foreachBatch(merge_into(sink))
+            .option("checkpointLocation", str(state / "checkpoint"))
+            .trigger(availableNow=True).start()
+        )
+        assert query.awaitTermination(240)
+    assert table_state(table) == {d["_id"]: d for d in coll.find()}
+    versions = committed_versions(table, mode)
+    assert versions == sorted(set(versions)), f"a Spark batch id committed twice: {versions}"
+
+
+def versions_or_none(table: str, app_id: str) -> list[int]:
+    try:
+        return committed_versions(table, app_id)
+    except Exception:  # no table yet
+        return []

@@ -17,9 +17,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._api import Client, Collection, Database, watch
-from ._consume import ConsumeResult, consume
+from ._consume import consume
+from ._consume_run import ConsumeResult
+from ._lanes import BARRIER
 from ._merge import MergeBatch, MergeRow, MissingDocumentError, merge_ready
 from ._metrics import ConsumeStats
+from ._policies import HistoryGap, OnError
 from ._position import Position
 from ._snapshot import SnapshotError
 from ._snapshot_watch import SnapshotThenWatch, snapshot_then_watch
@@ -68,6 +71,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
+    "BARRIER",
     "AsyncMongoTokenStore",
     "AsyncTokenStore",
     "AsyncWatchOptions",
@@ -80,6 +84,7 @@ __all__ = [
     "ConsumeStats",
     "Database",
     "FileTokenStore",
+    "HistoryGap",
     "HistoryLostError",
     "InvalidResumeTokenError",
     "MalformedReplyError",
@@ -90,6 +95,7 @@ __all__ = [
     "MissingResumeTokenError",
     "MongoTokenStore",
     "NotResumableError",
+    "OnError",
     "Position",
     "RetriesExhaustedError",
     "SnapshotError",

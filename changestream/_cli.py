@@ -31,10 +31,12 @@ from pymongo.read_preferences import ReadPreference
 
 from ._api import watch
 from ._cli_progress import StatusLine, WatchProgress, parse_operation_time
-from ._consume import DEFAULT_CALL_TIMEOUT, ConsumeError, StreamInvalidatedError, consume
+from ._consume import consume
+from ._consume_run import DEFAULT_CALL_TIMEOUT, ConsumeError, StreamInvalidatedError
+from ._policies import HistoryGap
 from ._stream import ChangeStream
-from ._token import token_from_json, token_to_json
-from .errors import describe_error
+from ._token import token_cluster_time, token_from_json, token_to_json
+from .errors import HistoryLostError, describe_error
 from .stores import FileTokenStore, MemoryTokenStore, TokenStore, TokenStoreError
 
 __all__ = ["main"]
@@ -167,6 +169,22 @@ def _parser() -> argparse.ArgumentParser:
         help="also report DDL events (create, createIndexes, modify, ...; MongoDB 6.0+)",
     )
     watch_parser.add_argument(
+        "--change-stream-version", choices=("v1", "v2"), metavar="v1|v2",
+        help="$changeStream reader version (MongoDB 8.2+; v2: mongos targets only the shards "
+        "that hold the data)",
+    )
+    watch_parser.add_argument(
+        "--ignore-removed-shards", action="store_true",
+        help="with --change-stream-version v2 on MongoDB 9.0+: go on past a removed shard's "
+        "data instead of failing",
+    )
+    watch_parser.add_argument(
+        "--on-history-lost", choices=("raise", "from-now", "resnapshot"), default="raise",
+        help="when the oplog no longer holds the stored token (code 286): exit 1 with advice "
+        "(raise, the default); skip to now and print the lost interval on stderr (from-now); "
+        "or print every document of --coll again, then its changes (resnapshot)",
+    )
+    watch_parser.add_argument(
         "--limit", type=_positive_int, metavar="N", help="exit (status 0) after N changes"
     )
     watch_parser.add_argument(
@@ -231,6 +249,8 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(arguments)
     if args.coll and not args.db:
         parser.error("--coll needs --db")
+    if args.on_history_lost == "resnapshot" and not args.coll:
+        parser.error("--on-history-lost resnapshot needs --coll (it copies one collection)")
     try:
         pipeline = json_util.loads(args.pipeline)
     except ValueError as exc:
@@ -295,9 +315,42 @@ def _say(message: str) -> None:
     print(f"changestream: {message}", file=sys.stderr, flush=True)
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM stops like Ctrl-C: the cursor is killed and the token file stays valid."""
-    raise KeyboardInterrupt
+class _PrintGuard:
+    """Ctrl-C and SIGTERM never repeat a printed change: its token is stored before exit.
+
+    From the moment a change is printed until its token is stored, a signal
+    only asks the loop to stop (it stores that token, then returns);
+    otherwise, and for a second signal, it interrupts at once (the loop
+    stores the last printed change's token on the way out). Either way the
+    cursor is killed and the token file stays valid.
+    """
+
+    def __init__(self, store: TokenStore, stop: threading.Event) -> None:
+        self.store = store
+        self.stop = stop
+        self.unstored = False
+        """A change was printed and its token is not stored yet."""
+        self.signalled = False
+
+    def printing(self) -> None:
+        self.unstored = True
+
+    def load(self) -> Any:
+        return self.store.load()
+
+    def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        self.store.save(token, batch_id=batch_id)
+        self.unstored = False
+
+    def interrupt(self, signum: int, frame: FrameType | None) -> None:
+        again = self.signalled
+        self.signalled = True
+        self.stop.set()
+        if again or not self.unstored:
+            raise KeyboardInterrupt
+
+    def __repr__(self) -> str:
+        return repr(self.store)
 
 
 def _log_level(args: argparse.Namespace) -> int:
@@ -315,9 +368,10 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
     progress = WatchProgress(stop, status, args.until_idle)
     for handler in logging.getLogger().handlers:
         progress.attach(handler)
+    guard = _PrintGuard(store, stop)
     # Also when started in the background, where SIGINT is inherited as ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
+    previous = {signum: signal.signal(signum, guard.interrupt)
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     options: dict[str, Any] = {"max_await_time_ms": args.max_await_ms}
     if args.full_document is not None:
         options["full_document"] = args.full_document
@@ -327,6 +381,10 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
         options["batch_size"] = args.batch_size
     if args.show_expanded_events:
         options["show_expanded_events"] = True
+    if args.change_stream_version is not None:
+        options["version"] = args.change_stream_version
+    if args.ignore_removed_shards:
+        options["ignore_removed_shards"] = True
     # With --resume-after, stored tokens are passed as resumeAfter; else as startAfter.
     token_key = "resume_after" if args.resume_after is not None else "start_after"
     namespace = ".".join(part for part in (args.db, args.coll) if part) or "the deployment"
@@ -358,6 +416,7 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
 
     def print_change(change: Any) -> None:
         nonlocal printed
+        guard.printing()
         sys.stdout.write(json_util.dumps(change, json_options=_RELAXED) + "\n")
         sys.stdout.flush()
         printed += 1
@@ -371,13 +430,19 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
             return 1
         if start_after is not None:
             store.save(start_after)
-        consume(open_stream, print_change, store, stop=stop, on_stats=progress,
-                stats_interval=progress.interval, call_timeout=args.call_timeout)
+        source: Any = open_stream
+        recovery: dict[str, Any] = {}
+        if args.on_history_lost == "from-now":
+            recovery = {"on_history_lost": "from_now", "gap": _print_gap}
+        elif args.on_history_lost == "resnapshot":
+            # consume opens the copy and the streams itself (resumeAfter the stored token).
+            _say(f"watching {namespace}; Ctrl-C to stop")
+            source, recovery = target, {"on_history_lost": "resnapshot", "gap": _print_gap,
+                                        "pipeline": pipeline, "watch_options": options}
+        consume(source, print_change, guard, stop=stop, on_stats=progress,
+                stats_interval=progress.interval, call_timeout=args.call_timeout, **recovery)
     except KeyboardInterrupt:
-        progress.clear()
-        saved = args.token_file and Path(args.token_file).is_file()
-        _say("stopped" + (f"; the token is in {args.token_file}" if saved else ""))
-        return 0
+        return _stopped(args, progress)
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): the unprinted change was not stored.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -386,6 +451,9 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
         _say(str(exc))
         _say(f"to continue, run again with --start-after '{token_to_json(exc.invalidate_token)}'")
         return 1
+    except HistoryLostError as exc:
+        _say(_redact(_history_lost_advice(exc, args), args.uri))
+        return 1
     except (ConsumeError, TokenStoreError) as exc:
         _say(_redact(str(exc), args.uri))
         return 1
@@ -393,8 +461,48 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
         _say(_redact(describe_error(exc), args.uri))
         return 1
     finally:
+        for signum, previous_handler in previous.items():
+            signal.signal(signum, previous_handler)
         progress.clear()
         client.close()
+    if guard.signalled:
+        return _stopped(args, progress)
     if progress.idle_stop:
         _say(f"no change for {args.until_idle:g} s; stopped after {printed} changes")
+    return 0
+
+
+def _print_gap(gap: HistoryGap) -> None:
+    """``--on-history-lost``: the lost interval, on stderr (stdout holds only changes)."""
+    after = "?" if gap.lost_after is None else f"{gap.lost_after:%Y-%m-%d %H:%M:%S} UTC"
+    if gap.action == "resnapshot":
+        _say(f"history lost: the changes after {after} are gone from the oplog; printing every "
+             "document again (records with a 'snapshot' field), then the changes")
+    else:
+        until = "now" if gap.resumed_at is None else f"{gap.resumed_at:%Y-%m-%d %H:%M:%S} UTC"
+        _say(f"history lost: the changes after {after} up to {until} are gone from the oplog "
+             "and were skipped (--on-history-lost from-now)")
+
+
+def _history_lost_advice(exc: HistoryLostError, args: argparse.Namespace) -> str:
+    """What to do after a 286, in this command's flags (the library's advice speaks Python)."""
+    where = f"the token in {args.token_file}" if args.token_file else "the given token"
+    cluster_time = token_cluster_time(exc.token) if exc.token is not None else None
+    if cluster_time is not None:
+        where += f" (cluster time {cluster_time.as_datetime():%Y-%m-%d %H:%M:%S} UTC)"
+    resnapshot = ("--on-history-lost resnapshot (prints every document again, then the changes)"
+                  if args.coll else "--coll C --on-history-lost resnapshot")
+    restart = (f"delete {args.token_file} and " if args.token_file else "")
+    return (f"change stream history lost (code 286): {where} is older than the oldest entry of "
+            f"the server's oplog, so the changes since then are gone. To go on, run again with "
+            f"--on-history-lost from-now (skips them and prints the lost interval), or with "
+            f"{resnapshot}; or resynchronise from the collection, then {restart}run with "
+            f"--start-at-operation-time TIME (the time of that copy). A larger oplog "
+            f"(replSetResizeOplog) or a faster consumer prevents this.")
+
+
+def _stopped(args: argparse.Namespace, progress: WatchProgress) -> int:
+    progress.clear()
+    saved = args.token_file and Path(args.token_file).is_file()
+    _say("stopped" + (f"; the token is in {args.token_file}" if saved else ""))
     return 0

@@ -1,10 +1,11 @@
-"""How change documents become typed events fast: compiled readers and deferred parsing.
+"""How change documents and raw BSON become typed events: compiled readers, lazy filling.
 
-:mod:`changestream.events` declares the event classes, plain frozen dataclasses
-that users construct, compare, pickle and match on. Building one per change
-through the dataclass ``__init__`` costs about 2 µs (``object.__setattr__`` per
-field of a frozen dataclass), a large share of a client's per-event budget. So
-this module builds events another way, with identical results:
+:mod:`changestream._event_types` declares the event classes, plain frozen
+dataclasses that users construct, compare, pickle and match on. Building one
+per change through the dataclass ``__init__`` costs about 2 µs
+(``object.__setattr__`` per field of a frozen dataclass), a large share of a
+client's per-event budget. So this module fills events another way, with
+identical results:
 
 * **Compiled readers** (:func:`_compile`, :func:`_compile_reader`). For every
   event class a function is generated once, at import, with ``exec``: straight
@@ -13,46 +14,40 @@ this module builds events another way, with identical results:
   and stores it. It stores through a private subclass ("twin") that adds no
   slots and keeps plain attribute assignment, then sets ``__class__`` back to
   the public class: same memory layout, about 5x faster than ``__init__``. Each
-  reader is checked to set every dataclass field.
-* **Shape readers** (:func:`_compile_shape`). A stream's events of one
-  operationType nearly always have the same keys, so once the parser parses on
-  delivery it compiles, per shape, a reader that takes every value with one
-  ``itemgetter`` call (0.6 µs per realistic insert instead of 0.9); any other
-  shape or unexpected value goes to the compiled reader above, whose result it
-  equals.
-* **Deferred parsing** (:class:`EventParser`). A consumer that skips most
-  events should not pay for parsing them: an event can be delivered as an
-  instance of the right class with no field set and its document kept in the
-  ``_pending`` slot; the first attribute read (``ChangeEvent.__getattr__``,
-  reached only for an unset slot) calls :func:`fill_deferred`, which parses the
-  whole document into the slots at once. The parser samples whether its
-  consumer reads events and parses on delivery while it does.
+  reader is checked to set every dataclass field, and its source is registered
+  in :mod:`linecache` so tracebacks show it.
+* **Lazy events** (:class:`EventParser`). A typed stream keeps each event's raw
+  BSON and delivers an instance of the right class (read from the
+  ``operationType`` bytes) with no field set; the first field read
+  (``ChangeEvent.__getattr__``, reached only for an unset slot) decodes the
+  event with the stream's codec and fills every slot at once. A consumer that
+  skips an event pays for none of its decoding.
 * Namespaces are cached (a stream sees few), and sub-documents keep the
   document's own mapping type.
 
 Nothing here does I/O; every rule about which field holds what is the
-declarations' (field names, types, defaults). Import :mod:`changestream.events`,
-never this module first: it needs the declared classes, and ``events`` imports
-it last to re-export :func:`parse_event` and :class:`EventParser`.
+declarations' (field names, types, defaults).
 """
 
 from __future__ import annotations
 
+import linecache
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from datetime import datetime
-from operator import itemgetter
-from typing import Any, ClassVar, Final, NamedTuple, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 from uuid import UUID
 
+import bson
 from bson.binary import Binary
+from bson.codec_options import CodecOptions
 from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.son import SON
 from bson.timestamp import Timestamp
 
-from .events import (
+from ._event_types import (
     _EMPTY,
     _EVENT_CLASSES,
     ChangeEvent,
@@ -65,8 +60,9 @@ from .events import (
     _Deferrable,
     _ReadOnlyMapping,
 )
+from ._token import raw_token_end
 
-__all__ = ["EventParser", "fill_deferred", "parse_event"]
+__all__ = ["EventParser", "parse_event"]
 
 
 # --------------------------------------------------------------------------- field coercion
@@ -194,7 +190,11 @@ def _compile(
     namespace: dict[str, Any] = {
         **env, "_new": object.__new__, "_setattr": object.__setattr__, "_twin": twin, "_cls": cls
     }
-    exec("\n".join(lines), namespace)
+    source = "\n".join(lines) + "\n"
+    # Registered in linecache under a name of its own, so tracebacks show the generated line.
+    filename = f"<changestream._event_build: {lines[0][4:lines[0].index('(')]} {cls.__name__}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
     function: Callable[..., _T] = namespace["fill" if in_place else "build"]
     return function
 
@@ -461,136 +461,6 @@ _FILLERS: Final[Mapping[type[ChangeEvent], Callable[[ChangeEvent, Mapping[str, A
     UnknownEvent: _event_reader(UnknownEvent, in_place=True),
 }
 
-# --------------------------------------------------------------------------- shape readers
-#
-# A stream's events come in very few shapes: for one operationType, the same set
-# of keys (the server writes them in a fixed order). For a shape seen once,
-# :func:`_compile_shape` generates a reader that fetches every value with one
-# C-level ``itemgetter`` call instead of a dozen ``get`` calls, and checks each
-# value's exact type against its field's fast set. A document of another shape
-# is a miss (the parser learns that shape); any surprise inside (a value of
-# another type, a namespace not cached yet) hands the whole document to the
-# general reader, so the result is always exactly :func:`parse_event`'s.
-
-_NONE_TYPE: Final = type(None)
-_BY_KEY: Final[Mapping[str, _Field]] = {f.key: f for f in _EVENT_FIELDS.values()}
-_MISS: Final = object()
-"""A shape reader's answer for a document of another shape."""
-_ShapeReader = Callable[[dict[str, Any]], Any]
-
-
-def _no_shape(doc: dict[str, Any]) -> Any:
-    """A parser's reader before it has any: always a miss."""
-    return _MISS
-
-
-def _compile_shape(op: str, keys: Sequence[str]) -> _ShapeReader | None:
-    """A reader for dicts whose operationType is ``op`` and whose keys are exactly ``keys``.
-
-    The reader checks the keys (their number, and each one's presence) and the
-    operationType, and returns :data:`_MISS` for another shape. ``None`` when the shape is not worth a reader (an unknown
-    operationType, a non-string key, almost no keys).
-    """
-    known = _READERS.get(op)
-    others = [key for key in keys if key != "operationType"]
-    if (known is None or len(others) != len(keys) - 1 or len(others) < 1
-            or not all(type(key) is str for key in keys)):
-        return None
-    operation_type, general = known
-    cls = _CLASSES[op]
-    attrs = {f.name for f in fields(cls)}
-    env: dict[str, Any] = {
-        "_general": general, "_op": operation_type, "_ns_get": _NS_CACHE.get, "_dict": dict,
-        "_str": str, "_BAD": _BAD, "_MISS": _MISS, "_EMPTY": _EMPTY,
-        "_extra_of": _ReadOnlyMapping, "_values": itemgetter("operationType", *others),
-        "_op_name": op,
-    }
-    names = [f"v{i}" for i in range(len(others))]
-    # The checks run before the instance exists: a miss or a surprise allocates nothing.
-    checks = [
-        f"if len(doc) != {len(keys)}:",
-        "    return _MISS",
-        "try:",
-        f"    op, {', '.join(names)} = _values(doc)",
-        "except KeyError:",
-        "    return _MISS",
-        "if op is not _op_name and op != _op_name:",
-        "    return _MISS",
-    ]
-    stores: dict[str, str] = {}
-    extra: list[tuple[str, str]] = []
-    for i, (key, value) in enumerate(zip(others, names, strict=True)):
-        f = _BY_KEY.get(key)
-        if f is None or f.attr not in attrs:
-            extra.append((key, value))
-            continue
-        if f.coerce is _namespace:
-            checks += [
-                f"if type({value}) is _dict and len({value}) == 2"
-                f" and type(_db := {value}.get('db')) is _str"
-                f" and type(_coll := {value}.get('coll')) is _str"
-                f" and (_hit := _ns_get((_db, _coll))) is not None:",
-                f"    {value} = _hit",
-                f"elif {value} is not None:",
-                "    return _general(doc, doc.get, _op, doc)",
-            ]
-        elif not f.fast:
-            env[f"_coerce{i}"] = f.coerce
-            checks += [
-                f"if {value} is not None:",
-                f"    {value} = _coerce{i}({value})",
-                f"    if {value} is _BAD:",
-                "        return _general(doc, doc.get, _op, doc)",
-            ]
-        else:
-            # The usual type first (one identity test), then the others and None
-            # (every event field's default is None).
-            env[f"_ok{i}"] = f.fast | {_NONE_TYPE}
-            env[f"_usual{i}"] = dict if dict in f.fast else next(iter(f.fast))
-            checks += [f"if type({value}) is not _usual{i} and type({value}) not in _ok{i}:",
-                       "    return _general(doc, doc.get, _op, doc)"]
-        stores[f.attr] = value
-    if extra:
-        checks.append("extra = _extra_of({" + ", ".join(f"{k!r}: {v}" for k, v in extra) + "})")
-    else:
-        checks.append("extra = _EMPTY")
-    sets: list[str] = []
-    for attr in sorted(attrs):
-        if attr in stores:
-            sets.append(f"self.{attr} = {stores[attr]}")
-        elif attr == "operation_type":
-            sets.append("self.operation_type = _op")
-        elif attr == "extra":
-            sets.append("self.extra = extra")
-        elif attr == "raw":
-            sets.append("self.raw = doc")
-        else:
-            env[f"_default_{attr}"] = _EVENT_FIELDS[attr].default
-            sets.append(f"self.{attr} = _default_{attr}")
-    reader: _ShapeReader = _compile(cls, ["doc"], sets, sorted(attrs), env, prologue=checks)
-    return reader
-
-
-def fill_deferred(event: ChangeEvent, name: str) -> Any:
-    """``ChangeEvent.__getattr__``: parse a deferred event into its slots, then read ``name``."""
-    try:
-        pending = _read_pending(event)
-    except AttributeError:  # never deferred: an event built by its constructor
-        pending = None
-    if pending is None or name[:2] == "__":
-        raise AttributeError(f"{type(event).__name__!r} object has no attribute {name!r}")
-    _FILLERS[type(event)](event, pending[0])
-    pending[1].filled += 1
-    return object.__getattribute__(event, name)
-
-
-_read_pending: Final[Callable[[_Deferrable], tuple[Mapping[str, Any], EventParser] | None]] = (
-    _Deferrable._pending.__get__  # type: ignore[attr-defined]
-)
-_set_pending: Final[Callable[[_Deferrable, tuple[Mapping[str, Any], EventParser]], None]] = (
-    _Deferrable._pending.__set__  # type: ignore[attr-defined]
-)
-
 
 def parse_event(doc: Mapping[str, Any]) -> ChangeEvent | Mapping[str, Any]:
     """Parse a change-stream document into its typed event; never raises on server output.
@@ -618,91 +488,100 @@ def parse_event(doc: Mapping[str, Any]) -> ChangeEvent | Mapping[str, Any]:
 
 
 class EventParser:
-    """One stream's ``parse_event``: defers parsing while its consumer skips events.
+    """One stream's typed events: delivered at once, read when first used.
 
-    An event is only worth parsing if the consumer reads it. Delivered
-    deferred, an event is an instance of the right class at once (so
-    ``isinstance``, ``match`` on the class and ``type()`` cost nothing) and its
-    first field read parses the whole document, exactly as :func:`parse_event`
-    would. That first read costs about 1 µs more than parsing on delivery (an
-    ``AttributeError`` and ``__getattr__``), so the parser samples: after a
-    window of deferred events of which most were read, it parses the next
-    ``EAGER_RUN`` events on delivery, then samples again. What the consumer
-    sees is the same either way; only the cost moves. Documents must not be
-    mutated after delivery (a stream's documents are reachable only through
-    the event, and reading ``raw`` parses the event first).
+    ``parse(doc)`` returns an instance of the event's class with no field set
+    (so ``isinstance``, ``match`` on the class and ``type()`` cost nothing);
+    the first field read fills every slot, exactly as :func:`parse_event`
+    would. A consumer that skips an event never pays for reading it.
+
+    Given a ``codec``, a ``RawBSONDocument`` is read straight from its bytes:
+    its class comes from the ``operationType`` string in the bytes (the
+    server writes it right after ``_id``), and the first field read decodes the
+    event with ``codec`` (``raw`` is then that decoded document). Without one,
+    or for any other mapping, the mapping itself is read. Documents must not be
+    mutated after delivery.
     """
 
-    WINDOW: ClassVar[int] = 64
-    EAGER_RUN: ClassVar[int] = 4096
-    MAX_SHAPES: ClassVar[int] = 64
-    """Shapes (operationType and key order) given a reader of their own; later ones are
-    parsed by the general reader. A stream sees a handful."""
+    __slots__ = ("_codec", "_fill_raw")
 
-    __slots__ = ("_deferring", "_last", "_left", "_readers", "_shapes", "filled")
+    def __init__(self, codec: CodecOptions[Any] | None = None) -> None:
+        self._codec = codec
+        if codec is None:
+            self._fill_raw = None
+        elif issubclass(codec.document_class, RawBSONDocument):
+            document_class = codec.document_class
 
-    def __init__(self) -> None:
-        self._deferring = True
-        self._left = self.WINDOW
-        self._shapes: dict[tuple[str, ...], _ShapeReader | None] = {}
-        self._readers: dict[str, _ShapeReader] = {}  # operationType -> its latest shape's
-        self._last: _ShapeReader = _no_shape  # the reader of the last event parsed
-        self.filled = 0  # deferred events of the current window read so far
+            def fill_raw(event: ChangeEvent, doc: RawBSONDocument) -> None:
+                if type(doc) is not document_class:
+                    doc = document_class(doc.raw, codec)
+                _FILLERS[type(event)](event, doc)
+
+            self._fill_raw = fill_raw
+        else:
+            def fill_raw(event: ChangeEvent, doc: RawBSONDocument) -> None:
+                _FILLERS[type(event)](event, _decode(doc.raw, codec))
+
+            self._fill_raw = fill_raw
 
     def __call__(self, doc: Mapping[str, Any]) -> ChangeEvent | Mapping[str, Any]:
         """Same as :meth:`parse`."""
         return self.parse(doc)
 
     def parse(self, doc: Mapping[str, Any]) -> ChangeEvent | Mapping[str, Any]:
-        """The typed event of ``doc`` (deferred or parsed); ``doc`` itself if not an event."""
-        if self._left:
-            self._left -= 1
-        else:
-            self._next_phase()
-        if not self._deferring:
-            if type(doc) is dict:
-                event = self._last(doc)  # the previous event's shape: the usual case
-                if event is not _MISS:
-                    return event  # type: ignore[no-any-return]
-                op = doc.get("operationType")
-                if type(op) is str:
-                    reader = self._readers.get(op)
-                    if reader is not None:
-                        event = reader(doc)
-                        if event is not _MISS:
-                            self._last = reader
-                            return event  # type: ignore[no-any-return]
-                    return self._learn(op, doc)
-            return parse_event(doc)
+        """The typed event of ``doc``, filled on first read; ``doc`` itself if not an event."""
+        fill_raw = self._fill_raw
+        if fill_raw is not None and isinstance(doc, RawBSONDocument):
+            cls = _class_in_bytes(bytes(doc.raw))
+            if cls is None:  # not laid out as the server writes events: read it now
+                document = self._decoded(doc)
+                return parse_event(document)
+            event = _new_event(cls)
+            _set_pending(event, (doc, fill_raw))
+            return event
         if type(doc) is dict or isinstance(doc, Mapping):
             op = doc.get("operationType")
             if type(op) is str or isinstance(op, str):
                 event = _new_event(_CLASSES.get(op, UnknownEvent))
-                _set_pending(event, (doc, self))
+                _set_pending(event, (doc, _fill_from))
                 return event
         return doc
 
-    def _learn(self, op: str, doc: dict[str, Any]) -> ChangeEvent | Mapping[str, Any]:
-        """``doc`` missed its operationType's current reader: switch to its shape's, and parse it."""
-        key = (op, *doc)
-        if key in self._shapes:
-            reader = self._shapes[key]
-        elif len(self._shapes) < self.MAX_SHAPES:
-            reader = self._shapes[key] = _compile_shape(op, key[1:])
-        else:
-            reader = None
-        if reader is None:
-            return parse_event(doc)
-        self._readers[op] = self._last = reader
-        return reader(doc)  # type: ignore[no-any-return]
-
-    def _next_phase(self) -> None:
-        """End of a window or of an eager run: decide how the next events are delivered."""
-        if self._deferring and self.filled * 2 > self.WINDOW:
-            self._deferring, self._left = False, self.EAGER_RUN - 1
-        else:
-            self._deferring, self._left = True, self.WINDOW - 1
-        self.filled = 0
+    def _decoded(self, doc: RawBSONDocument) -> Mapping[str, Any]:
+        """``doc`` as the stream's codec gives it."""
+        codec = self._codec
+        assert codec is not None
+        if issubclass(codec.document_class, RawBSONDocument):
+            return doc if type(doc) is codec.document_class else codec.document_class(doc.raw, codec)
+        return _decode(doc.raw, codec)
 
 
+def _fill_from(event: ChangeEvent, doc: Mapping[str, Any]) -> None:
+    """Fill a deferred event from the mapping it was delivered with."""
+    _FILLERS[type(event)](event, doc)
+
+
+_OPERATION_TYPE: Final = b"\x02operationType\x00"
+_CLASS_BY_NAME: Final[Mapping[bytes, type[ChangeEvent]]] = {
+    op.value.encode(): cls for op, cls in _EVENT_CLASSES.items()
+}
+
+
+def _class_in_bytes(raw: bytes) -> type[ChangeEvent] | None:
+    """The event class named by a raw event's ``operationType``, when it follows ``_id``.
+
+    ``None`` for any other layout or a name this version does not model (the
+    caller then reads the whole event, which also handles unknown types).
+    """
+    at = raw_token_end(raw)
+    if not at or not raw.startswith(_OPERATION_TYPE, at):
+        return None
+    size = int.from_bytes(raw[at + 15:at + 19], "little")
+    return _CLASS_BY_NAME.get(raw[at + 19:at + 18 + size])
+
+
+_set_pending: Final[Callable[[_Deferrable, tuple[Any, Callable[[Any, Any], Any]]], None]] = (
+    _Deferrable._pending.__set__  # type: ignore[attr-defined]
+)
 _new_event: Final = object.__new__
+_decode: Final = bson.decode

@@ -47,8 +47,8 @@ from ._codes import (
 from ._options import ChangeStreamOptions
 from ._position import Position, newest_reply_time
 from ._split import SplitReassembler
-from ._states import INITIAL, Act, Effect, Event, Phase, State, transition
-from ._token import check_resume_token, describe, raw_token_bytes
+from ._states import AGGREGATES, INITIAL, RESUMES, Act, Effect, Event, Phase, State, transition
+from ._token import check_resume_token, describe, raw_event_token, token_in_raw_event
 from .errors import (
     ChangeStreamError,
     MalformedReplyError,
@@ -78,10 +78,6 @@ NOT_BUFFERED: Any = object()
 """Returned by :meth:`ChangeStreamMachine.next_buffered` when the fast path does not apply."""
 log = logging.getLogger("changestream.stream")
 """Resumes are logged here (INFO), whichever shell drives the machine."""
-_RAW_DATA_PREFIX = b"\x02_data\x00"
-"""BSON of a string field named ``_data``: how a raw resume token starts."""
-_RAW_ID_PREFIX = b"\x03_id\x00"
-"""BSON of an embedded-document field named ``_id``: where a raw event's token starts."""
 _IN_EVENT: Any = object()
 """From :func:`_event_token`: the token is the raw event's own ``_id`` (see ``_token_event``)."""
 MAX_IDLE_RESUMES = 3
@@ -273,7 +269,7 @@ class ChangeStreamMachine:
         if event is not None:
             # Raw events: the token is copied out of the event once it is asked for,
             # not per event (most are never asked for).
-            self._token, self._token_event = _raw_event_token(event), None
+            self._token, self._token_event = raw_event_token(event.raw), None
         return self._token
 
     @property
@@ -410,7 +406,7 @@ class ChangeStreamMachine:
         if flight is Act.KILL_CURSORS:
             self._fire(Event.KILLED)
             return
-        aggregate = flight in _AGGREGATE_ACTS
+        aggregate = flight in AGGREGATES
         server_time = self._server_time
         try:
             if isinstance(reply, Mapping):
@@ -525,7 +521,7 @@ class ChangeStreamMachine:
             return self._getmore()
         if act is Act.KILL_CURSORS:
             return self._kill()
-        command = self._aggregate(is_resume=act in _RESUME_ACTS)
+        command = self._aggregate(is_resume=act in RESUMES)
         if act is Act.RETRY_AGGREGATE or act is Act.RETRY_RESUME:
             return dataclasses.replace(command, attempt=2)
         return command
@@ -708,6 +704,10 @@ class ChangeStreamMachine:
         stage.update(self._resume_options() if is_resume else self._start_options())
         if options.show_expanded_events is not None:
             stage["showExpandedEvents"] = options.show_expanded_events
+        if options.version is not None:
+            stage["version"] = options.version
+        if options.ignore_removed_shards is not None:
+            stage["ignoreRemovedShards"] = options.ignore_removed_shards
         command: dict[str, Any] = {
             "aggregate": spec.collection if spec.collection is not None else 1,
             "pipeline": [{"$changeStream": stage}, *options.pipeline],
@@ -756,8 +756,6 @@ class ChangeStreamMachine:
         return RunGetMore(command, cursor.database, cursor.address)
 
 
-_AGGREGATE_ACTS = frozenset({Act.AGGREGATE, Act.RETRY_AGGREGATE, Act.RESUME, Act.RETRY_RESUME})
-_RESUME_ACTS = frozenset({Act.RESUME, Act.RETRY_RESUME})
 _EFFECTS: Final[Mapping[Effect, _Effector]] = {
     Effect.NOTE_SERVER_TIME: ChangeStreamMachine._note_server_time,
     Effect.STORE_CURSOR: ChangeStreamMachine._store_cursor,
@@ -782,27 +780,19 @@ def _event_token(event: Mapping[str, Any]) -> Mapping[str, Any]:
     For a raw event whose first field is ``_id`` (as the server sends it) and
     whose token starts with a ``_data`` string, :data:`_IN_EVENT`: the caller
     keeps the event and the token's bytes are sliced out only when used
-    (:func:`_raw_event_token`). Anything but a document with a ``_data`` string
+    (:func:`~changestream._token.raw_event_token`). Anything but a document with a ``_data`` string
     raises :class:`~changestream.errors.InvalidResumeTokenError`.
     """
     kind = type(event)
     if kind is RawBSONDocument:
-        raw = event.raw  # type: ignore[attr-defined]
-        if raw.startswith(_RAW_ID_PREFIX, 4) and raw.startswith(_RAW_DATA_PREFIX, 13):
-            end = 9 + int.from_bytes(raw[9:13], "little")  # as RawBSONDocument checks it
-            if 14 <= end < len(raw) and raw[end - 1] == 0:
-                return _IN_EVENT  # type: ignore[no-any-return]
+        if token_in_raw_event(event.raw):  # type: ignore[attr-defined]
+            return _IN_EVENT  # type: ignore[no-any-return]
     elif kind is not dict and not isinstance(event, Mapping):
         raise _not_an_event(event)
     token = event["_id"]
     if type(token) is dict and type(token.get("_data")) is str:
         return token
     return check_resume_token(token, "_id")
-
-
-def _raw_event_token(event: RawBSONDocument) -> RawBSONDocument:
-    """The token of a raw event :func:`_event_token` accepted, copied so it does not pin the reply."""
-    return RawBSONDocument(raw_token_bytes(event.raw) or b"")
 
 
 def _not_an_event(value: Any) -> MalformedReplyError:

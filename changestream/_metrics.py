@@ -49,6 +49,10 @@ class ConsumeStats:
     """Seconds since the loop started."""
     final: bool = False
     """The loop has ended; this is its last report."""
+    retries: int = 0
+    """Handler calls repeated on the same change under the ``on_error`` policy."""
+    dead_letters: int = 0
+    """Changes passed to ``on_error``'s ``dead_letter`` (counted as handled)."""
 
 
 StatsCallback = Callable[[ConsumeStats], object]
@@ -75,6 +79,8 @@ class StatsReporter:
         """Resumes of the streams before the current one."""
         self.stored = 0
         self.last_stored_token_time: datetime | None = None
+        self.calls: Any = None
+        """The run's :class:`~changestream._policies.HandlerCalls` (retry and dead-letter counts)."""
 
     def on_stream(self, stream: Any) -> None:
         """A new stream was opened (its predecessor's resumes are kept)."""
@@ -118,6 +124,8 @@ class StatsReporter:
             last_stored_token_time=self.last_stored_token_time,
             elapsed=now - self._started,
             final=final,
+            retries=0 if self.calls is None else self.calls.retries,
+            dead_letters=0 if self.calls is None else self.calls.dead_letters,
         )
 
     def _report(self, handled: int, reopens: int, *, final: bool) -> None:

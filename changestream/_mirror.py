@@ -34,8 +34,8 @@ from ._cli import (
     _seconds,
 )
 from ._cli_progress import StatusLine, WatchProgress
-from ._consume import ConsumeError, consume
-from .errors import StreamInvalidatedError, describe_error
+from ._consume import consume
+from .errors import ConsumeError, StreamInvalidatedError, describe_error
 from .stores import TokenStoreError
 
 __all__ = ["main"]

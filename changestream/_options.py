@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import importlib
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,6 +57,23 @@ _RAW_REPLIES: CodecOptions[Any] = CodecOptions(document_class=RawBSONDocument)
 _NO_TYPE_CODECS = TypeRegistry()
 
 
+_READER_VERSION = re.compile(r"v[1-9][0-9]*")
+"""``$changeStream.version``: mongod's reader versions are ``"v1"`` and ``"v2"`` (8.2+); a later
+server may add more, so the client checks the form and leaves the value to the server."""
+
+
+def _check_reader_version(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"version must be a string such as 'v2', not {type(value).__name__}")
+    if _READER_VERSION.fullmatch(value) is None:
+        raise ValueError(
+            f"version must be a change stream reader version, 'v1' or 'v2' (MongoDB 8.2+), "
+            f"not {value!r}"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class ChangeStreamOptions:
     """The validated options of one ``watch()`` call (``None`` = not set by the caller)."""
@@ -71,6 +89,8 @@ class ChangeStreamOptions:
     collation: Mapping[str, Any] | None = None
     comment: Any = None
     show_expanded_events: bool | None = None
+    version: str | None = None
+    ignore_removed_shards: bool | None = None
     read_preference: Any = None
     read_concern: ReadConcern | None = None
     session: Any = None
@@ -104,6 +124,8 @@ class ChangeStreamOptions:
         _non_negative("timeout_ms", values.get("timeout_ms"), integral=False)
         values["collation"] = validate_collation_or_none(values.get("collation"))
         _check("show_expanded_events", values.get("show_expanded_events"), (bool,), "a bool")
+        _check("ignore_removed_shards", values.get("ignore_removed_shards"), (bool,), "a bool")
+        _check_reader_version(values.get("version"))
         for name in ("typed", "reassemble_split_events"):
             if not isinstance(values.get(name, False), bool):
                 raise TypeError(f"{name} must be a bool, not {type(values[name]).__name__}")
@@ -180,19 +202,22 @@ def effective_codec_options(options: ChangeStreamOptions, target: Target) -> Cod
     return codec
 
 
-def reply_codec(codec: CodecOptions[Any]) -> CodecOptions[Any]:
+def reply_codec(codec: CodecOptions[Any], typed: bool = False) -> CodecOptions[Any]:
     """The codec the transport decodes replies with, chosen so each event is decoded only once.
 
     When decoding with the user's ``codec`` keeps resume tokens exact, replies
     are decoded with it, in C, in one pass: a ``RawBSONDocument`` class keeps
     the bytes, and ``dict``/``SON`` without custom type decoders turn a token
     ``{_data: <str>, _typeBits: <BinData 0>}`` into ``str``/``bytes``, which
-    re-encode byte for byte. Any other codec gets ``RawBSONDocument`` replies and
+    re-encode byte for byte. Any other codec, and every ``typed`` stream (its
+    events are decoded when first read), gets ``RawBSONDocument`` replies and
     :func:`event_decoder` decodes each event with the user's codec.
     """
     document_class = codec.document_class
     if issubclass(document_class, RawBSONDocument):
         return codec
+    if typed:
+        return _RAW_REPLIES
     if document_class in (dict, SON) and codec.type_registry == _NO_TYPE_CODECS:
         return codec
     return _RAW_REPLIES
@@ -207,16 +232,24 @@ def event_decoder(
     ``RawBSONDocument`` replies. Events are decoded with the user's codec
     options (document class, type registry, tz, UUID representation) unless
     the transport already did so; merged split events (plain dicts) are
-    converted. With ``typed=True`` the result is further parsed by a
-    :class:`changestream.events.EventParser` of its own (one per stream: it
-    learns whether the consumer reads events). ``None``: deliver events as received.
+    converted. With ``typed=True`` each event becomes a lazy typed event of a
+    :class:`changestream.events.EventParser` of the stream: decoded with the
+    user's codec when a field is first read. ``None``: deliver events as received.
     """
-    parse = importlib.import_module("changestream.events").EventParser().parse if typed else None
     document_class = codec.document_class
+    if typed:
+        parse = importlib.import_module("changestream.events").EventParser(codec).parse
+
+        def typed_event(event: Mapping[str, Any]) -> Any:
+            if not isinstance(event, RawBSONDocument):  # a merged split event
+                event = RawBSONDocument(bson.encode(event))
+            return parse(event)
+
+        return typed_event
     decoded_by_transport = wire is codec
     if decoded_by_transport and document_class is dict:
         # Events, and split events merged from them, are already the user's dicts.
-        return parse
+        return None
     raw_output = issubclass(document_class, RawBSONDocument)
 
     def decode(event: Mapping[str, Any]) -> Any:
@@ -225,7 +258,7 @@ def event_decoder(
         else:
             data = event.raw if isinstance(event, RawBSONDocument) else bson.encode(event)
             document = document_class(data, codec) if raw_output else bson.decode(data, codec)
-        return document if parse is None else parse(document)
+        return document
 
     return decode
 

@@ -52,7 +52,7 @@ def stream_setup(target: Target, options: ChangeStreamOptions) -> StreamSetup:
     timeout_ms = effective_timeout_ms(options, target.client)
     check_max_await(options, timeout_ms)
     codec = effective_codec_options(options, target)
-    wire = reply_codec(codec)
+    wire = reply_codec(codec, options.typed)
     spec = StreamSpec(
         database=target.database,
         collection=target.collection,

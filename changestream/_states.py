@@ -34,8 +34,10 @@ import enum
 from collections.abc import Iterator
 
 __all__ = [
+    "AGGREGATES",
     "COMMANDS",
     "INITIAL",
+    "RESUMES",
     "Act",
     "Cursor",
     "Effect",
@@ -109,8 +111,10 @@ class Act(_Fast):
 COMMANDS = frozenset({Act.AGGREGATE, Act.RETRY_AGGREGATE, Act.RESUME, Act.RETRY_RESUME,
                       Act.GETMORE, Act.KILL_CURSORS})
 """The acts the shell runs (and feeds back exactly one outcome of)."""
-_AGGREGATES = frozenset({Act.AGGREGATE, Act.RETRY_AGGREGATE, Act.RESUME, Act.RETRY_RESUME})
-_RESUMES = frozenset({Act.RESUME, Act.RETRY_RESUME})
+AGGREGATES = frozenset({Act.AGGREGATE, Act.RETRY_AGGREGATE, Act.RESUME, Act.RETRY_RESUME})
+"""The acts that open a cursor (an ``aggregate`` command)."""
+RESUMES = frozenset({Act.RESUME, Act.RETRY_RESUME})
+"""The acts that reopen a cursor after an error (the aggregate carries the resume token)."""
 _RETRY = {Act.AGGREGATE: Act.RETRY_AGGREGATE, Act.RESUME: Act.RETRY_RESUME}
 _ITERATING = frozenset({Op.NEXT, Op.TRY_NEXT})
 
@@ -389,7 +393,7 @@ def _reply(s: State, e: Event) -> Outcome:
         state = _replace(s, flight=None, cursor=cursor)
         return Outcome(state, (Effect.NOTE_SERVER_TIME, Effect.UPDATE_CURSOR, Effect.RESET_IDLE,
                                Effect.LOAD_BATCH))
-    resume = flight in _RESUMES
+    resume = flight in RESUMES
     if s.phase is not (Phase.RESUME_PENDING if resume else Phase.NEW):
         raise _refuse(s, e, f"a {flight.value} cannot be in flight in phase {s.phase.value!r}")
     plan = (Act.NO_DOCUMENT,) if s.op is Op.START else ()
@@ -420,7 +424,7 @@ def _error(s: State, e: Event) -> Outcome:
     if e is Event.RETRYABLE_ERROR and flight in _RETRY:
         # Retryable reads: one more attempt of the same aggregate.
         return Outcome(_replace(s, flight=None, plan=(_RETRY[flight],)))
-    if e is Event.TIMEOUT and flight in _RESUMES:
+    if e is Event.TIMEOUT and flight in RESUMES:
         # CSOT: a timeout never invalidates the stream; the next call resumes again.
         return Outcome(_replace(s, flight=None, plan=(Act.RAISE,)), (Effect.KEEP_ERROR,))
     if e in (Event.RETRYABLE_ERROR, Event.TIMEOUT, Event.ERROR):

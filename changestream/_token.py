@@ -38,14 +38,18 @@ __all__ = [
     "describe",
     "raw_event_token",
     "raw_token_bytes",
+    "raw_token_end",
     "token_cluster_time",
     "token_from_json",
+    "token_in_raw_event",
     "token_to_json",
 ]
 
 _KEYSTRING_TIMESTAMP = 0x82
 _RAW_ID_PREFIX = b"\x03_id\x00"
 """BSON of an embedded-document field named ``_id``: where a raw event's token starts."""
+_RAW_DATA_PREFIX = b"\x02_data\x00"
+"""BSON of a string field named ``_data``: how a raw resume token starts (at byte 13)."""
 _PLAIN: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict)
 _NO_TYPE_CODECS = TypeRegistry()
 
@@ -203,9 +207,31 @@ def raw_event_token(raw: bytes | memoryview) -> RawBSONDocument | None:
 
 def raw_token_bytes(raw: bytes | memoryview) -> bytes | None:
     """The BSON of a raw event's ``_id`` when it is the first field (a copy), else ``None``."""
-    if raw[4:9] == _RAW_ID_PREFIX:
-        return bytes(raw[9:9 + int.from_bytes(raw[9:13], "little")])
-    return None
+    end = raw_token_end(raw)
+    return bytes(raw[9:end]) if end else None
+
+
+def token_in_raw_event(raw: bytes) -> bool:
+    """Whether a raw event's token can be sliced out later, as the server sends it.
+
+    ``_id`` is the first field, a document whose first field is a ``_data``
+    string, and its length and terminator are consistent. A stream checks this
+    when an event arrives and copies the token (:func:`raw_event_token`) only
+    when it is used, so most events never pay for the copy.
+    """
+    return raw.startswith(_RAW_DATA_PREFIX, 13) and raw_token_end(raw) > 0
+
+
+def raw_token_end(raw: bytes | memoryview) -> int:
+    """Where the ``_id`` of a raw event ends when it is the first field and well framed; 0 if not.
+
+    Framed as ``RawBSONDocument`` checks it: at least 5 bytes, inside the event,
+    ending with a NUL.
+    """
+    if raw[4:9] != _RAW_ID_PREFIX:
+        return 0
+    end = 9 + int.from_bytes(raw[9:13], "little")
+    return end if 14 <= end < len(raw) and raw[end - 1] == 0 else 0
 
 
 def token_to_json(token: Mapping[str, Any], *, canonical: bool = False) -> str:

@@ -53,6 +53,10 @@ class _CommonOptions(TypedDict, total=False):
     collation: Mapping[str, Any] | Collation | None
     comment: Any
     show_expanded_events: bool | None
+    version: str | None
+    """``$changeStream.version``: the reader version, ``"v1"`` or ``"v2"`` (MongoDB 8.2+)."""
+    ignore_removed_shards: bool | None
+    """``$changeStream.ignoreRemovedShards`` (MongoDB 9.0+, with ``version="v2"``)."""
     read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None
     read_concern: ReadConcern | None
     timeout_ms: float | None

@@ -124,3 +124,120 @@ def test_sigterm_and_sigint_stop_without_a_traceback(mongodb_uri: str, database:
         assert "Traceback" not in err and "Exception ignored" not in err, err
         assert process.returncode in (0, -signum), (process.returncode, err)
         assert "the token is in" not in err, "no token file was given"
+
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_right_after_a_printed_change_stores_its_token(
+    mongodb_uri: str, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    signum: int,
+) -> None:
+    """Issue 21: Ctrl-C just after a change was printed left the previous token (3 of 3).
+
+    The signal arrives while the change is being written (the worst moment):
+    the change was printed, so its token must be in the file when ``watch``
+    exits, and a restart must not print it again.
+    """
+    import io
+
+    from bson import json_util
+
+    import changestream
+    from changestream._cli import main
+    from changestream.stores import FileTokenStore
+
+    with MongoClient(mongodb_uri) as client:
+        coll = client[database]["orders"]
+        with changestream.watch(coll, max_await_time_ms=50) as stream:
+            start = stream.resume_token
+        coll.insert_many([{"n": n} for n in range(3)])
+
+    class SignalOnWrite(io.StringIO):
+        def write(self, text: str) -> int:
+            written = super().write(text)
+            os.kill(os.getpid(), signum)
+            return written
+
+    token_file = tmp_path / "printed.token"
+    out = SignalOnWrite()
+    monkeypatch.setattr(sys, "stdout", out)
+    status = main(["watch", mongodb_uri, "--db", database, "--coll", "orders",
+                   "--token-file", str(token_file), "--resume-after",
+                   json_util.dumps(start), "--no-status", "--max-await-ms", "50"])
+    assert status == 0
+    printed = [json_util.loads(line) for line in out.getvalue().splitlines()]
+    assert len(printed) == 1 and printed[0]["fullDocument"]["n"] == 0
+    stored = FileTokenStore(token_file).load()
+    assert stored is not None and stored.token == printed[0]["_id"], (
+        "the token of the printed change was not stored")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.fixture
+def lost_history(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A simulated replica set with a 20-entry oplog and a token file its oplog has left behind."""
+    if os.environ.get("MONGODB_URI"):
+        pytest.skip("needs the simulator's small oplog (MONGODB_URI points at a real deployment)")
+    import changestream
+    from changestream.stores import FileTokenStore
+    from changestream.testing import ReplicaSet
+
+    token_file = tmp_path / "old.token"
+    with ReplicaSet("8.0", oplog_max_entries=20) as rs, MongoClient(rs.uri) as client:
+        with changestream.watch(client.db.orders, max_await_time_ms=50) as stream:
+            FileTokenStore(token_file).save(stream.resume_token)
+        client.db.orders.insert_many([{"i": i} for i in range(50)])
+        yield rs.uri, token_file
+
+
+def test_history_lost_advice_names_cli_flags(lost_history: tuple[str, Path]) -> None:
+    uri, token_file = lost_history
+    result = run("watch", uri, "--db", "db", "--coll", "orders", "--token-file", str(token_file))
+    assert result.returncode == 1, result.stderr
+    line = one_line(result.stderr)
+    assert "history lost (code 286)" in line and str(token_file) in line
+    assert "--on-history-lost from-now" in line and "--on-history-lost resnapshot" in line
+    assert "--start-at-operation-time" in line
+    assert "start_at_operation_time=" not in line and "resume_after" not in line
+
+
+def test_on_history_lost_from_now_prints_the_gap_then_new_changes(
+        lost_history: tuple[str, Path]) -> None:
+    uri, token_file = lost_history
+    process = subprocess.Popen(
+        [*CLI, "watch", uri, "--db", "db", "--coll", "orders", "--token-file", str(token_file),
+         "--on-history-lost", "from-now", "--limit", "1", "--max-await-ms", "50"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert process.stderr is not None
+        lines = [process.stderr.readline() for _ in range(3)]  # the warning, watching, the gap
+        assert any("history lost: the changes after" in line and "were skipped" in line
+                   for line in lines), lines
+        assert any("watching db.orders from now" in line for line in lines), lines
+        with MongoClient(uri) as client:
+            client.db.orders.insert_one({"i": 100})
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    assert '"i": 100' in out and out.count("\n") == 1
+    with pytest.raises(subprocess.CalledProcessError):
+        subprocess.run([*CLI, "watch", uri, "--db", "db", "--on-history-lost", "resnapshot"],
+                       check=True, capture_output=True, timeout=60)
+
+
+def test_on_history_lost_resnapshot_prints_every_document_again(
+        lost_history: tuple[str, Path]) -> None:
+    uri, token_file = lost_history
+    result = run("watch", uri, "--db", "db", "--coll", "orders", "--token-file", str(token_file),
+                 "--on-history-lost", "resnapshot", "--until-idle", "1", "--max-await-ms", "50")
+    assert result.returncode == 0, result.stderr
+    from bson import json_util
+
+    records = [json_util.loads(line) for line in result.stdout.splitlines()]
+    assert sorted(r["fullDocument"]["i"] for r in records) == list(range(50))
+    assert all("snapshot" in r for r in records)
+    assert "history lost: the changes after" in result.stderr
+    assert "printing every document again" in result.stderr

@@ -42,6 +42,7 @@ PACKAGE = ROOT / "changestream"
 TWINS: tuple[tuple[str, str], ...] = (
     ("aio/_stream.py", "_stream.py"),
     ("aio/_snapshot_watch.py", "_snapshot_watch.py"),
+    ("aio/_consume.py", "_consume.py"),
 )
 """(asyncio source, generated sync twin), relative to ``changestream/``."""
 
@@ -68,6 +69,7 @@ NAMES: dict[str, str] = {
     "__aiter__": "__iter__",
     "asynchronous": "synchronous",
     "AsyncWorkers": "ThreadWorkers",
+    "_async_io": "_sync_io",
 }
 """Whole-word renames from the asyncio source to the sync twin."""
 
@@ -112,7 +114,7 @@ def unasync(text: str, source: str) -> str:
                 match = _COMMENTED.match(line)
                 if match is None or not stripped.startswith("#"):
                     raise SourceError(f"{source}:{number}: sync-only lines must be comments")
-                line = match["indent"] + match["code"]
+                line = (match["indent"] + match["code"]).rstrip()
         else:
             match = _SYNC_LINE.match(line)
             if match is not None:

@@ -14,7 +14,7 @@ conversion runs where Spark has cores.
 The buffer is a cache, never the record: an offset range is still a pure
 function of its two tokens, and a partition planned without buffered data
 (a batch replayed from the checkpoint by a new query run) is read from the
-server by the executor (:func:`changestream.spark_adapter.source.read_range`),
+server by the executor (:func:`changestream.spark_adapter._source.read_range`),
 which yields the same events.
 """
 
@@ -37,7 +37,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.errors import PyMongoError
 
 from .._api import watch
-from .._consume import RetryPolicy, is_transient, stalled
+from .._consume_run import RetryPolicy, is_transient, stalled
 from .._stream import ChangeStream
 from ..errors import RetriesExhaustedError, describe_error
 from ._config import SourceConfig

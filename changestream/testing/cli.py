@@ -33,8 +33,10 @@ def _check_ports(port: int, members: int) -> str | None:
     if not 0 <= port <= 65535:
         return f"--port must be between 0 and 65535, not {port}"
     if port and port + members - 1 > 65535:
-        return (f"--port {port} with {members} members needs ports up to {port + members - 1}"
-                " (above 65535); choose a lower --port or --port 0")
+        return (
+            f"--port {port} with {members} members needs ports up to {port + members - 1}"
+            " (above 65535); choose a lower --port or --port 0"
+        )
     return None
 
 
@@ -69,9 +71,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     serve.add_argument(
         "--sharded", action="store_true", help="a sharded cluster (mongoses on --port, --port+1...)"
     )
-    serve.add_argument("--shards", type=int, default=2, help="with --sharded: shards (default 2)")
     serve.add_argument(
-        "--mongoses", type=int, default=2, help="with --sharded: mongoses (default 2)"
+        "--shards", type=int, default=None, help="with --sharded: shards (default 2)"
+    )
+    serve.add_argument(
+        "--mongoses", type=int, default=None, help="with --sharded: mongoses (default 2)"
     )
     serve.add_argument(
         "--load-balancer", action="store_true", help="with --sharded: a load balancer in front"
@@ -132,6 +136,34 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+_SHARDED_ONLY = ("shards", "mongoses", "load_balancer")
+_NOT_SHARDED = {
+    "standalone": "--standalone",
+    "oplog_mb": "--oplog-mb",
+    "event_cache_mb": "--event-cache-mb",
+    "compressors": "--networkMessageCompressors",
+}
+
+
+def _unsupported(args: argparse.Namespace) -> str | None:
+    """An option the chosen deployment cannot honour (never shown as if it were on)."""
+    if not args.sharded:
+        for name in _SHARDED_ONLY:
+            if getattr(args, name) not in (None, False):
+                return f"--{name.replace('_', '-')} needs --sharded"
+        return None
+    for name, option in _NOT_SHARDED.items():
+        if getattr(args, name) not in (None, False):
+            return f"{option} is not supported with --sharded"
+    if args.set_name != "rs0":
+        return "--set-name is not supported with --sharded (shards are named shard0, shard1, ...)"
+    for name in ("shards", "mongoses"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            return f"--{name} must be at least 1, not {value}"
+    return None
+
+
 def _banner(args: argparse.Namespace) -> str:
     kind = (
         f"sharded cluster, {args.shards} shards of {args.members} member"
@@ -188,6 +220,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m changestream.test
         if not sep or not user or not password:
             parser.error("--auth takes USER:PASSWORD (both non-empty)")
         users[user] = password
+    problem = _unsupported(args)
+    if problem is not None:
+        parser.error(problem)
+    args.shards = 2 if args.shards is None else args.shards
+    args.mongoses = 2 if args.mongoses is None else args.mongoses
     if args.oplog_mb is not None and not args.oplog_mb > 0:
         parser.error(f"--oplog-mb must be > 0, not {args.oplog_mb:g}")
     if not args.noop_interval >= 0 or args.noop_interval == float("inf"):
@@ -204,6 +241,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m changestream.test
                 port=args.port,
                 host=args.host,
                 noop_interval=args.noop_interval,
+                oplog_max_entries=args.oplog_max_entries,
+                users=users,
+                dbpath=args.dbpath,
             ).start()
         else:
             deployment = ReplicaSet(
@@ -256,7 +296,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m changestream.test
     except KeyboardInterrupt:
         pass
     finally:
-        deployment.stop()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    try:
+        deployment.stop()
+    except DbPathError as exc:
+        print(f"error: --dbpath {args.dbpath}: {exc}", file=sys.stderr, flush=True)
+        return 1
     return 0

@@ -21,12 +21,14 @@ from types import TracebackType
 
 from bson.objectid import ObjectId
 
+from .core.auth import Users
 from .core.clock import ClusterClock
 from .core.event_cache import CACHE_BYTES
 from .core.topology import elect_next, notify_topology_change
 from .core.versions import DEFAULT_VERSION, get_profile
 from .server.listener import MemberServer
 from .storage.deployment import Deployment, Member
+from .storage.persist import DbPathError
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ class ReplicaSet:
         compressors: Iterable[str] | str | None = None,
         event_cache_bytes: int | None = None,
         dbpath: str | os.PathLike[str] | None = None,
-        users: Mapping[str, str] | None = None,
+        users: Mapping[str, str] | Users | None = None,
         clock: ClusterClock | None = None,
     ) -> None:
         if members < 1:
@@ -160,6 +162,9 @@ class ReplicaSet:
         keeps: the data, the oplog (resume tokens taken before resume after),
         the cluster time and the term (the set elects a primary again: term +
         1 and a "new primary" no-op). Sessions, cursors and failpoints are gone.
+        When the data cannot be written or read back it raises
+        :class:`~changestream.testing.storage.persist.DbPathError` saying that the set
+        is stopped (never a set left down silently).
         """
         self._require_started()
         if self.deployment.dbpath is None:
@@ -168,11 +173,15 @@ class ReplicaSet:
                 "data would be lost"
             )
         ports = [m.port for m in self.deployment.members]
-        self.stop(timeout)
-        self.deployment = self._new_deployment()
+        try:
+            self.stop(timeout)
+            self._servers = []
+            self.deployment = self._new_deployment()
+        except DbPathError as exc:
+            self._servers = []
+            raise DbPathError(f"restart failed, the replica set is stopped: {exc}") from None
         for member in self.deployment.members:
             member.host = self._host
-        self._servers = []
         self._stopped = threading.Event()
         self._noop_thread = None
         self._listen(ports)

@@ -23,9 +23,12 @@ import changestream.testing
 PACKAGE = "changestream.testing"
 ROOT = Path(changestream.testing.__file__).parent
 
-LAYERS = ("core", "storage", "update", "changestreams", "commands", "server", "api")
-"""Bottom to top. Each subpackage is one layer; the package's own modules are the API."""
-API_MODULES = frozenset({PACKAGE, f"{PACKAGE}.replset", f"{PACKAGE}.cli", f"{PACKAGE}.__main__"})
+LAYERS = (
+    "core", "storage", "update", "changestreams", "commands", "server", "replset", "sharding", "api"
+)  # fmt: skip
+"""Bottom to top. Each subpackage is one layer; ``replset`` is the module of that name (the
+sharded cluster is built from replica sets); the package's other own modules are the API."""
+API_MODULES = frozenset({PACKAGE, f"{PACKAGE}.cli", f"{PACKAGE}.__main__"})
 
 
 # -- the module graph ------------------------------------------------------------------------------
@@ -104,8 +107,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def layer_of(module: str) -> str:
-    if module in API_MODULES or module.startswith(f"{PACKAGE}.sharding"):
-        return "api"  # the sharded cluster is built from ReplicaSets
+    if module in API_MODULES:
+        return "api"
     sub = module.removeprefix(PACKAGE + ".").split(".")[0]
     if sub not in LAYERS:
         raise AssertionError(
@@ -142,6 +145,56 @@ def test_the_core_imports_nothing_above_it() -> None:
     assert all(layer_of(dep) == "core" for deps in core.values() for dep in deps)
 
 
+def client_imports(root: Path, package: str, client: str) -> list[str]:
+    """Every import (at any level, annotation-only ones included) of ``client`` outside
+    ``package``, as ``"module imports target (line n)"``."""
+    wrong = []
+    for module, path in module_files(root, package).items():
+        base = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for target in _imported_modules(node, base):
+                inside = target == package or target.startswith(package + ".")
+                if (target == client or target.startswith(client + ".")) and not inside:
+                    wrong.append(f"{module} imports {target} (line {getattr(node, 'lineno', 0)})")
+    return wrong
+
+
+def _imported_modules(node: ast.AST, package: str) -> list[str]:
+    """The absolute module names an import statement names (relative ones resolved)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if not node.level:
+            return [node.module or ""]
+        base = package.split(".")
+        base = base[: len(base) - node.level + 1]
+        return [".".join(base + ([node.module] if node.module else []))]
+    return []
+
+
+def test_the_simulator_imports_nothing_from_the_client() -> None:
+    """``changestream.testing`` stands alone: it imports nothing of ``changestream`` outside it."""
+    assert client_imports(ROOT, PACKAGE, "changestream") == []
+
+
+def test_a_client_import_is_found(tmp_path: Path) -> None:
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "from . import core\n",
+            "core/__init__.py": "",
+            "core/a.py": "from .. import core\nfrom ... import errors\n",
+            "core/b.py": "def f():\n    import outer._token\n",
+            "core/c.py": "import typing\nif typing.TYPE_CHECKING:\n    from outer.events import E\n",
+        },
+    )
+    assert sorted(client_imports(root, "outer.pkg", "outer")) == [
+        "outer.pkg.core.a imports outer (line 2)",
+        "outer.pkg.core.b imports outer._token (line 2)",
+        "outer.pkg.core.c imports outer.events (line 3)",
+    ]
+
+
 def test_command_modules_are_listed_in_the_registry() -> None:
     """Every module of ``commands`` that defines a command is in the explicit list."""
     from changestream.testing.commands import registry
@@ -151,6 +204,13 @@ def test_command_modules_are_listed_in_the_registry() -> None:
     for name, path in module_files(ROOT / "commands", f"{PACKAGE}.commands").items():
         if "@command(" in path.read_text():
             assert name in listed, f"{name} defines commands but registry.MODULES omits it"
+    from changestream.testing.sharding.commands import registry as router_registry
+
+    listed = {module.__name__ for module in router_registry.MODULES}
+    routes = f"{PACKAGE}.sharding.commands"
+    for name, path in module_files(ROOT / "sharding" / "commands", routes).items():
+        if "@router_command(" in path.read_text():
+            assert name in listed, f"{name} defines mongos commands but MODULES omits it"
     for module in registry.MODULES:
         for value in vars(module).values():
             for command_name, spec in specs_of(value):

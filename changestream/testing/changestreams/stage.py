@@ -57,6 +57,8 @@ KNOWN_STAGES: Final = frozenset(
 
 FULL_DOCUMENT_MODES: Final = ("default", "updateLookup", "whenAvailable", "required")
 BEFORE_CHANGE_MODES: Final = ("off", "whenAvailable", "required")
+READER_VERSIONS: Final = ("v1", "v2")
+"""``$changeStream.version`` values of 8.2 (``ignoreRemovedShards`` comes with 9.0: unknown here)."""
 _INTERNAL_DBS: Final = ("admin", "config", "local")
 
 
@@ -195,6 +197,14 @@ class _SpecParser:
             if not isinstance(value, str):
                 raise _wrong_type(name, value, "string")
             if value not in BEFORE_CHANGE_MODES:
+                raise _bad_enum(name, value)
+            return value
+        if name == "version" and self.profile.major_minor >= (8, 2):
+            # 8.2+: the reader version, an IDL enum (SERVER-104755); "v2" changes only how mongos
+            # targets shards, and this simulator's mongos already reads from every shard it must.
+            if not isinstance(value, str):
+                raise _wrong_type(name, value, "string")
+            if value not in READER_VERSIONS:
                 raise _bad_enum(name, value)
             return value
         if name in self.bool_fields:

@@ -36,7 +36,7 @@ MAX_BSON_OBJECT_SIZE = 16 * 1024 * 1024
 MAX_WRITE_BATCH_SIZE = 100_000
 LOGICAL_SESSION_TIMEOUT_MINUTES = 30
 
-def _await_topology_change(
+def await_topology_change(
     member: Member, client_tv: Any, max_await_ms: Any, conn: ConnectionInfo
 ) -> None:
     """Block until ``member``'s topologyVersion differs from ``client_tv`` or time runs out.
@@ -122,8 +122,8 @@ def hello(ctx: CommandContext) -> dict[str, Any]:
             f"BSON field '{ctx.name}.helloOk' is the wrong type '{type(hello_ok).__name__}', "
             "expected type 'bool'",
         )
-    _take_client_metadata(body, conn)
-    offered = _compression_offer(ctx)
+    take_client_metadata(body, conn)
+    offered = compression_offer(ctx)
     _check_quiesce(member)
     if ("topologyVersion" in body) != ("maxAwaitTimeMS" in body):
         raise CommandError(
@@ -133,7 +133,7 @@ def hello(ctx: CommandContext) -> dict[str, Any]:
             else "A request with 'maxAwaitTimeMS' must include a 'topologyVersion'",
         )
     if "topologyVersion" in body and profile.topology_version:
-        _await_topology_change(member, body["topologyVersion"], body["maxAwaitTimeMS"], conn)
+        await_topology_change(member, body["topologyVersion"], body["maxAwaitTimeMS"], conn)
 
     writable_key = "ismaster" if ctx.name in ("isMaster", "ismaster") else "isWritablePrimary"
     reply: dict[str, Any] = {}
@@ -179,11 +179,11 @@ def hello(ctx: CommandContext) -> dict[str, Any]:
         conn.compressors = member.compressors.negotiate(offered)
     if conn.compressors:
         reply["compression"] = list(conn.compressors)
-    reply.update(_auth_fields(ctx))
+    reply.update(auth_fields(ctx))
     return reply
 
 
-def _auth_fields(ctx: CommandContext) -> dict[str, Any]:
+def auth_fields(ctx: CommandContext) -> dict[str, Any]:
     """``saslSupportedMechs`` (the user's mechanisms, absent for no such user) and 4.4+'s
     ``speculativeAuthenticate`` (a ``saslStart`` run with the hello; absent when it fails)."""
     out: dict[str, Any] = {}
@@ -207,7 +207,7 @@ def _auth_fields(ctx: CommandContext) -> dict[str, Any]:
     return out
 
 
-def _take_client_metadata(body: dict[str, Any], conn: ConnectionInfo) -> None:
+def take_client_metadata(body: dict[str, Any], conn: ConnectionInfo) -> None:
     """The handshake's ``client`` document, accepted once per connection (mongod and mongos)."""
     if "client" not in body:
         return
@@ -221,7 +221,7 @@ def _take_client_metadata(body: dict[str, Any], conn: ConnectionInfo) -> None:
     conn.app_name = app.get("name") if isinstance(app, dict) else None
 
 
-def _compression_offer(ctx: CommandContext) -> list[str] | None:
+def compression_offer(ctx: CommandContext) -> list[str] | None:
     """The ``compression`` list of a hello (IDL-checked), or None when it has none.
 
     ``serverNegotiate``: a hello with the field renegotiates the connection's

@@ -200,7 +200,7 @@ def _source(deployment: Deployment, db: str, coll: str) -> tuple[list[dict[str, 
     )
 
 
-def _run_stage(docs: list[dict[str, Any]], name: str, spec: Any) -> list[dict[str, Any]]:
+def run_stage(docs: list[dict[str, Any]], name: str, spec: Any) -> list[dict[str, Any]]:
     if name in PER_DOCUMENT_STAGES:
         stage = compile_stage(name, spec)
         return [out for doc in docs if (out := stage(doc)) is not None]
@@ -236,7 +236,7 @@ def _plain(
         docs, view_pipeline = _source(ctx.deployment, ctx.db, coll)
         stages = lite_parse(ctx.deployment.profile, view_pipeline) + stages
     for name, spec in stages:
-        docs = _run_stage(docs, name, spec)
+        docs = run_stage(docs, name, spec)
     ns = f"{ctx.db}.{coll}"
     if snapshot is not None:
         cursor = ListCursor(ns, docs, _session_id(ctx))

@@ -21,6 +21,7 @@ from . import (
     indexes,
     listing,
     transactions,
+    users,
 )
 from .spec import CommandSpec, specs_of
 
@@ -36,6 +37,7 @@ MODULES: tuple[ModuleType, ...] = (
     failpoints,
     transactions,
     aggregate,
+    users,
 )
 """Every module that defines commands."""
 

@@ -17,8 +17,11 @@ import base64
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
+import threading
+import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 MECHANISMS = ("SCRAM-SHA-1", "SCRAM-SHA-256")
 """What mongod offers in ``saslSupportedMechs`` for a user created with both (its default)."""
@@ -28,7 +31,7 @@ _DIGESTS: dict[str, tuple[str, int, int]] = {
 }
 """Mechanism -> hash name, mongod's default iteration count and salt length."""
 USER_DB = "admin"
-"""The database the simulator's users are defined in (``authSource``)."""
+"""The database the users given to a deployment are defined in (``authSource``)."""
 
 
 class AuthenticationFailed(Exception):
@@ -70,39 +73,103 @@ def derive(
     )
 
 
-class Users:
-    """The users of a deployment (all in ``admin``); empty means authentication is off."""
+BUILTIN_ROLES = frozenset(
+    {
+        "read", "readWrite", "dbAdmin", "dbOwner", "userAdmin", "clusterAdmin", "clusterManager",
+        "clusterMonitor", "hostManager", "backup", "restore", "readAnyDatabase",
+        "readWriteAnyDatabase", "userAdminAnyDatabase", "dbAdminAnyDatabase", "root",
+        "enableSharding", "directShardOperations", "searchCoordinator", "__system",
+    }
+)  # fmt: skip
+"""mongod's built-in roles: the only ones the simulator knows (it has no ``createRole``)."""
+DEFAULT_ROLES = ({"role": "root", "db": USER_DB},)
+"""The role of the users given to the deployment (``users=``, ``serve --auth``)."""
 
-    def __init__(self, passwords: Mapping[str, str] | None = None) -> None:
-        self._credentials: dict[str, dict[str, ScramCredential]] = {}
+
+@dataclass(slots=True)
+class User:
+    """One user: its credentials per mechanism and its roles (recorded, not enforced)."""
+
+    name: str
+    db: str
+    user_id: uuid.UUID
+    credentials: dict[str, ScramCredential]
+    roles: list[dict[str, str]]
+
+    def info(self) -> dict[str, Any]:
+        """The user as ``usersInfo`` shows it (``admin.system.users`` without credentials)."""
+        return {
+            "_id": f"{self.db}.{self.name}",
+            "userId": self.user_id,
+            "user": self.name,
+            "db": self.db,
+            "roles": [dict(role) for role in self.roles],
+            "mechanisms": [m for m in MECHANISMS if m in self.credentials],
+        }
+
+
+def credentials_for(
+    user: str, password: str, mechanisms: Iterable[str] = MECHANISMS
+) -> dict[str, ScramCredential]:
+    """Fresh salted credentials of ``user`` for ``mechanisms``."""
+    _check_printable_ascii(f"the password of user {user!r}", password)
+    return {
+        mechanism: derive(mechanism, user, password, os.urandom(salt_len), iterations)
+        for mechanism, (_, iterations, salt_len) in _DIGESTS.items()
+        if mechanism in mechanisms
+    }
+
+
+class Users:
+    """A deployment's users (``admin.system.users``) and whether authentication is on.
+
+    ``auth`` is mongod's ``--auth``: on when the deployment was given users
+    (``users=``) unless said otherwise; users created later with ``createUser``
+    do not turn it on, as on mongod. The lock makes the user commands atomic:
+    every mongos of a sharded cluster shares one ``Users``.
+    """
+
+    def __init__(self, passwords: Mapping[str, str] | None = None, *, auth: bool | None = None):
+        self._users: dict[tuple[str, str], User] = {}
+        self.lock = threading.Lock()
         for user, password in (passwords or {}).items():
             if not isinstance(user, str) or not isinstance(password, str):
                 raise TypeError("users must map user names (str) to passwords (str)")
             _check_printable_ascii("a user name", user)
-            _check_printable_ascii(f"the password of user {user!r}", password)
-            self._credentials[user] = {
-                mechanism: derive(mechanism, user, password, os.urandom(salt_len), iterations)
-                for mechanism, (_, iterations, salt_len) in _DIGESTS.items()
-            }
+            self.put(User(user, USER_DB, uuid.uuid4(), credentials_for(user, password),
+                          [dict(role) for role in DEFAULT_ROLES]))  # fmt: skip
+        self.auth = bool(passwords) if auth is None else auth
 
     @property
     def enabled(self) -> bool:
         """mongod's ``--auth``: commands other than the handshake need an authenticated user."""
-        return bool(self._credentials)
+        return self.auth
 
     def names(self) -> list[str]:
-        return sorted(self._credentials)
+        return sorted(name for (db, name) in self._users if db == USER_DB)
+
+    def get(self, db: str, user: str) -> User | None:
+        return self._users.get((db, user))
+
+    def put(self, user: User) -> None:
+        self._users[(user.db, user.name)] = user
+
+    def remove(self, db: str, user: str) -> User | None:
+        return self._users.pop((db, user), None)
+
+    def all(self) -> list[User]:
+        return sorted(self._users.values(), key=lambda u: (u.db, u.name))
 
     def credential(self, db: str, user: str, mechanism: str) -> ScramCredential | None:
-        if db != USER_DB:
-            return None
-        return self._credentials.get(user, {}).get(mechanism)
+        found = self._users.get((db, user))
+        return None if found is None else found.credentials.get(mechanism)
 
     def mechanisms(self, db: str, user: str) -> list[str] | None:
         """``saslSupportedMechs`` for ``db.user`` (None: no such user)."""
-        if db != USER_DB or user not in self._credentials:
+        found = self._users.get((db, user))
+        if found is None:
             return None
-        return list(MECHANISMS)
+        return [m for m in MECHANISMS if m in found.credentials]
 
 
 def _fields(message: bytes) -> dict[str, str]:

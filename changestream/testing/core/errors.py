@@ -68,6 +68,8 @@ CODE_NAMES: dict[int, str] = {
     143: "CursorInUse",
     175: "QueryPlanKilled",
     189: "PrimarySteppedDown",
+    204: "TimeProofMismatch",
+    205: "ClusterTimeFailsRateLimiter",
     211: "KeyNotFound",
     216: "ElectionInProgress",
     225: "TransactionTooOld",

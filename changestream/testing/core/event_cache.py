@@ -64,6 +64,7 @@ class EventCache:
         """A heap of (seq, shape, cost) per cached entry: the oldest is evicted first."""
         self._readers = 0
         self._idle_timer: threading.Timer | None = None
+        self._closed = False
 
     # -- readers -----------------------------------------------------------------------------------
     def acquire(self) -> Callable[[], None]:
@@ -82,7 +83,7 @@ class EventCache:
     def _release(self) -> None:
         with self._lock:
             self._readers -= 1
-            if self._readers or not self._events:
+            if self._readers or not self._events or self._closed:
                 return
             timer = self._idle_timer = threading.Timer(self.idle_seconds, self._expire)
             timer.daemon = True
@@ -95,6 +96,17 @@ class EventCache:
             self._idle_timer = None
             self._clear_locked()
         _return_freed_memory()
+
+    def close(self) -> None:
+        """Empty the cache and end its idle timer's thread before returning (the deployment
+        stopped: no thread of it outlives :meth:`~changestream.testing.ReplicaSet.stop`)."""
+        with self._lock:
+            self._closed = True
+            timer, self._idle_timer = self._idle_timer, None
+            self._clear_locked()
+        if timer is not None:
+            timer.cancel()
+            timer.join()
 
     @property
     def readers(self) -> int:

@@ -13,8 +13,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from bson.timestamp import Timestamp
-
 from .. import commands
 from ..commands import CommandContext, CommandSpec, ConnectionInfo
 from ..core.errors import CloseConnection, CommandError, change_stream_labels
@@ -155,6 +153,7 @@ class Dispatcher:
             if spec.auth and conn.user is None and self.deployment.users.enabled:
                 command = "Command" if self.deployment.profile.major_minor >= (8, 0) else "command"
                 raise CommandError(13, f"{command} {spec.name} requires authentication")
+            self._gossip_in(conn, body)
             if self.deployment.standalone:
                 if not spec.standalone_ok:
                     raise CommandError(76, "not running with --replSet")
@@ -207,12 +206,17 @@ class Dispatcher:
             ctx.max_time_ms = _parse_max_time_ms(body["maxTimeMS"])
             if ctx.max_time_ms:
                 ctx.deadline = time.monotonic() + ctx.max_time_ms / 1000
-        cluster_time = body.get("$clusterTime")
-        if isinstance(cluster_time, dict) and not self.deployment.standalone:
-            ts = cluster_time.get("clusterTime")
-            if isinstance(ts, Timestamp):
-                self.deployment.clock.advance(ts)
         return ctx
+
+    def _gossip_in(self, conn: ConnectionInfo, body: dict[str, Any]) -> None:
+        """The client's ``$clusterTime``, validated as mongod validates it (after the auth
+        check, so an unauthenticated client only gets here for the handshake commands)."""
+        if "$clusterTime" in body and not self.deployment.standalone:
+            self.deployment.clock.gossip_in(
+                body["$clusterTime"],
+                auth=self.deployment.users.enabled,
+                authenticated=conn.user is not None,
+            )
 
     def _fail_command(
         self, target: CommandTarget, conn: ConnectionInfo, spec: CommandSpec, body: dict[str, Any]
@@ -286,7 +290,9 @@ class Dispatcher:
     def _add_times(self, ctx: CommandContext | None, reply: dict[str, Any]) -> None:
         if self.deployment.standalone:
             return
-        reply["$clusterTime"] = self.deployment.clock.cluster_time_doc()
+        reply["$clusterTime"] = self.deployment.clock.cluster_time_doc(
+            signed=self.deployment.users.enabled
+        )
         op_time = ctx.operation_time if ctx is not None else None
         reply["operationTime"] = op_time or self.deployment.last_applied()
 

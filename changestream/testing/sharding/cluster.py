@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import random
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 
+from ..core.auth import Users
 from ..core.clock import ClusterClock
 from ..core.context import ConnectionInfo
 from ..core.cursors import CursorManager
@@ -39,8 +42,10 @@ from ..server.wire import Request
 from ..storage.catalog import CollectionState
 from ..storage.deployment import Deployment
 from ..storage.order import id_key
+from ..storage.persist import DbPathError
 from .balancer import LoadBalancer
-from .router import Router, registry_for
+from .commands import registry_for
+from .router import Router
 from .routing import Chunk, RoutingTable, ShardedCollection, ShardInfo, compare_keys
 from .shards import Shard
 
@@ -52,10 +57,14 @@ LB_CONNECTION_IDS = 1_000_000_001
 class ClusterState:
     """What every mongos of one cluster shares: the routing table, the shards, the clock."""
 
-    def __init__(self, profile: VersionProfile, clock: ClusterClock, config: ReplicaSet) -> None:
+    def __init__(
+        self, profile: VersionProfile, clock: ClusterClock, config: ReplicaSet, users: Users
+    ) -> None:
         self.profile = profile
         self.clock = clock
         self.config = config
+        self.users = users
+        """The cluster's users (on the config server), shared by every mongos and shard."""
         self.table = RoutingTable()
         self.ddl_lock = threading.RLock()
         self._replica_sets: dict[str, ReplicaSet] = {}
@@ -75,13 +84,19 @@ class ClusterState:
         names = self.table.shard_names()
         return [self._replica_sets[name] for name in names]
 
-    def add_shard(self, name: str, rs: ReplicaSet) -> str:
-        """Register a started replica set as shard ``name`` (``addShard``)."""
+    def add_shard(self, name: str, rs: ReplicaSet, *, restored: ShardInfo | None = None) -> str:
+        """Register a started replica set as shard ``name`` (``addShard``; ``restored``: a
+        shard the config server already lists, at a restart of the cluster)."""
         with self.ddl_lock:
             if name in self._replica_sets:
                 raise ValueError(f"shard {name} already exists")
             rs.deployment.document_lookup = self.lookup
             self._replica_sets[name] = rs
+            if restored is not None:
+                with self.table.lock:
+                    self.table.shards.append(restored)
+                    self.table.version += 1
+                return name
             added_at = self.clock.tick()
             with self.table.lock:
                 self.table.shards.append(ShardInfo(name, added_at))
@@ -147,13 +162,59 @@ class ClusterState:
             cursors.kill(cid, mongos)
 
     # -- config documents ----------------------------------------------------------------------
-    def record_database(self, db: str, primary: str) -> None:
+    def record_database(self, db: str, primary: str, *, partitioned: bool = False) -> None:
+        changes: dict[str, Any] = {"primary": primary}
+        if partitioned:
+            changes["partitioned"] = True
         self._config_shard.command(
             "config",
             {"update": "databases", "updates": [{
-                "q": {"_id": db}, "u": {"$set": {"primary": primary}}, "upsert": True
+                "q": {"_id": db}, "u": {"$set": changes}, "upsert": True
             }]},
         )  # fmt: skip
+
+    def restored_shards(self) -> list[ShardInfo]:
+        """The shards the config server lists (a cluster restarted from its ``dbpath``)."""
+        docs = self._config_docs("shards")
+        return [ShardInfo(str(doc["_id"]), doc["topologyTime"]) for doc in docs]
+
+    def restore_routing(self) -> None:
+        """Rebuild the routing table from the config server's documents (after the shards
+        were restored): what a restarted mongos reads from the config server."""
+        databases = self._config_docs("databases")
+        collections = self._config_docs("collections")
+        chunks = self._config_docs("chunks")
+        with self.table.lock:
+            for doc in databases:
+                self.table.databases[str(doc["_id"])] = str(doc["primary"])
+                if doc.get("partitioned") is True:
+                    self.table.sharding_enabled.add(str(doc["_id"]))
+            for doc in collections:
+                ns, key = str(doc["_id"]), dict(doc["key"])
+                fields = list(key)
+                owned = [
+                    Chunk(tuple(c["min"][f] for f in fields), tuple(c["max"][f] for f in fields),
+                          str(c["shard"]))
+                    for c in chunks if c["uuid"] == doc["uuid"]
+                ]  # fmt: skip
+                raw = doc["uuid"]
+                ui = raw if isinstance(raw, uuid.UUID) else uuid.UUID(bytes=bytes(raw))
+                sharded = ShardedCollection(ns, key, ui, bool(doc["unique"]), owned)
+                self.table.collections[ns] = sharded
+                self.table.sharding_enabled.add(ns.split(".", 1)[0])
+        for sharded in list(self.table.collections.values()):
+            db, coll = sharded.ns.split(".", 1)
+            for rs in self.replica_sets():
+                with rs.deployment.lock:
+                    state = rs.deployment.catalog.get(db, coll)
+                    if state is not None:
+                        state.shard_key = sharded.fields
+
+    def _config_docs(self, coll: str) -> list[dict[str, Any]]:
+        deployment = self.config.deployment
+        with deployment.lock:
+            state = deployment.catalog.get("config", coll)
+            return [] if state is None else [dict(doc) for doc in state.iter_stored()]
 
     def record_collection(self, sharded: ShardedCollection) -> None:
         self._config_shard.command(
@@ -471,7 +532,11 @@ class Mongos:
         self.index = index
         self.host = host
         self.deployment = Deployment(
-            cluster.profile, members=1, set_name=f"mongos{index}", clock=cluster.clock
+            cluster.profile,
+            members=1,
+            set_name=f"mongos{index}",
+            clock=cluster.clock,
+            users=cluster.users,
         )
         self.deployment.oplog = Oplog()  # a mongos keeps no oplog: operationTime = cluster time
         self.member = self.deployment.members[0]
@@ -500,6 +565,7 @@ class Mongos:
             if server is not None:
                 server.stop()
         self.deployment.cursors.kill_all()
+        self.deployment.close()
 
 
 # ======================================================================================
@@ -515,6 +581,13 @@ class ShardedCluster:
     default 10 s): an idle shard holds back other shards' events up to that long
     on a change stream. ``load_balancer=True`` adds a TCP front end
     (:attr:`lb_uri`) that hands each connection to a mongos in turn.
+    ``users`` (``{"app": "secret"}``, users of ``admin``) turns authentication on
+    on every mongos, behind the load balancer, and on the shards and config
+    server (mongos itself authenticates to them, as with a keyFile).
+    ``dbpath`` keeps the whole cluster in that directory (``config/`` for the
+    config server, one directory per shard): :meth:`stop` writes it, the next
+    ``ShardedCluster`` with the same ``dbpath`` (same version or newer) starts
+    from it with the same shards, routing table, data, oplogs and cluster time.
     """
 
     def __init__(
@@ -529,6 +602,8 @@ class ShardedCluster:
         host: str = "127.0.0.1",
         noop_interval: float = 10.0,
         oplog_max_entries: int | None = None,
+        users: Mapping[str, str] | None = None,
+        dbpath: str | os.PathLike[str] | None = None,
     ) -> None:
         if shards < 1:
             raise ValueError(f"a sharded cluster needs at least one shard, got {shards}")
@@ -547,10 +622,13 @@ class ShardedCluster:
         self._noop_interval = noop_interval
         self._oplog_max_entries = oplog_max_entries
         self.clock = ClusterClock()
+        self.users = Users(users)
+        self.dbpath = None if dbpath is None else Path(dbpath)
         self.config = ReplicaSet(
-            version, 1, set_name="configRepl", host=host, clock=self.clock, noop_interval=0
-        )
-        self.state = ClusterState(self.profile, self.clock, self.config)
+            version, 1, set_name="configRepl", host=host, clock=self.clock, noop_interval=0,
+            users=self.users, dbpath=self._dir("config"),
+        )  # fmt: skip
+        self.state = ClusterState(self.profile, self.clock, self.config, self.users)
         self._mongos: list[Mongos] = []
         self.balancer: LoadBalancer | None = None
         self._started = False
@@ -563,7 +641,12 @@ class ShardedCluster:
         self._started = True
         try:
             self.config.start()
-            for _ in range(self._shard_count):
+            restored = self.state.restored_shards()
+            for info in restored:
+                rs = self._shard_replica_set(info.name).start()
+                self.state.add_shard(info.name, rs, restored=info)
+            self.state.restore_routing()
+            for _ in range(self._shard_count - len(restored)):
                 self.add_shard()
             self._start_mongoses()
             if self._load_balancer:
@@ -605,9 +688,14 @@ class ShardedCluster:
             self.balancer.stop()
         for mongos in self._mongos:
             mongos.stop()
-        for rs in [*self.state.replica_sets(), *self.state.pending.values()]:
-            rs.stop()
-        self.config.stop()
+        failed: list[DbPathError] = []
+        for rs in [*self.state.replica_sets(), *self.state.pending.values(), self.config]:
+            try:
+                rs.stop()
+            except DbPathError as exc:  # every other member still stops
+                failed.append(exc)
+        if failed:
+            raise failed[0]
 
     def __enter__(self) -> ShardedCluster:
         return self.start()
@@ -624,7 +712,12 @@ class ShardedCluster:
     def new_shard_replica_set(self) -> ReplicaSet:
         """Start a replica set for this cluster that ``addShard`` can then add."""
         name = f"shard{len(self.state.replica_sets()) + len(self.state.pending)}"
-        rs = ReplicaSet(
+        rs = self._shard_replica_set(name).start()
+        self.state.pending[name] = rs
+        return rs
+
+    def _shard_replica_set(self, name: str) -> ReplicaSet:
+        return ReplicaSet(
             self.version,
             self._members,
             set_name=name,
@@ -632,9 +725,13 @@ class ShardedCluster:
             clock=self.clock,
             noop_interval=self._noop_interval,
             oplog_max_entries=self._oplog_max_entries,
-        ).start()
-        self.state.pending[name] = rs
-        return rs
+            users=self.users,
+            dbpath=self._dir(name),
+        )
+
+    def _dir(self, name: str) -> Path | None:
+        """Where the config server or shard ``name`` keeps its data (None: in memory)."""
+        return None if self.dbpath is None else self.dbpath / name
 
     def add_shard(self) -> str:
         """Start one more shard and add it to the cluster; return its name."""

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from ..replset import ReplicaSet
     from ..storage.deployment import Member
 
+INTERNAL_USER = ("__system", "local")
+"""Who mongos's connections to the shards are authenticated as (cluster-internal auth)."""
 _FIRST_ID = 1_000_000_000
 """Connection ids of mongos's in-process shard connections (apart from TCP ones)."""
 
@@ -74,6 +76,7 @@ class Shard:
             conn = self._conns.get(member.index)
             if conn is None or conn.closed:
                 conn = ConnectionInfo(id=next(self._ids), peer=("127.0.0.1", 0), app_name=None)
+                conn.user = INTERNAL_USER  # mongos authenticates to the shards (keyFile)
                 self._conns[member.index] = conn
             return conn
 

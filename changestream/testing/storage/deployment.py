@@ -102,7 +102,7 @@ class Deployment:
         compressors: Iterable[str] | str | None = None,
         event_cache_bytes: int = CACHE_BYTES,
         dbpath: str | os.PathLike[str] | None = None,
-        users: Mapping[str, str] | None = None,
+        users: Mapping[str, str] | Users | None = None,
         clock: ClusterClock | None = None,
     ) -> None:
         if standalone and members != 1:
@@ -131,8 +131,9 @@ class Deployment:
         """Notified whenever a member's role or topologyVersion changes, or a member goes down."""
         self.event_cache = EventCache(event_cache_bytes)
         """Change events already built from this oplog, shared by its streams."""
-        self.users = Users(users)
-        """Who may authenticate; with any user, commands need authentication (``--auth``)."""
+        self.users = users if isinstance(users, Users) else Users(users)
+        """Who may authenticate, and whether commands need it (``--auth``); one shared by every
+        mongos and shard of a sharded cluster."""
         self.document_lookup: DocumentLookup | None = None
         """On a shard: mongos's ``updateLookup``, targeted by ``documentKey`` (set by the
         cluster); None: look the document up in this deployment."""
@@ -158,7 +159,9 @@ class Deployment:
             self.log("n", "", {"msg": "new primary"})
 
     def close(self, *, save: bool = True) -> None:
-        """Write the data to :attr:`dbpath` (if any) and release it; idempotent."""
+        """End the event cache's timer, write the data to :attr:`dbpath` (if any) and
+        release it; idempotent."""
+        self.event_cache.close()
         lock, self._dbpath_lock = self._dbpath_lock, None
         if lock is None:
             return

@@ -1,0 +1,279 @@
+"""Keeping up: ``consume(workers=N)`` with an I/O-like handler, threads and asyncio tasks.
+
+    python -m benchmarks.workers_bench [--seconds 3] [--sleep-ms 5] [--baseline /path/to/tree]
+
+The server is :mod:`benchmarks.canned_server` (a child process answering
+every ``getMore`` with the same 1,000 realistic insert events, 1,000 distinct
+``_id`` s), so the numbers are the client's. The handler sleeps ``--sleep-ms``
+per change (a write to another store, an HTTP call): ``time.sleep`` on
+threads, ``await asyncio.sleep`` in tasks (on asyncio's loop, and on uvloop's when
+installed). Each configuration runs for
+``--seconds``, ``--runs`` times (interleaved), and reports the median changes/s, the client's CPU time per change
+(process time: the server is elsewhere) and the RSS at the end; ratios are
+against the sequential loop (``workers=1``) measured in the same run.
+
+The overhead rows run a handler that does nothing: CPU per change of
+``workers=1`` in this tree and, with ``--baseline TREE``, in another checkout
+(e.g. the ``main`` branch before the workers existed), each in a child
+process with ``PYTHONPATH=TREE``, interleaved, median of ``--overhead-runs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from bson.timestamp import Timestamp
+from pymongo import AsyncMongoClient, MongoClient
+
+try:
+    from benchmarks.bench_client import canned_server
+except ImportError:  # python benchmarks/workers_bench.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.bench_client import canned_server
+import changestream
+import changestream.aio
+from benchmarks.canned_server import COLLECTION, DATABASE, CannedServer
+from changestream.stores import MemoryTokenStore
+
+
+def small_events(count: int) -> list[dict[str, Any]]:
+    """``count`` small insert events (``{_id: i, v: 1}``): decoding them is cheap, so what
+    remains is the loop and the scheduling."""
+    events = []
+    for i in range(count):
+        seconds = 1_700_000_000 + i // 10
+        token = f"82{seconds:08X}{i % 10 + 1:08X}2B042C0100296E5A1004463C5F6964002B{i:08X}0004"
+        events.append({
+            "_id": {"_data": token}, "operationType": "insert",
+            "clusterTime": Timestamp(seconds, i % 10 + 1),
+            "fullDocument": {"_id": i, "v": 1}, "ns": {"db": DATABASE, "coll": COLLECTION},
+            "documentKey": {"_id": i},
+        })
+    return events
+
+
+def serve_small() -> None:
+    """The canned server with :func:`small_events` (a child process; prints its URI)."""
+    server = CannedServer(small_events(1000))
+    print(f"mongodb://127.0.0.1:{server.port}/?directConnection=true "
+          f"{server.event_bytes:.0f}", flush=True)
+    server.serve_forever()
+
+
+@contextlib.contextmanager
+def server(kind: str) -> Iterator[str]:
+    if kind == "realistic":
+        with canned_server(1000) as (uri, _, _):
+            yield uri
+        return
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from benchmarks.workers_bench import serve_small; serve_small()"],
+        stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert process.stdout is not None
+        uri = process.stdout.readline().split()[0]
+        yield uri
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def stop_after(seconds: float, stop: Any, set_stop: Callable[[], object]) -> threading.Timer:
+    timer = threading.Timer(seconds, set_stop)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def run_threads(uri: str, workers: int, seconds: float, sleep: float) -> dict[str, Any]:
+    client: MongoClient[dict[str, Any]] = MongoClient(uri)
+    coll = client[DATABASE][COLLECTION]
+    stop = threading.Event()
+
+    def handle(change: Any) -> None:
+        if sleep:
+            time.sleep(sleep)
+
+    started_cpu, started = cpu(), time.perf_counter()
+    stop_after(seconds, stop, stop.set)
+    result = changestream.consume(
+        lambda token: changestream.watch(coll, resume_after=token), handle, MemoryTokenStore(),
+        stop=stop, workers=workers, save_every=100,
+    )
+    elapsed, used = time.perf_counter() - started, cpu() - started_cpu
+    client.close()
+    return {"mode": "threads", "workers": workers, "handled": result.handled,
+            "per_second": result.handled / elapsed, "cpu_us": 1e6 * used / max(result.handled, 1),
+            "rss_mb": rss_mb()}
+
+
+def run_tasks(uri: str, workers: int, seconds: float, sleep: float,
+              loop_name: str = "asyncio") -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+        coll = client[DATABASE][COLLECTION]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        async def handle(change: Any) -> None:
+            if sleep:
+                await asyncio.sleep(sleep)
+
+        started_cpu, started = cpu(), time.perf_counter()
+        stop_after(seconds, stop, lambda: loop.call_soon_threadsafe(stop.set))
+        result = await changestream.aio.consume(
+            lambda token: changestream.aio.watch(coll, resume_after=token), handle,
+            MemoryTokenStore(), stop=stop, workers=workers, save_every=100,
+        )
+        elapsed, used = time.perf_counter() - started, cpu() - started_cpu
+        await client.close()
+        return {"mode": loop_name, "workers": workers, "handled": result.handled,
+                "per_second": result.handled / elapsed,
+                "cpu_us": 1e6 * used / max(result.handled, 1), "rss_mb": rss_mb()}
+
+    if loop_name == "uvloop":
+        import uvloop
+
+        return uvloop.run(main())
+    return asyncio.run(main())
+
+
+def overhead_child(uri: str, seconds: float) -> None:
+    """One no-op-handler run of ``workers=1`` (the default call, so any tree can run it)."""
+    client: MongoClient[dict[str, Any]] = MongoClient(uri)
+    coll = client[DATABASE][COLLECTION]
+    stop = threading.Event()
+    stop_after(seconds, stop, stop.set)
+    started_cpu, started = cpu(), time.perf_counter()
+    result = changestream.consume(lambda token: changestream.watch(coll, resume_after=token),
+                                  lambda change: None, MemoryTokenStore(), stop=stop,
+                                  save_every=100)
+    used, elapsed = cpu() - started_cpu, time.perf_counter() - started
+    print(json.dumps({"cpu_us": 1e6 * used / result.handled,
+                      "per_second": result.handled / elapsed}))
+
+
+def overhead(uri: str, tree: str, seconds: float) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": tree}
+    output = subprocess.run(
+        [sys.executable, "-c", "import sys; from benchmarks.workers_bench import overhead_child; "
+         f"overhead_child({uri!r}, {seconds})"],
+        env={**env, "PYTHONPATH": f"{tree}{os.pathsep}{os.getcwd()}"}, capture_output=True,
+        text=True, check=True, cwd=os.getcwd(),
+    ).stdout
+    return json.loads(output.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.workers_bench",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="per configuration (3)")
+    parser.add_argument("--sleep-ms", type=float, default=5.0, help="handler time (5)")
+    parser.add_argument("--threads", default="1,8,32,128", help="thread worker counts")
+    parser.add_argument("--tasks", default="1,100,1000", help="asyncio worker counts")
+    parser.add_argument("--baseline", metavar="TREE",
+                        help="also measure workers=1 overhead with this source tree")
+    parser.add_argument("--runs", type=int, default=3, help="runs per configuration (3)")
+    parser.add_argument("--overhead-runs", type=int, default=5)
+    parser.add_argument("--events", choices=("small", "realistic", "both"), default="both",
+                        help="small {_id, v} inserts, the canned realistic orders (~490 bytes), "
+                        "or both (default)")
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+    sleep = args.sleep_ms / 1000
+    rows: list[dict[str, Any]] = []
+    print(f"# {platform.python_implementation()} {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; handler sleeps "
+          f"{args.sleep_ms:g} ms; {args.seconds:g} s per row", flush=True)
+    kinds = ("small", "realistic") if args.events == "both" else (args.events,)
+    loops = ["asyncio"]
+    if importlib.util.find_spec("uvloop") is not None:
+        loops.append("uvloop")
+    else:
+        print("# uvloop not installed (pip install 'changestream[uvloop]'): asyncio rows only")
+    samples: dict[str, list[float]] = {}
+    for kind in kinds:
+        with server(kind) as uri:
+            configs: list[tuple[str, int]] = [
+                ("threads", w) for w in map(int, args.threads.split(","))]
+            configs += [(loop_name, w) for loop_name in loops
+                        for w in map(int, args.tasks.split(","))]
+            runs: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
+            for _ in range(args.runs):  # interleaved: load changes hit every configuration
+                for mode, workers in configs:
+                    run = (run_threads(uri, workers, args.seconds, sleep) if mode == "threads"
+                           else run_tasks(uri, workers, args.seconds, sleep, mode))
+                    runs[(mode, workers)].append(run)
+            table = []
+            for (mode, workers), results in runs.items():
+                rates = sorted(r["per_second"] for r in results)
+                table.append({"mode": mode, "workers": workers, "events": kind,
+                              "per_second": statistics.median(rates), "best": rates[-1],
+                              "cpu_us": statistics.median(r["cpu_us"] for r in results),
+                              "rss_mb": max(r["rss_mb"] for r in results)})
+            sequential = next(row["per_second"] for row in table
+                              if row["mode"] == "threads" and row["workers"] == 1)
+            print(f"\n{kind} events (median of {args.runs}; best in parentheses)")
+            print(f"{'mode':8} {'workers':>7} {'changes/s':>18} {'x seq':>7} "
+                  f"{'CPU us/chg':>10} {'RSS MB':>7}")
+            for row in table:
+                row["ratio"] = row["per_second"] / sequential
+                rate = f"{row['per_second']:,.0f} ({row['best']:,.0f})"
+                print(f"{row['mode']:8} {row['workers']:>7} {rate:>18} "
+                      f"{row['ratio']:>7.1f} {row['cpu_us']:>10.1f} {row['rss_mb']:>7.0f}",
+                      flush=True)
+            rows.extend(table)
+            if kind != kinds[0] or not args.overhead_runs:
+                continue
+            trees = {"this tree": os.getcwd()}
+            if args.baseline:
+                trees["baseline"] = args.baseline
+            samples = {name: [] for name in trees}
+            for _ in range(args.overhead_runs):
+                for name, tree in trees.items():
+                    samples[name].append(overhead(uri, tree, min(args.seconds, 2.0))["cpu_us"])
+            print(f"\nno-op handler, workers=1, {kind} events (CPU us per change, median of "
+                  f"{args.overhead_runs}):")
+            medians = {name: statistics.median(values) for name, values in samples.items()}
+            for name, value in medians.items():
+                listed = ", ".join(f"{v:.2f}" for v in samples[name])
+                print(f"  {name:10} {value:6.2f}  (runs: {listed})")
+            if "baseline" in medians:
+                print(f"  this tree / baseline: {medians['this tree'] / medians['baseline']:.3f}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"rows": rows, "overhead": samples}, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

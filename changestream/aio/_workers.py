@@ -1,0 +1,174 @@
+"""Handler calls of :func:`changestream.aio.consume`: awaited in the loop, or as up to N tasks.
+
+The asyncio twin of :mod:`changestream._workers`: the same ``on_error``
+policy (:class:`changestream._policies.HandlerCalls`) and the same decisions
+(:class:`changestream._lanes.Lanes`: per-key order, barriers, the low
+watermark), with tasks instead of threads. Everything runs on the event
+loop's thread, so no lock is needed. A plain-function handler runs on the
+loop itself (one at a time); give a coroutine function to overlap its I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from .._lanes import Job, Lanes
+from .._policies import HandlerCalls
+from ._async_io import call_handler
+
+__all__ = ["AsyncWorkers"]
+
+log = logging.getLogger("changestream.consume")
+
+
+class AsyncWorkers:
+    """Up to ``workers`` tasks calling the handler, per-key order and the low watermark kept by ``lanes``.
+
+    Same surface as the thread version: the consuming coroutine calls
+    :meth:`room` (waits while ``max_in_flight`` changes are in flight), :meth:`submit`,
+    :meth:`mark`, :meth:`progress`, :meth:`settle` and :meth:`restart`; a task
+    whose call returns finishes its job and goes on with the next one that
+    may start.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[Any], Any],
+        calls: HandlerCalls,
+        lanes: Lanes,
+        key: Callable[[Any], Hashable],
+    ) -> None:
+        self._handler = handler
+        self._calls = calls
+        self._lanes = lanes
+        self._key = key
+        self._room = asyncio.Event()
+        """Set when a job ended (room to admit, a failure, or all done)."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._gave_up = False
+        """A :meth:`settle` timed out: calls may still run, nothing more may start."""
+        self.failure: BaseException | None = None
+        """The first exception a handler call ended with (after the ``on_error`` policy)."""
+
+    # -- the consuming coroutine ------------------------------------------------------------------
+    async def room(self) -> None:
+        """Wait while ``max_in_flight`` changes are in flight (until a quarter is free again);
+        raises a handler's failure. The caller stores the moved watermark, then submits."""
+        lanes = self._lanes
+        if lanes.full:
+            while not lanes.roomy and self.failure is None:
+                self._room.clear()
+                await self._room.wait()
+        self._raise_failure()
+
+    async def submit(self, change: Any, token: Any) -> None:
+        """Hand ``change`` (followed by ``token``) to the tasks (after :meth:`room`)."""
+        key = self._key(change)
+        self._raise_failure()
+        self._lanes.admit(change, key, token)
+        self._start()
+
+    async def mark(self, token: Any) -> None:
+        """A position without a change (an empty batch's token), in stream order."""
+        self._raise_failure()
+        self._lanes.mark(token)
+
+    def progress(self) -> tuple[Any, int]:
+        """The low watermark (the token that may be stored) and the changes handled so far."""
+        return self._lanes.watermark, self._lanes.handled
+
+    async def settle(self, timeout: float | None) -> bool:
+        """Let every admitted change finish, for up to ``timeout`` s; ``True``: all did.
+
+        After a failure only the running calls are waited for. At the timeout
+        nothing more starts and the calls still running are cancelled (their
+        changes, and those never started, are delivered again after a restart).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        lanes = self._lanes
+        while not lanes.idle:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                self._gave_up = True
+                lanes.abandon()
+                log.warning("handlers still running after %g s (drain_timeout): %d call(s) "
+                            "cancelled, %d change(s) not handled; they are delivered again "
+                            "after a restart", timeout, lanes.running, lanes.in_flight)
+                tasks = list(self._tasks)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                return False
+            self._room.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._room.wait(), remaining)
+        return True
+
+    async def restart(self) -> BaseException | None:
+        """After :meth:`settle`: start over from the watermark; returns (and clears) the failure."""
+        self._lanes.restart(self._lanes.watermark)
+        self._gave_up = False
+        failure, self.failure = self.failure, None
+        return failure
+
+    async def close(self) -> None:
+        """Cancel every call still running."""
+        self._lanes.abandon()
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def _start(self) -> None:
+        """A task per job that may start (up to ``workers`` running)."""
+        lanes = self._lanes
+        if not lanes.ready:
+            return
+        create_task = asyncio.get_running_loop().create_task
+        while (job := lanes.take()) is not None:
+            self._tasks.add(create_task(self._run(job)))  # the task removes itself when done
+
+    # -- the handler tasks ----------------------------------------------------------------------
+    async def _run(self, first: Job) -> None:
+        try:
+            await self._work(first)
+        finally:
+            self._tasks.discard(asyncio.current_task())
+
+    async def _work(self, first: Job) -> None:
+        lanes, handler, calls = self._lanes, self._handler, self._calls
+        job: Job | None = first
+        while job is not None:
+            try:
+                if calls.retrying:
+                    await call_handler(handler, job.change, calls)
+                else:  # call_handler inlined: one coroutine less per change
+                    result = handler(job.change)
+                    if inspect.isawaitable(result):
+                        await result
+            except BaseException as exc:
+                lanes.fail(job)
+                self._room.set()
+                if not isinstance(exc, Exception):
+                    raise
+                if self.failure is None:
+                    self.failure = exc
+                return
+            lanes.done(job)
+            if lanes.roomy or lanes.idle:
+                self._room.set()
+            if not lanes.ready:
+                return
+            job = lanes.take()
+            if lanes.ready:
+                self._start()

@@ -1,0 +1,181 @@
+"""mongos's sharding commands: ``shardCollection``, ``split``, ``moveChunk``, ``addShard``, ...
+
+Each changes the routing table (under the cluster's DDL lock) and records it
+in the config server's collections, as the config server does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...core.context import CommandContext
+from ...core.errors import CommandError
+from ..routing import Chunk, compare_keys, key_document, parse_key_document
+from .spec import router_command
+
+if TYPE_CHECKING:
+    from ..router import Router
+
+
+def _ns_arg(ctx: CommandContext) -> tuple[str, str]:
+    ns = ctx.target
+    if not isinstance(ns, str) or "." not in ns:
+        raise CommandError(73, f"Invalid namespace specified '{ns}'")
+    db, coll = ns.split(".", 1)
+    return db, coll
+
+
+@router_command("enableSharding", "enablesharding", admin_only=True, locks=False)
+def enable_sharding(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    db = ctx.target
+    if not isinstance(db, str) or not db:
+        raise CommandError(73, f"invalid db name specified: {db}")
+    primary = ctx.body.get("primaryShard")
+    with router.cluster.ddl_lock:
+        if isinstance(primary, str):
+            if primary not in router.table.shard_names():
+                raise CommandError(70, f"Shard {primary} not found")
+            with router.table.lock:
+                router.table.databases.setdefault(db, primary)
+        else:
+            router.primary_shard(db, create=True)
+        router.table.sharding_enabled.add(db)
+        router.cluster.record_database(db, router.table.databases[db], partitioned=True)
+    return {}
+
+
+@router_command("shardCollection", "shardcollection", admin_only=True, locks=False)
+def shard_collection(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    db, coll = _ns_arg(ctx)
+    key = ctx.body.get("key")
+    if not isinstance(key, dict) or not key:
+        raise CommandError(
+            40414, "BSON field 'shardCollection.key' is missing but a required field"
+        )
+    for _name, kind in key.items():
+        if kind not in (1, 1.0, "hashed"):
+            raise CommandError(
+                2, f"Unsupported shard key pattern {key}: values must be 1 or 'hashed'"
+            )
+    if sum(kind == "hashed" for kind in key.values()) > 1:
+        raise CommandError(31303, "A shard key pattern only allows one hashed field")
+    unique = ctx.body.get("unique") is True
+    with router.cluster.ddl_lock:
+        if router.profile.major_minor < (6, 0) and db not in router.table.sharding_enabled:
+            raise CommandError(20, f"sharding not enabled for db {db}")
+        existing = router.table.sharded(f"{db}.{coll}")
+        if existing is not None:
+            if existing.key == key:
+                return {"collectionsharded": f"{db}.{coll}"}
+            raise CommandError(
+                20, f"sharding already enabled for collection {db}.{coll} with options "
+                f"{{ shardKey: {existing.key} }}"
+            )  # fmt: skip
+        router.cluster.shard_collection(router, db, coll, key, unique)
+    out: dict[str, Any] = {"collectionsharded": f"{db}.{coll}"}
+    return out
+
+
+@router_command("split", admin_only=True, locks=False)
+def split(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    db, coll = _ns_arg(ctx)
+    with router.cluster.ddl_lock:
+        sharded = router.table.sharded(f"{db}.{coll}")
+        if sharded is None:
+            raise CommandError(118, f"ns {db}.{coll} is not sharded")
+        if "middle" in ctx.body:
+            point = parse_key_document(sharded, ctx.body["middle"], "middle")
+        else:
+            raise CommandError(2, "the simulator's split needs 'middle'")
+        with router.table.lock:
+            chunk = sharded.chunk_for(point)
+            if compare_keys(chunk.min, point) == 0:
+                raise CommandError(
+                    2,
+                    f"cannot split on initial or final chunk's key {key_document(sharded, point)}",
+                )
+            index = sharded.chunks.index(chunk)
+            sharded.chunks[index : index + 1] = [
+                Chunk(chunk.min, point, chunk.shard), Chunk(point, chunk.max, chunk.shard)
+            ]  # fmt: skip
+        router.cluster.record_chunks(sharded)
+    return {}
+
+
+@router_command("moveChunk", "movechunk", admin_only=True, locks=False)
+def move_chunk(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    db, coll = _ns_arg(ctx)
+    to = ctx.body.get("to")
+    if not isinstance(to, str) or to not in router.table.shard_names():
+        raise CommandError(70, f"Could not find shard {to}")
+    with router.cluster.ddl_lock:
+        sharded = router.table.sharded(f"{db}.{coll}")
+        if sharded is None:
+            raise CommandError(118, f"ns {db}.{coll} is not sharded")
+        if "find" in ctx.body:
+            chunk = sharded.chunk_for(parse_key_document(sharded, ctx.body["find"], "find"))
+        elif isinstance(ctx.body.get("bounds"), list) and len(ctx.body["bounds"]) == 2:
+            low = parse_key_document(sharded, ctx.body["bounds"][0], "bounds")
+            chunk = sharded.chunk_for(low)
+            if compare_keys(chunk.min, low) != 0:
+                raise CommandError(2, "no chunk starts at the given bounds")
+        else:
+            raise CommandError(2, "moveChunk needs 'find' or 'bounds'")
+        if chunk.shard != to:
+            router.cluster.move_chunk(sharded, chunk, to)
+    return {"millis": 0}
+
+
+@router_command("movePrimary", "moveprimary", admin_only=True, locks=False)
+def move_primary(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    db = ctx.target
+    to = ctx.body.get("to")
+    if not isinstance(db, str) or not isinstance(to, str):
+        raise CommandError(2, "movePrimary needs a database name and 'to'")
+    if to not in router.table.shard_names():
+        raise CommandError(70, f"Could not find shard {to}")
+    with router.cluster.ddl_lock:
+        router.cluster.move_primary(db, to)
+    return {}
+
+
+@router_command("addShard", "addshard", admin_only=True, locks=False)
+def add_shard(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    host = ctx.target
+    if not isinstance(host, str):
+        raise CommandError(2, "addShard needs a connection string")
+    name = router.cluster.add_shard_by_host(host)
+    return {"shardAdded": name}
+
+
+@router_command("listShards", "listshards", admin_only=True, locks=False)
+def list_shards(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    return {"shards": router.cluster.shard_documents()}
+
+
+@router_command("flushRouterConfig", "flushrouterconfig", locks=False)
+@router_command("balancerStop", "balancerStart", admin_only=True, locks=False)
+def no_op(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    return {}
+
+
+@router_command("refineCollectionShardKey", "reshardCollection", admin_only=True, locks=False)
+def reshard(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    """Key changes: the routing key changes at once (no data copy) and the primary
+    shard logs the event change streams show with showExpandedEvents."""
+    db, coll = _ns_arg(ctx)
+    key = ctx.body.get("key")
+    if not isinstance(key, dict) or not key:
+        raise CommandError(40414, f"BSON field '{ctx.name}.key' is missing but a required field")
+    with router.cluster.ddl_lock:
+        sharded = router.table.sharded(f"{db}.{coll}")
+        if sharded is None:
+            raise CommandError(118, f"ns {db}.{coll} is not sharded")
+        if ctx.name == "refineCollectionShardKey" and list(key)[: len(sharded.key)] != list(
+            sharded.key
+        ):
+            raise CommandError(
+                2, "refineCollectionShardKey: the new key must extend the current one"
+            )
+        router.cluster.change_key(sharded, key, ctx.name)
+    return {}

@@ -22,6 +22,7 @@ from ._consume_run import ConsumeResult
 from ._hub import Hub, Subscription
 from ._hub_items import Gap, SubscriberDisconnected
 from ._lanes import BARRIER
+from ._merge import MergeBatch, MergeRow, MissingDocumentError, merge_ready
 from ._metrics import ConsumeStats
 from ._policies import HistoryGap, OnError
 from ._position import Position
@@ -94,6 +95,9 @@ __all__ = [
     "InvalidResumeTokenError",
     "MalformedReplyError",
     "MemoryTokenStore",
+    "MergeBatch",
+    "MergeRow",
+    "MissingDocumentError",
     "MissingResumeTokenError",
     "MongoTokenStore",
     "NotResumableError",
@@ -114,6 +118,7 @@ __all__ = [
     "aio",
     "consume",
     "describe_error",
+    "merge_ready",
     "one_line",
     "snapshot_then_watch",
     "spark_adapter",

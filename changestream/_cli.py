@@ -1,4 +1,4 @@
-"""The ``changestream`` command line: ``watch`` a deployment, ``serve`` the simulator, ``demo``.
+"""The ``changestream`` command line: ``watch``, ``serve`` the simulator, ``demo``, ``mirror``.
 
 ``changestream watch URI`` prints each change as one line of relaxed
 Extended JSON on stdout and, with ``--token-file``, keeps the resume token
@@ -221,6 +221,10 @@ def _parser() -> argparse.ArgumentParser:
         help="run the replica-set simulator (see 'changestream serve --help')",
     )
     sub.add_parser("demo", add_help=False, help="a failover demo on the simulator, in seconds")
+    sub.add_parser(
+        "mirror", add_help=False,
+        help="keep a Delta Lake table equal to a collection (see 'changestream mirror --help')",
+    )
     return parser
 
 
@@ -250,6 +254,10 @@ def _main(argv: list[str] | None) -> int:
         from ._demo import main as demo
 
         return demo(arguments[1:])
+    if arguments[:1] == ["mirror"]:
+        from ._mirror import main as mirror
+
+        return mirror(arguments[1:])
     parser = _parser()
     args = parser.parse_args(arguments)
     if args.coll and not args.db:

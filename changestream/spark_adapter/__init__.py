@@ -26,6 +26,7 @@ from ._errors import (
     SchemaMismatchError,
 )
 from ._infer import infer_ddl
+from ._merge import merge_into, merge_ready, stage_into
 from ._schema import ENVELOPE_COLUMNS, event_ddl
 from ._source import ChangeStreamDataSource, ChangeStreamReader
 
@@ -41,7 +42,10 @@ __all__ = [
     "event_ddl",
     "foreach_batch",
     "infer_ddl",
+    "merge_into",
+    "merge_ready",
     "register",
+    "stage_into",
     "stream_opener",
 ]
 

@@ -50,7 +50,7 @@ def test_internal_modules_are_private() -> None:
     from pathlib import Path
 
     package = Path(changestream.__file__).parent
-    public = {"__init__", "__main__", "errors", "events", "stores"}
+    public = {"__init__", "__main__", "delta", "errors", "events", "stores"}
     modules = {p.stem for p in package.glob("*.py")}
     assert {m for m in modules if not m.startswith("_")} <= public
 

@@ -1,0 +1,154 @@
+"""Merge-ready batches: a batch of changes collapsed to the last change of each document.
+
+A table kept in step with a collection (a Delta table, a warehouse table)
+applies each batch as one ``MERGE``: upsert the documents that exist after
+the batch, delete the ones that do not. That needs one row per key, the
+*last* change of that key, and "last" is token order: the changes of one
+transaction share a ``clusterTime``, so only the resume tokens order them.
+Snapshot records (:func:`changestream.snapshot_then_watch`) come before
+every event. An update event carries the document only when the stream was
+opened with ``full_document``; without it the batch is refused, because a
+merge that skipped the update would silently keep an old version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from bson import json_util
+from bson.json_util import JSONOptions
+
+from ._snapshot import SNAPSHOT_MARK
+from ._token import ResumeToken
+from .errors import ChangeStreamError
+
+__all__ = ["MergeBatch", "MergeRow", "MissingDocumentError", "key_json", "merge_ready"]
+
+RELAXED = json_util.RELAXED_JSON_OPTIONS
+CANONICAL = json_util.CANONICAL_JSON_OPTIONS
+
+_UPSERTS = frozenset({"insert", "replace", "update"})
+_CLEARS = frozenset({"drop", "rename", "dropDatabase"})
+"""After these every document of the watched collection is gone (renamed away, dropped)."""
+
+
+class MissingDocumentError(ChangeStreamError):
+    """An update event without its document: the stream was not opened to deliver it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeRow:
+    """The last change of one document in a batch."""
+
+    key: Any
+    """The document's ``_id`` (from ``documentKey``)."""
+    key_json: str
+    """``key`` as Extended JSON: a column value that tells every ``_id`` apart."""
+    op: Literal["upsert", "delete"]
+    document: Mapping[str, Any] | None
+    """The document after the change (``None`` for a delete)."""
+    token: Mapping[str, Any]
+    """The change's resume token (a snapshot record's position)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeBatch:
+    """One batch, ready for a ``MERGE``: :attr:`rows` are in token order of their change."""
+
+    rows: list[MergeRow]
+    cleared: bool
+    """A ``drop``, ``rename`` or ``dropDatabase`` came: delete every row not in :attr:`rows`."""
+    last_token: Mapping[str, Any] | None
+    """The token of the batch's last change (``None`` for an empty batch)."""
+
+
+def key_json(key: Any, json_options: JSONOptions = RELAXED) -> str:
+    """The key column's text for an ``_id``: Extended JSON, compact."""
+    return json_util.dumps(key, json_options=json_options, separators=(",", ":"))
+
+
+def _order(token: Any, index: int) -> tuple[int, bytes, int]:
+    """Snapshot records first (in arrival order), then events by token bytes."""
+    if isinstance(token, Mapping) and token.get("_data") == SNAPSHOT_MARK:
+        return (0, b"", index)
+    return (1, ResumeToken.of(token).key, index)
+
+
+def merge_ready(
+    changes: Iterable[Mapping[str, Any]],
+    *,
+    full_document: str | None = None,
+    json_options: JSONOptions = RELAXED,
+) -> MergeBatch:
+    """Collapse ``changes`` (events or snapshot records, one collection) to one row per ``_id``.
+
+    Each row is the document's last change in token order: ``upsert`` with
+    the document after it (insert, replace, update, snapshot record) or
+    ``delete``. A delete then a re-insert of one ``_id`` gives the upsert, an
+    insert then a delete the delete. ``full_document`` is the option the
+    stream was opened with: with ``"updateLookup"`` an update whose document
+    was gone at lookup time (``fullDocument: null``) is a delete (its delete
+    event follows); any other update without a document raises
+    :class:`MissingDocumentError`, saying to open the stream with
+    ``full_document="updateLookup"`` or ``"required"`` (post-images). Events
+    without a ``documentKey`` (DDL) give no row; ``drop``, ``rename`` and
+    ``dropDatabase`` set :attr:`MergeBatch.cleared`.
+    """
+    ordered = sorted(
+        ((_order(change["_id"], index), change) for index, change in enumerate(changes)),
+        key=lambda pair: pair[0],
+    )
+    last: dict[str, tuple[Any, Mapping[str, Any]]] = {}
+    cleared = False
+    namespace: tuple[Any, Any] | None = None
+    for _, change in ordered:
+        operation = change.get("operationType")
+        ns = change.get("ns") or {}
+        here = (ns.get("db"), ns.get("coll"))
+        if namespace is None:
+            namespace = here
+        elif here != namespace and operation != "dropDatabase":
+            raise ValueError(
+                f"merge_ready collapses the changes of one collection; this batch holds "
+                f"{_name(namespace)} and {_name(here)}: group the changes by 'ns' first"
+            )
+        if operation in _CLEARS:
+            cleared = True
+            last.clear()
+            continue
+        document_key = change.get("documentKey")
+        if not isinstance(document_key, Mapping) or "_id" not in document_key:
+            continue
+        key = document_key["_id"]
+        text = key_json(key, json_options)
+        last.pop(text, None)  # keeps the rows in the token order of their change
+        last[text] = (key, change)
+    rows = [_row(key, text, change, full_document) for text, (key, change) in last.items()]
+    return MergeBatch(rows, cleared, ordered[-1][1]["_id"] if ordered else None)
+
+
+def _name(namespace: tuple[Any, Any]) -> str:
+    return ".".join(str(part) for part in namespace if part is not None) or "?"
+
+
+def _row(key: Any, text: str, change: Mapping[str, Any], full_document: str | None) -> MergeRow:
+    operation = change.get("operationType")
+    token = change["_id"]
+    if operation == "delete":
+        return MergeRow(key, text, "delete", None, token)
+    if operation not in _UPSERTS:
+        raise ValueError(f"cannot merge a {operation!r} event (key {text}): not a document change")
+    document = change.get("fullDocument")
+    if document is not None:
+        return MergeRow(key, text, "upsert", document, token)
+    if operation == "update" and full_document == "updateLookup" and "fullDocument" in change:
+        return MergeRow(key, text, "delete", None, token)  # gone when it was looked up
+    raise MissingDocumentError(
+        f"the {operation} event of _id {text} (token {ResumeToken.of(token).to_json()}) has no "
+        "fullDocument, so the document after it is unknown: open the stream with "
+        "full_document='updateLookup' (the current document) or full_document='required' "
+        "(post-images: enable changeStreamPreAndPostImages on the collection), and pass the "
+        "same full_document= to merge_ready"
+    )

@@ -1,0 +1,183 @@
+"""The Delta sink from both Spark paths: the table equals the collection, each batch once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_support import PANDAS_WARNING, wait_for
+
+pytest.importorskip("deltalake", reason="needs the 'delta' extra (deltalake)")
+
+from delta_support import assert_mirrors, committed_versions, table_state, write_mix
+
+import changestream
+from changestream.delta import DeltaSink
+from changestream.spark_adapter import (
+    foreach_batch,
+    merge_into,
+    merge_ready,
+    stage_into,
+    stream_opener,
+)
+from changestream.spark_adapter._merge import _merge_table
+
+pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings(PANDAS_WARNING)]
+
+SCRIPT = Path(__file__).with_name("delta_pipeline_process.py")
+
+
+def test_foreach_batch_into_delta_with_the_sink_as_token_store(
+    spark: Any, coll: Any, tmp_path: Path
+) -> None:
+    sink = DeltaSink(tmp_path / "t", app_id="helper", full_document="updateLookup")
+    opener = stream_opener(coll, full_document="updateLookup", max_await_time_ms=50)
+    foreach_batch(spark, opener, stage_into(sink), sink, until_idle=True)  # pins the start
+    write_mix(coll, 150, seed=5)
+    result = foreach_batch(spark, opener, stage_into(sink), sink, max_rows=50, until_idle=True)
+    assert result.batches >= 3
+    assert_mirrors(tmp_path / "t", coll, "helper")
+    write_mix(coll, 60, seed=6)
+    foreach_batch(spark, opener, stage_into(sink), sink, max_rows=50, until_idle=True)
+    assert_mirrors(tmp_path / "t", coll, "helper")
+
+
+def test_data_source_foreach_batch_into_delta_from_the_snapshot(
+    spark: Any, mongodb_uri: str, coll: Any, tmp_path: Path
+) -> None:
+    coll.insert_many([{"_id": i, "v": "before"} for i in range(60)])
+    sink = DeltaSink(tmp_path / "t", app_id="query", full_document="updateLookup")
+    writer = threading.Thread(target=write_mix, args=(coll, 120, 7))
+    writer.start()
+
+    def run() -> None:
+        df = (spark.readStream.format("changestream").option("uri", mongodb_uri)
+              .option("database", coll.database.name).option("collection", coll.name)
+              .option("full_document", "updateLookup").option("startup_mode", "snapshot")
+              .option("max_rows_per_batch", "80").load())
+        query = (df.writeStream.foreachBatch(merge_into(sink))
+                 .option("checkpointLocation", str(tmp_path / "chk"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(300)
+
+    run()
+    writer.join()
+    run()  # picks up what was written after the first query's target
+    assert_mirrors(tmp_path / "t", coll, "query")
+    before = table_state(tmp_path / "t")
+    versions = committed_versions(tmp_path / "t", "query")
+    # Spark runs the last batch again after a failure: same id, skipped.
+    replay = spark.createDataFrame([], "resume_token STRING")
+    assert not sink.write(sink_table(replay), versions[-1])
+    assert table_state(tmp_path / "t") == before
+
+
+def sink_table(df: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.table({"_key": pa.array([], pa.string()), "_op": pa.array([], pa.string()),
+                     "document": pa.array([], pa.string())})
+
+
+def test_merge_ready_dataframe_takes_the_last_change_in_token_order(
+    spark: Any, coll: Any, tmp_path: Path
+) -> None:
+    coll.insert_many([{"_id": i, "v": 0} for i in range(3)])
+    rows = [
+        # one transaction: the same clusterTime, only the tokens order them
+        ("82AA01", "update", '{"_id": 0}', '{"_id": 0, "v": "late"}'),
+        ("82AA00", "update", '{"_id": 0}', '{"_id": 0, "v": "early"}'),
+        ("82AA02", "delete", '{"_id": 1}', None),
+        ("82AA03", "insert", '{"_id": 1}', '{"_id": 1, "v": "again"}'),
+        ("82AA05", "delete", '{"_id": 2}', None),
+        ("snapshot", "insert", '{"_id": 2}', '{"_id": 2, "v": 0}'),
+        ("82AA06", "update", '{"_id": "2"}', None),
+    ]
+    df = spark.createDataFrame(
+        [(t, op, "db", "c", key, doc) for t, op, key, doc in rows],
+        "resume_token STRING, operation_type STRING, database STRING, collection STRING, "
+        "document_key STRING, full_document STRING",
+    )
+    got = {r.key: (r.op, r.document) for r in merge_ready(df, full_document="updateLookup").collect()}
+    assert got == {
+        "0": ("upsert", '{"_id": 0, "v": "late"}'),
+        "1": ("upsert", '{"_id": 1, "v": "again"}'),
+        "2": ("delete", None),
+        '"2"': ("delete", None),  # a string _id is another key; looked up after its delete
+    }
+    # The Delta writers collapse on the driver the same way, and refuse an unresolved update.
+    sink = DeltaSink(str(tmp_path / 't'), app_id="direct")
+    with pytest.raises(changestream.MissingDocumentError, match="full_document='updateLookup'"):
+        merge_into(sink)(df, 0)
+    assert DeltaSink(str(tmp_path / 't'), app_id="direct", full_document="updateLookup").write(
+        _merge_table(df, "updateLookup")[0], 0)
+    assert table_state(str(tmp_path / 't')) == {0: {"_id": 0, "v": "late"},
+                                              1: {"_id": 1, "v": "again"}}
+
+
+
+@pytest.mark.parametrize("mode", ["helper", "source"])
+def test_kill_9_of_the_delta_pipeline_then_restart_mirrors_the_collection(
+    spark: Any, mongodb_uri: str, coll: Any, tmp_path: Path, mode: str
+) -> None:
+    coll.insert_many([{"_id": i, "v": "before"} for i in range(40)])
+    table, state = str(tmp_path / "t"), tmp_path / "state"
+    state.mkdir()
+    if mode == "helper":  # pins the start (the data source copies a snapshot instead)
+        sink = DeltaSink(table, app_id=mode, full_document="updateLookup")
+        opener = stream_opener(coll, full_document="updateLookup", max_await_time_ms=50)
+        foreach_batch(spark, opener, stage_into(sink), sink, until_idle=True)
+        coll.update_many({}, {"$set": {"v": "pinned"}})
+    log = (tmp_path / "pipeline.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), mode, mongodb_uri, coll.database.name, coll.name,
+         table, str(state)],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=SCRIPT.parent,
+    )
+    writer = threading.Thread(target=write_mix, args=(coll, 150, 8))
+    try:
+        wait_for(lambda: process.poll() is not None or len(versions_or_none(table, mode)) >= 2,
+                 timeout=240, what="the pipeline process to commit two batches")
+        assert process.poll() is None, (tmp_path / "pipeline.log").read_text()[-3000:]
+        writer.start()
+        time.sleep(1.0)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        log.close()
+        if writer.is_alive() or writer.ident is not None:
+            writer.join()
+    sink = DeltaSink(table, app_id=mode, full_document="updateLookup")
+    if mode == "helper":
+        opener = stream_opener(coll, full_document="updateLookup", max_await_time_ms=50)
+        foreach_batch(spark, opener, stage_into(sink), sink, max_rows=100, until_idle=True)
+        assert_mirrors(table, coll, mode)
+        return
+    for _ in range(2):  # the second run takes what came after the first one's target
+        query = (
+            spark.readStream.format("changestream").option("uri", mongodb_uri)
+            .option("database", coll.database.name).option("collection", coll.name)
+            .option("full_document", "updateLookup").option("startup_mode", "snapshot")
+            .load().writeStream.foreachBatch(merge_into(sink))
+            .option("checkpointLocation", str(state / "checkpoint"))
+            .trigger(availableNow=True).start()
+        )
+        assert query.awaitTermination(240)
+    assert table_state(table) == {d["_id"]: d for d in coll.find()}
+    versions = committed_versions(table, mode)
+    assert versions == sorted(set(versions)), f"a Spark batch id committed twice: {versions}"
+
+
+def versions_or_none(table: str, app_id: str) -> list[int]:
+    try:
+        return committed_versions(table, app_id)
+    except Exception:  # no table yet
+        return []

@@ -29,6 +29,7 @@ from ..core.context import CommandContext
 from ..core.cursors import cursor_reply
 from ..core.errors import CommandError
 from ..storage import copy_value
+from ..storage.sessions import transaction_for
 from .common import ListCursor, open_cursor
 from .snapshot_reads import (
     SnapshotCursor,
@@ -233,6 +234,7 @@ def _plain(
             return lazy
         docs = [copy_value(d) for d in docs]
     else:
+        transaction_for(ctx)  # the first statement of a transaction may be an aggregate
         docs, view_pipeline = _source(ctx.deployment, ctx.db, coll)
         stages = lite_parse(ctx.deployment.profile, view_pipeline) + stages
     for name, spec in stages:

@@ -20,6 +20,7 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 
 from ..core.context import CommandContext
+from ..core.cursors import cursor_reply
 from ..core.errors import CommandError
 from ..core.nesting import storage_depth_error
 from ..storage import (
@@ -46,6 +47,7 @@ from .snapshot_reads import (
     sort_by_id,
 )
 from .spec import command
+from .tailable import OPLOG_NS, TailableCursor, check_tailable
 
 _WRITABLE_SYSTEM_COLLECTIONS = frozenset({"system.js"})
 MAX_WRITE_BATCH = 100_000
@@ -91,6 +93,7 @@ def _matching(
     ``{_id: v}`` is a hashed lookup, not a scan.
     """
     if state is None:
+        compile_query(query)  # mongod parses the filter first: a bad operator fails here too
         return []
     exact, value = id_equality(query)
     if exact:
@@ -651,6 +654,15 @@ def find(ctx: CommandContext) -> dict[str, Any]:
     limit = _non_negative(body.get("limit"), "limit")
     batch_size = batch_size_arg(body.get("batchSize"), "find", 101)
     single_batch = bool(body.get("singleBatch", False))
+    tailable, await_data = check_tailable(ctx, coll)
+    if tailable:
+        first = [] if f"{ctx.db}.{coll}" == OPLOG_NS else _read_documents(ctx, coll, query)
+        tail = TailableCursor(
+            ctx, f"{ctx.db}.{coll}", query, projection, await_data=await_data, first=first
+        )
+        batch = tail.next_batch(batch_size)
+        cid = ctx.deployment.cursors.register(tail, ctx.member.name)
+        return cursor_reply(cid, tail.ns, batch, first=True)
     snapshot = snapshot_read(ctx)
     if snapshot is not None:
         found, state = find_documents(ctx, snapshot, coll, query)

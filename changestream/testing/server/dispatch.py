@@ -53,8 +53,16 @@ RETRIABLE_CODES = frozenset(
 _SHUTDOWN_CODES = frozenset({91, 11600})
 _TRANSIENT_TXN_CODES = frozenset({24, 112, 239, 246, 267})
 """LockTimeout, WriteConflict, snapshot errors, PreparedTransactionInProgress."""
-NOT_PRIMARY_CODES = frozenset({189, 10107, 11602, 13435, 13436, 91, 11600})
-"""Errors whose reply carries the member's ``topologyVersion`` (4.4+)."""
+NOT_PRIMARY_CODES = frozenset({189, 10107, 11602, 13435, 13436})
+"""mongod's NotPrimaryError category: their replies always carry ``topologyVersion`` (4.4+).
+
+The ShutdownError category (91, 11600) carries it only while the member really shuts
+down (``appendErrorLabelsAndTopologyVersion`` in mongod's
+``src/mongo/db/service_entry_point_common.cpp``: ``isNotPrimaryError || (isShutdownError
+&& replCoord->inQuiesceMode())``), so one injected by ``failCommand`` has none and drivers
+take it as current (PyMongo clears its pool on it)."""
+STATE_CHANGE_CODES = NOT_PRIMARY_CODES | _SHUTDOWN_CODES
+"""NotPrimary and shutdown errors: the member can no longer serve the operation."""
 _WRITE_CONCERN_COMMANDS = frozenset({"commitTransaction", "abortTransaction"})
 _TXN_END_COMMANDS = _WRITE_CONCERN_COMMANDS
 _HELLO_COMMANDS = frozenset({"hello", "isMaster"})
@@ -278,7 +286,10 @@ class Dispatcher:
             labels = self._labels(ctx, err.code, None)
             if labels:
                 reply["errorLabels"] = labels
-        if err.code in NOT_PRIMARY_CODES and self.deployment.profile.topology_version:
+        if self.deployment.profile.topology_version and (
+            err.code in NOT_PRIMARY_CODES
+            or (err.code in _SHUTDOWN_CODES and self.member.shutting_down)
+        ):
             reply.setdefault("topologyVersion", topology_version(self.member))
         self._add_times(ctx, reply)
         return reply

@@ -16,6 +16,7 @@ from mongomock import filtering as _mm_filtering
 
 from ..core.errors import CommandError
 from .order import bson_repr, id_key
+from .where import compile_where
 
 if TYPE_CHECKING:
     pass
@@ -56,6 +57,9 @@ def matches(query: dict[str, Any], doc: dict[str, Any]) -> bool:
     """Whether ``doc`` matches the query filter (mongomock's matcher, mongod's errors)."""
     if not query:
         return True
+    if "$where" in query:
+        rest = {k: v for k, v in query.items() if k != "$where"}
+        return compile_where(query["$where"])(doc) and matches(rest, doc)
     try:
         return bool(_mm_filtering.filter_applies(query, doc))  # type: ignore[no-untyped-call]
     except CommandError:
@@ -92,9 +96,32 @@ def compile_query(query: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
         for k, v in query.items()
     )
     if not simple:
+        if "$where" in query:
+            where = compile_where(query["$where"])
+            rest = compile_query({k: v for k, v in query.items() if k != "$where"})
+            return lambda doc: rest(doc) and where(doc)
+        check_operators(query)
         return functools.partial(_match_with, query)
     checks = [_scalar_matcher(k, v) for k, v in query.items()]
     return lambda doc: all(check(doc) for check in checks)
+
+
+_UNKNOWN_OPERATOR = ("unknown operator:", "unknown top level operator:")
+
+
+def check_operators(query: dict[str, Any]) -> None:
+    """BadValue (2) for an unknown query operator, even when no document is there to match.
+
+    mongod parses the whole filter before it reads (``MatchExpressionParser``), so
+    ``{x: {$bad: 1}}`` fails on an empty or missing collection too. Matching an empty
+    document finds the unknown operators; other errors it might raise are not mongod's
+    (they depend on a document), so only those are reported here.
+    """
+    try:
+        matches(query, {})
+    except CommandError as err:
+        if err.code == 2 and err.errmsg.startswith(_UNKNOWN_OPERATOR):
+            raise
 
 
 def _match_with(query: dict[str, Any], doc: dict[str, Any]) -> bool:

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import bson
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.regex import Regex
@@ -51,6 +52,8 @@ from .tailable import OPLOG_NS, TailableCursor, check_tailable
 
 _WRITABLE_SYSTEM_COLLECTIONS = frozenset({"system.js"})
 MAX_WRITE_BATCH = 100_000
+BSON_OBJ_MAX_USER_SIZE = 16 * 1024 * 1024
+"""mongod's ``BSONObjMaxUserSize``: the largest document it stores."""
 
 
 # ======================================================================================
@@ -227,6 +230,14 @@ def _prepare_insert(raw: Any) -> dict[str, Any]:
         doc = {"_id": ObjectId(), **doc}
     elif next(iter(doc)) != "_id":
         doc = {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
+    size = len(bson.encode(doc))
+    if size > BSON_OBJ_MAX_USER_SIZE:
+        # fixDocumentForInsert (src/mongo/db/ops/insert.cpp): BadValue
+        raise CommandError(
+            2,
+            f"object to insert too large. size in bytes: {size}, "
+            f"max size: {BSON_OBJ_MAX_USER_SIZE}",
+        )
     id_value = doc["_id"]
     if isinstance(id_value, list):
         raise CommandError(2, "can't use an array for _id")
@@ -250,6 +261,13 @@ def _store_update(
 ) -> None:
     """Replace ``old`` by ``outcome.doc`` and log the update or replacement."""
     assert outcome.oplog_o is not None
+    if len(bson.encode(outcome.doc)) > BSON_OBJ_MAX_USER_SIZE:
+        # update_stage.cpp: uassert 17419 on the updated document's size
+        raise CommandError(
+            17419,
+            f"Resulting document after update is larger than {BSON_OBJ_MAX_USER_SIZE}",
+            code_name="Location17419",
+        )
     key: Hashable = id_key(old["_id"])
     state.replace(key, outcome.doc)
     unit.on_undo(functools.partial(state.replace, key, old))
@@ -342,8 +360,9 @@ def insert(ctx: CommandContext) -> dict[str, Any]:
     return _write_reply(ctx, unit, n, errors)
 
 
-UpdateResult = tuple[int, int, Any]
-"""(matched, modified, upserted ``_id`` or None): what an update statement did."""
+UpdateResult = tuple[int, int, tuple[Any] | None]
+"""(matched, modified, ``(upserted _id,)`` or None): what an update statement did (the
+``_id`` is boxed: an upsert may insert ``_id: null``, and mongod reports it)."""
 
 
 def update_statement(
@@ -369,7 +388,7 @@ def update_statement(
     if matched or not stmt.get("upsert"):
         return matched, modified, None
     doc = _upsert(ctx, unit, db, coll, update, query)
-    return 1, 0, doc["_id"]
+    return 1, 0, (doc["_id"],)
 
 
 def run_statement(unit: WriteUnit, stmt_id: int, run: Callable[[], Any]) -> Any:
@@ -417,7 +436,7 @@ def update(ctx: CommandContext) -> dict[str, Any]:
         n += matched
         n_modified += modified
         if upserted_id is not None:
-            upserted.append({"index": i, "_id": upserted_id})
+            upserted.append({"index": i, "_id": upserted_id[0]})
     tail: dict[str, Any] = {}
     if upserted:
         tail["upserted"] = upserted
@@ -592,7 +611,7 @@ def _sorted(docs: list[dict[str, Any]], sort: dict[str, Any]) -> list[dict[str, 
     return docs
 
 
-def _read_documents(ctx: CommandContext, coll: str, query: dict[str, Any]) -> list[dict[str, Any]]:
+def read_documents(ctx: CommandContext, coll: str, query: dict[str, Any]) -> list[dict[str, Any]]:
     """Documents of a collection or view matching ``query`` (stored objects: read-only)."""
     transaction_for(ctx)  # a read may start (or must belong to) a transaction
     state = ctx.deployment.catalog.get(ctx.db, coll)
@@ -656,7 +675,7 @@ def find(ctx: CommandContext) -> dict[str, Any]:
     single_batch = bool(body.get("singleBatch", False))
     tailable, await_data = check_tailable(ctx, coll)
     if tailable:
-        first = [] if f"{ctx.db}.{coll}" == OPLOG_NS else _read_documents(ctx, coll, query)
+        first = [] if f"{ctx.db}.{coll}" == OPLOG_NS else read_documents(ctx, coll, query)
         tail = TailableCursor(
             ctx, f"{ctx.db}.{coll}", query, projection, await_data=await_data, first=first
         )
@@ -671,7 +690,7 @@ def find(ctx: CommandContext) -> dict[str, Any]:
         else:
             docs = _sorted(found, sort)
     else:
-        docs = _sorted(_read_documents(ctx, coll, query), sort)
+        docs = _sorted(read_documents(ctx, coll, query), sort)
     docs = docs[skip:]
     if limit:
         docs = docs[:limit]
@@ -696,7 +715,7 @@ def count(ctx: CommandContext) -> dict[str, Any]:
     skip = _non_negative(ctx.body.get("skip"), "skip")
     raw_limit = ctx.body.get("limit", 0)
     limit = abs(int(raw_limit)) if isinstance(raw_limit, (int, float)) else 0
-    n = max(len(_read_documents(ctx, coll, query)) - skip, 0)
+    n = max(len(read_documents(ctx, coll, query)) - skip, 0)
     return {"n": min(n, limit) if limit else n}
 
 
@@ -712,7 +731,7 @@ def distinct(ctx: CommandContext) -> dict[str, Any]:
         )
     query = _query_arg(ctx.body.get("query"), "distinct.query")
     seen: dict[Hashable, Any] = {}
-    for doc in _read_documents(ctx, coll, query):
+    for doc in read_documents(ctx, coll, query):
         for value in path_values(doc, key):
             for item in value if isinstance(value, list) else [value]:
                 seen.setdefault(id_key(item), item)

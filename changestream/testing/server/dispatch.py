@@ -273,11 +273,38 @@ class Dispatcher:
                     if explicit is not None
                     else self._labels(ctx, None, code if isinstance(code, int) else None)
                 )
+            else:
+                unsatisfiable = self._unsatisfiable_write_concern(ctx)
+                if unsatisfiable is not None:
+                    reply["writeConcernError"] = unsatisfiable
         reply["ok"] = 1.0
         if labels:
             reply["errorLabels"] = labels
         self._add_times(ctx, reply)
         return reply
+
+    def _unsatisfiable_write_concern(self, ctx: CommandContext) -> dict[str, Any] | None:
+        """UnsatisfiableWriteConcern (100) for ``w`` above the data-bearing members.
+
+        mongod runs the write, then ``waitForWriteConcern`` checks
+        ``checkIfWriteConcernCanBeSatisfied`` (``replication_coordinator_impl.cpp``) and
+        reports "Not enough data-bearing nodes" as the reply's ``writeConcernError``: for
+        every write command, DDL and findAndModify alike.
+        """
+        concern = ctx.body.get("writeConcern")
+        if self.deployment.standalone or not isinstance(concern, dict):
+            return None
+        w = concern.get("w")
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            return None
+        if w <= len(self.deployment.members):
+            return None
+        return {
+            "code": 100,
+            "codeName": "UnsatisfiableWriteConcern",
+            "errmsg": "Not enough data-bearing nodes",
+            "errInfo": {"writeConcern": {**concern, "provenance": "clientSupplied"}},
+        }
 
     def error_reply(self, ctx: CommandContext | None, err: CommandError) -> dict[str, Any]:
         """The ``ok: 0`` reply for ``err`` (``ctx`` None: failed before the command was known)."""

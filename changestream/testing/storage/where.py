@@ -56,7 +56,7 @@ def compile_where(value: Any) -> Callable[[dict[str, Any]], bool]:
     while pos < len(source):
         match = _TOKEN.match(source, pos)
         if match is None or match.end() == pos:
-            raise _unsupported(value, f"at {source[pos:pos + 20]!r}")
+            raise _unsupported(value, f"at {source[pos : pos + 20]!r}")
         pos = match.end()
         kind = match.lastgroup
         text = match.group(kind or "")

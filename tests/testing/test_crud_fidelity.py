@@ -258,3 +258,39 @@ def test_repl_set_freeze(client: Client, rs: ReplicaSet) -> None:
         assert direct.admin.command("replSetFreeze", 0)["info"] == "unfreezing"
     finally:
         direct.close()
+
+
+def test_capped_rollover_ends_a_tailable_cursor(db: Any) -> None:
+    # mongod: a capped collection keeps at most ``max`` documents, dropping the oldest;
+    # a tailable cursor whose last document was dropped fails with CappedPositionLost
+    # (136, CollectionScan), which PyMongo takes as the cursor's end ("Capped
+    # Collections" and "Tailable Cursors" in the manual).
+    db.create_collection("roll", capped=True, size=1000, max=3)
+    db.roll.insert_many([{"x": i} for i in range(1, 4)])
+    cursor = db.roll.find(cursor_type=CursorType.TAILABLE)
+    assert [d["x"] for d in cursor] == [1, 2, 3]
+    db.roll.insert_many([{"x": i} for i in range(4, 7)])
+    assert cursor.to_list() == []
+    assert not cursor.alive
+    assert [d["x"] for d in db.roll.find()] == [4, 5, 6]
+    assert [d["x"] for d in db.roll.find(cursor_type=CursorType.TAILABLE)[1:2]] == [5]
+
+
+def test_oplog_queries_compare_timestamps(client: Client, db: Any) -> None:
+    # mongod compares Timestamps within their type bracket, so {ts: {$gte: t}} on
+    # local.oplog.rs selects the entries from t on; {$natural: -1} reads newest first.
+    db.ts.insert_many([{"_id": 1}, {"_id": 2}])
+    oplog = client.local["oplog.rs"]
+    last = oplog.find({"ns": db.ts.full_name}).sort("$natural", -1).limit(-1).next()
+    assert last["o"] == {"_id": 2}
+    found = list(oplog.find({"ts": {"$gte": last["ts"]}, "ns": db.ts.full_name}))
+    assert [d["o"] for d in found] == [{"_id": 2}]
+
+
+def test_snapshot_distinct_reports_at_cluster_time(client: Client, db: Any) -> None:
+    # mongod: a snapshot read outside a transaction answers with the time it read at
+    # (atClusterTime, distinct.cpp), which a snapshot session then uses for later reads.
+    db.snap.insert_one({"x": 1})
+    reply = db.command("distinct", "snap", key="x", readConcern={"level": "snapshot"})
+    assert reply["values"] == [1]
+    assert reply["atClusterTime"] is not None

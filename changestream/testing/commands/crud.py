@@ -48,7 +48,7 @@ from .snapshot_reads import (
     sort_by_id,
 )
 from .spec import command
-from .tailable import OPLOG_NS, TailableCursor, check_tailable
+from .tailable import OPLOG_NS, TailableCursor, check_tailable, oplog_documents
 
 _WRITABLE_SYSTEM_COLLECTIONS = frozenset({"system.js"})
 MAX_WRITE_BATCH = 100_000
@@ -327,6 +327,32 @@ def insert_one(ctx: CommandContext, unit: WriteUnit, state: CollectionState, raw
     if state.options.get("validator"):
         _validate(ctx, state, doc, None)
     _insert_document(unit, state, doc)
+    if state.options.get("capped"):
+        _evict_capped(state)
+
+
+def _evict_capped(state: CollectionState) -> None:
+    """Drop a capped collection's oldest documents beyond its ``max`` documents or ``size`` bytes.
+
+    As mongod's capped collections (the manual's "Capped Collections"); the sizes are
+    summed per insert, so large capped collections cost a scan per insert here.
+    """
+    max_docs = state.options.get("max")
+    over = len(state) - int(max_docs) if isinstance(max_docs, (int, float)) and max_docs > 0 else 0
+    size = state.options.get("size")
+    keys = [key for key, _ in state.stored_items()]
+    drop = set(keys[: max(over, 0)])
+    if isinstance(size, (int, float)) and size > 0:
+        total = sum(len(bson.encode(doc)) for doc in state.iter_stored())
+        for key in keys:
+            if total <= size or len(drop) >= len(keys) - 1:
+                break
+            if key not in drop:
+                total -= len(bson.encode(state.lookup(key) or {}))
+                drop.add(key)
+    for key in keys:
+        if key in drop:
+            state.remove(key)
 
 
 @command("insert", write=True)
@@ -646,6 +672,13 @@ def _view_documents(ctx: CommandContext, view: CollectionState, depth: int) -> l
         raise CommandError(2, f"cannot evaluate view {view.ns}: {exc}") from None
 
 
+def _natural(docs: list[dict[str, Any]], sort: dict[str, Any]) -> list[dict[str, Any]]:
+    """``sort`` applied; ``{$natural: 1|-1}`` is insertion order or its reverse."""
+    if list(sort) == ["$natural"]:
+        return docs[::-1] if sort["$natural"] == -1 else docs
+    return _sorted(docs, sort)
+
+
 def _non_negative(value: Any, name: str) -> int:
     if value is None:
         return 0
@@ -675,7 +708,17 @@ def find(ctx: CommandContext) -> dict[str, Any]:
     single_batch = bool(body.get("singleBatch", False))
     tailable, await_data = check_tailable(ctx, coll)
     if tailable:
-        first = [] if f"{ctx.db}.{coll}" == OPLOG_NS else read_documents(ctx, coll, query)
+        if f"{ctx.db}.{coll}" == OPLOG_NS:
+            first = oplog_documents(ctx.deployment.oplog, query) if skip or limit else []
+        else:
+            first = read_documents(ctx, coll, query)
+        if limit:  # the cursor ends at its limit, tailable or not
+            docs = [
+                project(d, projection, query=query) if projection else copy_value(d)
+                for d in first[skip : skip + limit]
+            ]
+            return open_cursor(ctx, f"{ctx.db}.{coll}", docs, min(batch_size or limit, limit))
+        first = first[skip:]
         tail = TailableCursor(
             ctx, f"{ctx.db}.{coll}", query, projection, await_data=await_data, first=first
         )
@@ -689,8 +732,10 @@ def find(ctx: CommandContext) -> dict[str, Any]:
             docs = sort_by_id(found, descending=sort["_id"] == -1)
         else:
             docs = _sorted(found, sort)
+    elif f"{ctx.db}.{coll}" == OPLOG_NS:
+        docs = _natural(oplog_documents(ctx.deployment.oplog, query), sort)
     else:
-        docs = _sorted(read_documents(ctx, coll, query), sort)
+        docs = _natural(read_documents(ctx, coll, query), sort)
     docs = docs[skip:]
     if limit:
         docs = docs[:limit]
@@ -704,7 +749,9 @@ def find(ctx: CommandContext) -> dict[str, Any]:
     if snapshot is not None:
         inner = ListCursor(ns, docs, lsid_bytes(ctx))
         cursor = SnapshotCursor(inner, ns, inner.lsid_id, snapshot, state)
-        return reply_first_batch(ctx, cursor, inner.next_batch(batch_size), single_batch=single_batch)
+        return reply_first_batch(
+            ctx, cursor, inner.next_batch(batch_size), single_batch=single_batch
+        )
     return open_cursor(ctx, ns, docs, batch_size, single_batch=single_batch)
 
 
@@ -731,8 +778,16 @@ def distinct(ctx: CommandContext) -> dict[str, Any]:
         )
     query = _query_arg(ctx.body.get("query"), "distinct.query")
     seen: dict[Hashable, Any] = {}
-    for doc in read_documents(ctx, coll, query):
+    snapshot = snapshot_read(ctx)
+    if snapshot is not None:  # a point-in-time read reports its time (distinct.cpp)
+        found, _ = find_documents(ctx, snapshot, coll, query)
+    else:
+        found = read_documents(ctx, coll, query)
+    for doc in found:
         for value in path_values(doc, key):
             for item in value if isinstance(value, list) else [value]:
                 seen.setdefault(id_key(item), item)
-    return {"values": [copy_value(v) for v in sorted(seen.values(), key=sort_key)]}
+    reply: dict[str, Any] = {"values": [copy_value(v) for v in sorted(seen.values(), key=sort_key)]}
+    if snapshot is not None:
+        reply["atClusterTime"] = snapshot.at
+    return reply

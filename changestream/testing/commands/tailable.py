@@ -11,7 +11,7 @@ manual). Both read from the oplog, so a getMore costs what was written since, no
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, Final
 
 from bson.int64 import Int64
@@ -20,7 +20,7 @@ from ..core.context import CLIENT_CHECK_SECONDS, CommandContext, ConnectionInfo
 from ..core.cursors import CursorBatch
 from ..core.errors import CommandError
 from ..core.oplog import Oplog, OplogEntry
-from ..storage import compile_query, copy_value
+from ..storage import compile_query, copy_value, id_key
 from ..update import project
 
 OPLOG_NS: Final = "local.oplog.rs"
@@ -47,6 +47,17 @@ def oplog_document(entry: OplogEntry) -> dict[str, Any]:
     doc["v"] = Int64(2)
     doc["wall"] = entry.wall
     return doc
+
+
+def oplog_documents(oplog: Oplog, query: dict[str, Any]) -> list[dict[str, Any]]:
+    """The oplog entries matching ``query``, as ``local.oplog.rs`` documents, oldest first."""
+    match = compile_query(query)
+    out: list[dict[str, Any]] = []
+    seq = oplog.first_seq
+    while entries := oplog.read(max(seq, oplog.first_seq), 4096):
+        seq = max(seq, oplog.first_seq) + len(entries)
+        out.extend(doc for doc in map(oplog_document, entries) if match(doc))
+    return out
 
 
 def _inserts_into(entry: OplogEntry, ns: str) -> list[dict[str, Any]]:
@@ -85,13 +96,32 @@ class TailableCursor:
             (lambda e: [oplog_document(e)]) if tail_oplog else (lambda e: _inserts_into(e, ns))
         )
         self._closed = False
+        self._capped = (
+            None if tail_oplog else ctx.deployment.catalog.get(ctx.db, ns.split(".", 1)[1])
+        )
+        self._last_key: Hashable | None = None
+        """``_id`` key of the last capped document returned (gone: CappedPositionLost)."""
 
     def next_batch(self, batch_size: int | None) -> CursorBatch:
         """What is there now, up to ``batch_size`` documents; never exhausted."""
         self._read_oplog(batch_size)
         limit = len(self._pending) if batch_size is None else batch_size
         out, self._pending = self._pending[:limit], self._pending[limit:]
+        if out and self._capped is not None and "_id" in out[-1]:
+            self._last_key = id_key(out[-1]["_id"])
         return CursorBatch(out)
+
+    def _check_position(self) -> None:
+        """CappedPositionLost (136) when the last document returned was evicted, as mongod's
+        ``CollectionScan`` fails a tailable scan whose position was deleted."""
+        state = self._capped
+        if state is None or self._last_key is None or state.lookup(self._last_key) is not None:
+            return
+        raise CommandError(
+            136,
+            "CollectionScan died due to position in capped collection being deleted.",
+            code_name="CappedPositionLost",
+        )
 
     def _read_oplog(self, batch_size: int | None) -> None:
         while batch_size is None or len(self._pending) < batch_size:
@@ -114,6 +144,7 @@ class TailableCursor:
     def get_more(
         self, ctx: CommandContext, batch_size: int | None, max_time_ms: int | None
     ) -> CursorBatch:
+        self._check_position()
         batch = self.next_batch(batch_size)
         if batch.documents or not self.tailable_await:
             return batch

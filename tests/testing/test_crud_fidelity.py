@@ -294,3 +294,32 @@ def test_snapshot_distinct_reports_at_cluster_time(client: Client, db: Any) -> N
     reply = db.command("distinct", "snap", key="x", readConcern={"level": "snapshot"})
     assert reply["values"] == [1]
     assert reply["atClusterTime"] is not None
+
+
+def test_out_replaces_the_target(client: Client, db: Any) -> None:
+    # mongod: $out replaces the target collection with the pipeline's results and the
+    # aggregate returns an empty, closed cursor (document_source_out.cpp; "$out" in the
+    # manual); it runs in an (implicit) session like any aggregate.
+    db.src.insert_many([{"a": i} for i in range(3)])
+    db.target.insert_one({"old": True})
+    with client.start_session() as session:
+        assert (
+            list(
+                db.src.aggregate(
+                    [{"$match": {"a": {"$gte": 1}}}, {"$out": "target"}], session=session
+                )
+            )
+            == []
+        )
+    assert sorted(d["a"] for d in db.target.find()) == [1, 2]
+
+
+def test_list_local_sessions_needs_no_collection(client: Client, db: Any) -> None:
+    # mongod: $listLocalSessions is a collectionless stage run with {aggregate: 1}
+    # ("$listLocalSessions" in the manual); the simulator lists the sessions it keeps
+    # state for (those that ran a transaction or a retryable write).
+    with client.start_session() as session:
+        db.ls.insert_one({}, session=session)
+        sessions = list(db.aggregate([{"$listLocalSessions": {}}]))
+        assert session.session_id["id"] in [s["_id"]["id"] for s in sessions]
+    assert len(list(db.aggregate([{"$listLocalSessions": {}}, {"$limit": 1}]))) == 1

@@ -323,3 +323,39 @@ def test_list_local_sessions_needs_no_collection(client: Client, db: Any) -> Non
         sessions = list(db.aggregate([{"$listLocalSessions": {}}]))
         assert session.session_id["id"] in [s["_id"]["id"] for s in sessions]
     assert len(list(db.aggregate([{"$listLocalSessions": {}}, {"$limit": 1}]))) == 1
+
+
+def test_hint(db: Any) -> None:
+    # mongod: a hint naming no index fails with BadValue "hint provided does not
+    # correspond to an existing index" (query_planner.cpp), explain included; a hinted
+    # index's scan returns the documents in its key order.
+    db.h.insert_many([{"num": i} for i in range(20)])
+    with pytest.raises(OperationFailure) as err:
+        next(db.h.find().hint([("num", 1)]))
+    assert err.value.code == 2
+    with pytest.raises(OperationFailure):
+        db.h.find({"num": 3}).hint("num_1").explain()
+    db.h.create_index([("num", -1)])
+    assert next(db.h.find().hint([("num", -1)]))["num"] == 19
+    assert next(db.h.find().hint("num_-1"))["num"] == 19
+    assert next(db.h.find())["num"] == 0
+
+
+def test_max_time_always_time_out(client: Client, db: Any) -> None:
+    # mongod's maxTimeAlwaysTimeOut failpoint fails every operation with a time limit with
+    # MaxTimeMSExpired (50) (OperationContext::checkForInterrupt); a cursor opened with
+    # maxTimeMS keeps a time limit on its getMores (getmore_cmd.cpp).
+    from pymongo.errors import ExecutionTimeout
+
+    db.m.insert_many([{} for _ in range(200)])
+    cursor = db.m.find().max_time_ms(10_000)
+    next(cursor)
+    client.admin.command("configureFailPoint", "maxTimeAlwaysTimeOut", mode="alwaysOn")
+    try:
+        with pytest.raises(ExecutionTimeout):
+            cursor.to_list()
+        with pytest.raises(ExecutionTimeout):
+            db.m.find_one(max_time_ms=1)
+        assert db.m.find_one() is not None  # no time limit: not affected
+    finally:
+        client.admin.command("configureFailPoint", "maxTimeAlwaysTimeOut", mode="off")

@@ -77,6 +77,8 @@ class ListCursor:
     tailable_await = False
 
     def __init__(self, ns: str, docs: list[dict[str, Any]], lsid_id: bytes | None) -> None:
+        self.max_time_ms: int | None = None
+        """The opening command's ``maxTimeMS``: its getMores have a time limit too."""
         self.ns = ns
         self.lsid_id = lsid_id
         self._docs = docs
@@ -134,6 +136,7 @@ def open_cursor(
 ) -> dict[str, Any]:
     """Reply with a first batch; register the cursor when documents remain."""
     cursor = ListCursor(ns, docs, lsid_bytes(ctx))
+    cursor.max_time_ms = ctx.max_time_ms
     batch = cursor.next_batch(batch_size)
     if single_batch:
         batch.exhausted = True

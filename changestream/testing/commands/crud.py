@@ -679,6 +679,29 @@ def _natural(docs: list[dict[str, Any]], sort: dict[str, Any]) -> list[dict[str,
     return _sorted(docs, sort)
 
 
+def hinted_key(state: CollectionState | None, hint: Any) -> dict[str, Any]:
+    """The hinted index's key (documents come in its order), ``{}`` without a hint.
+
+    mongod fails a hint naming no index with BadValue "hint provided does not
+    correspond to an existing index" (query_planner.cpp); ``{$natural: 1}`` scans.
+    """
+    if hint is None or hint == {} or (isinstance(hint, dict) and "$natural" in hint):
+        return {}
+    specs = state.indexes if state is not None else []
+    for spec in specs:
+        if (isinstance(hint, str) and spec["name"] == hint) or (
+            isinstance(hint, dict) and list(spec["key"].items()) == list(hint.items())
+        ):
+            key = dict(spec["key"])
+            ordered = all(v in (1, -1) and not isinstance(v, bool) for v in key.values())
+            return key if ordered else {}
+    raise CommandError(
+        2,
+        "error processing query: planner returned error :: caused by :: hint provided does "
+        "not correspond to an existing index",
+    )
+
+
 def _non_negative(value: Any, name: str) -> int:
     if value is None:
         return 0
@@ -735,7 +758,9 @@ def find(ctx: CommandContext) -> dict[str, Any]:
     elif f"{ctx.db}.{coll}" == OPLOG_NS:
         docs = _natural(oplog_documents(ctx.deployment.oplog, query), sort)
     else:
-        docs = _natural(read_documents(ctx, coll, query), sort)
+        docs = read_documents(ctx, coll, query)
+        key = hinted_key(ctx.deployment.catalog.get(ctx.db, coll), body.get("hint"))
+        docs = _natural(docs, sort or key)
     docs = docs[skip:]
     if limit:
         docs = docs[:limit]

@@ -25,7 +25,7 @@ from typing import Any
 from ..core.context import CommandContext
 from ..core.errors import CommandError
 from ..storage import type_name
-from .crud import read_documents
+from .crud import hinted_key, read_documents
 from .spec import command
 
 _EXPLAINABLE = frozenset(
@@ -76,6 +76,7 @@ def explain(ctx: CommandContext) -> dict[str, Any]:
     query = _explained_filter(name, inner)
     found = read_documents(ctx, coll, query)
     state = ctx.deployment.catalog.get(ctx.db, coll)
+    hinted_key(state, inner.get("hint"))  # a hint naming no index fails as the command would
     examined = len(state) if state is not None else 0
     limit = inner.get("limit")
     returned = min(len(found), int(limit)) if isinstance(limit, int) and limit > 0 else len(found)

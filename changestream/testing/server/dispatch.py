@@ -174,6 +174,8 @@ class Dispatcher:
             names = self._aliases.get(spec.name) or frozenset({spec.name, name})
             target = CommandTarget(names, _namespace(db, spec, body, body[name]), conn.app_name)
             self._fail_command(target, conn, spec, body)
+            if spec.name != "getMore":  # getMore checks its cursor's time limit too
+                self.member.failpoints.check_max_time(bool(ctx.max_time_ms))
             secondary_ok = self._secondary_ok_requested(request, ctx)
             if spec.locks:
                 with self.deployment.lock:

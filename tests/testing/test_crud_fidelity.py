@@ -359,3 +359,18 @@ def test_max_time_always_time_out(client: Client, db: Any) -> None:
         assert db.m.find_one() is not None  # no time limit: not affected
     finally:
         client.admin.command("configureFailPoint", "maxTimeAlwaysTimeOut", mode="off")
+
+
+def test_find_batch_that_uses_up_the_results_leaves_the_cursor_open(db: Any) -> None:
+    # mongod's find stops filling a batch once it is full, before it looks for more
+    # (find_cmd.cpp / getmore_cmd.cpp), so a batch that exactly uses up the results
+    # leaves the cursor open and the next getMore returns an empty, final batch; a
+    # limit ends the cursor at once.
+    db.b.insert_many([{"_id": i} for i in range(3)])
+    reply = db.command("find", "b", batchSize=3)
+    assert len(reply["cursor"]["firstBatch"]) == 3
+    assert reply["cursor"]["id"] != 0
+    more = db.command("getMore", reply["cursor"]["id"], collection="b")
+    assert (more["cursor"]["nextBatch"], more["cursor"]["id"]) == ([], 0)
+    assert db.command("find", "b", batchSize=3, limit=3)["cursor"]["id"] == 0
+    assert db.command("find", "b", batchSize=5)["cursor"]["id"] == 0

@@ -777,7 +777,9 @@ def find(ctx: CommandContext) -> dict[str, Any]:
         return reply_first_batch(
             ctx, cursor, inner.next_batch(batch_size), single_batch=single_batch
         )
-    return open_cursor(ctx, ns, docs, batch_size, single_batch=single_batch)
+    return open_cursor(
+        ctx, ns, docs, batch_size, single_batch=single_batch, open_after_full_batch=not limit
+    )
 
 
 @command("count")

@@ -16,6 +16,8 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import bson
+from bson.binary import UuidRepresentation
+from bson.codec_options import CodecOptions
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.regex import Regex
@@ -54,6 +56,14 @@ _WRITABLE_SYSTEM_COLLECTIONS = frozenset({"system.js"})
 MAX_WRITE_BATCH = 100_000
 BSON_OBJ_MAX_USER_SIZE = 16 * 1024 * 1024
 """mongod's ``BSONObjMaxUserSize``: the largest document it stores."""
+_SIZE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
+    uuid_representation=UuidRepresentation.STANDARD
+)
+
+
+def _bson_size(doc: dict[str, Any]) -> int:
+    """``doc``'s BSON size (native UUIDs as subtype 4, as the simulator stores them)."""
+    return len(bson.encode(doc, codec_options=_SIZE_OPTIONS))
 
 
 # ======================================================================================
@@ -230,7 +240,7 @@ def _prepare_insert(raw: Any) -> dict[str, Any]:
         doc = {"_id": ObjectId(), **doc}
     elif next(iter(doc)) != "_id":
         doc = {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
-    size = len(bson.encode(doc))
+    size = _bson_size(doc)
     if size > BSON_OBJ_MAX_USER_SIZE:
         # fixDocumentForInsert (src/mongo/db/ops/insert.cpp): BadValue
         raise CommandError(
@@ -261,7 +271,7 @@ def _store_update(
 ) -> None:
     """Replace ``old`` by ``outcome.doc`` and log the update or replacement."""
     assert outcome.oplog_o is not None
-    if len(bson.encode(outcome.doc)) > BSON_OBJ_MAX_USER_SIZE:
+    if _bson_size(outcome.doc) > BSON_OBJ_MAX_USER_SIZE:
         # update_stage.cpp: uassert 17419 on the updated document's size
         raise CommandError(
             17419,
@@ -343,12 +353,12 @@ def _evict_capped(state: CollectionState) -> None:
     keys = [key for key, _ in state.stored_items()]
     drop = set(keys[: max(over, 0)])
     if isinstance(size, (int, float)) and size > 0:
-        total = sum(len(bson.encode(doc)) for doc in state.iter_stored())
+        total = sum(_bson_size(doc) for doc in state.iter_stored())
         for key in keys:
             if total <= size or len(drop) >= len(keys) - 1:
                 break
             if key not in drop:
-                total -= len(bson.encode(state.lookup(key) or {}))
+                total -= _bson_size(state.lookup(key) or {})
                 drop.add(key)
     for key in keys:
         if key in drop:

@@ -374,3 +374,22 @@ def test_find_batch_that_uses_up_the_results_leaves_the_cursor_open(db: Any) -> 
     assert (more["cursor"]["nextBatch"], more["cursor"]["id"]) == ([], 0)
     assert db.command("find", "b", batchSize=3, limit=3)["cursor"]["id"] == 0
     assert db.command("find", "b", batchSize=5)["cursor"]["id"] == 0
+
+
+def test_min_max_bound_the_hinted_index(db: Any) -> None:
+    # mongod: min (inclusive) and max (exclusive) bound the hinted index's key; without a
+    # hint they fail (51173), with bounds not in the index's field order too (51174)
+    # (query_planner.cpp; cursor.min()/max() in the manual).
+    db.mm.create_index([("j", 1), ("k", 1)])
+    db.mm.create_index("j")
+    db.mm.insert_many([{"j": j, "k": j} for j in range(10)])
+    assert len(db.mm.find().min([("j", 3)]).hint([("j", 1)]).to_list()) == 7
+    assert len(db.mm.find().max([("j", 3)]).hint([("j", 1)]).to_list()) == 3
+    both = db.mm.find().min([("j", 3), ("k", 3)]).max([("j", 5), ("k", 5)])
+    assert [d["j"] for d in both.hint([("j", 1), ("k", 1)])] == [3, 4]
+    with pytest.raises(OperationFailure) as err:
+        db.mm.find().min([("k", 3), ("j", 3)]).hint([("j", 1), ("k", 1)]).to_list()
+    assert err.value.code == 51174
+    with pytest.raises(OperationFailure) as err:  # PyMongo refuses it itself: send it raw
+        db.command("find", "mm", min={"j": 3})
+    assert err.value.code == 51173

@@ -712,6 +712,58 @@ def hinted_key(state: CollectionState | None, hint: Any) -> dict[str, Any]:
     )
 
 
+def _index_tuple(doc: dict[str, Any], key: dict[str, Any]) -> list[Any]:
+    """``doc``'s index key values as comparable sort keys (missing: null), each field's
+    direction applied."""
+    out = []
+    for field, direction in key.items():
+        values = path_values(doc, field)
+        out.append((sort_key(values[0] if values else None), direction))
+    return out
+
+
+def _compare(a: list[Any], b: list[Any]) -> int:
+    for (x, direction), (y, _) in zip(a, b, strict=True):
+        if x != y:
+            return (1 if x > y else -1) * (1 if direction >= 0 else -1)
+    return 0
+
+
+def _within_bounds(
+    docs: list[dict[str, Any]], key: dict[str, Any], low: Any, high: Any
+) -> list[dict[str, Any]]:
+    """``min`` (inclusive) and ``max`` (exclusive) bounds on the hinted index's key.
+
+    mongod (4.2+) needs a hint with them (51173) and bounds naming the index's fields in
+    its order (51174) (``query_planner.cpp``, ``cursor.min()`` in the manual).
+    """
+    if low is None and high is None:
+        return docs
+    if not key:
+        raise CommandError(
+            51173, "When using min()/max() a hint of which index to use must be provided"
+        )
+    bounds: list[list[Any] | None] = []
+    for bound in (low, high):
+        if bound is None:
+            bounds.append(None)
+            continue
+        if not isinstance(bound, dict) or list(bound) != list(key):
+            raise CommandError(
+                51174,
+                "The index chosen is not consistent with min/max. Make sure the index is "
+                "valid, and that min and max are consistent with the index key pattern",
+            )
+        bounds.append(_index_tuple(bound, key))
+    lower, upper = bounds
+    return [
+        doc
+        for doc in docs
+        if (lower is None or _compare(_index_tuple(doc, key), lower) >= 0)
+        and (upper is None or _compare(_index_tuple(doc, key), upper) < 0)
+    ]
+
+
 def _non_negative(value: Any, name: str) -> int:
     if value is None:
         return 0
@@ -770,6 +822,7 @@ def find(ctx: CommandContext) -> dict[str, Any]:
     else:
         docs = read_documents(ctx, coll, query)
         key = hinted_key(ctx.deployment.catalog.get(ctx.db, coll), body.get("hint"))
+        docs = _within_bounds(docs, key, body.get("min"), body.get("max"))
         docs = _natural(docs, sort or key)
     docs = docs[skip:]
     if limit:

@@ -393,3 +393,29 @@ def test_min_max_bound_the_hinted_index(db: Any) -> None:
     with pytest.raises(OperationFailure) as err:  # PyMongo refuses it itself: send it raw
         db.command("find", "mm", min={"j": 3})
     assert err.value.code == 51173
+
+
+def test_index_options_background_and_drop_dups(db: Any) -> None:
+    # mongod: listIndexes shows `background` as given; `dropDups` is a deprecated option
+    # it accepts and ignores (index_key_validate.cpp), so a unique index over duplicates
+    # still fails with DuplicateKey.
+    from pymongo.errors import DuplicateKeyError
+
+    db.ix.create_index("a", background=True)
+    db.ix.create_index("b", background=False)
+    db.ix.create_index("c")
+    info = db.ix.index_information()
+    assert (info["a_1"]["background"], info["b_1"]["background"]) == (True, False)
+    assert "background" not in info["c_1"]
+    db.ix.insert_many([{"i": 2}, {"i": 2}])
+    with pytest.raises(DuplicateKeyError):
+        db.ix.create_index("i", unique=True, dropDups=False)
+
+
+def test_out_with_unsatisfiable_write_concern(db: Any) -> None:
+    # mongod: an aggregate with $out takes a write concern and reports it as a write does
+    # (UnsatisfiableWriteConcern, 100, for w above the members).
+    db.src.insert_one({"a": 1})
+    coll = db.get_collection("src", write_concern=WriteConcern(w=4))
+    with pytest.raises(WriteConcernError):
+        coll.aggregate([{"$out": "dest"}])

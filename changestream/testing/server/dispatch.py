@@ -264,7 +264,8 @@ class Dispatcher:
         if ctx.extra_reply:
             reply.update(ctx.extra_reply)
         labels: list[str] = []
-        if spec.write or spec.name in _WRITE_CONCERN_COMMANDS:
+        writes = spec.write or spec.name in _WRITE_CONCERN_COMMANDS
+        if writes or (spec.name == "aggregate" and "writeConcern" in ctx.body):  # $out/$merge
             injected = self.member.failpoints.write_concern_error(target)
             if injected is not None:
                 wce, explicit = injected

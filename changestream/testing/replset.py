@@ -327,6 +327,7 @@ class ReplicaSet:
             member.topology_counter = 0
             member.failpoints.reset()
             member.quiescing = False
+            member.shutting_down = False
         server.start()
         self._servers[index] = server
         with deployment.lock:

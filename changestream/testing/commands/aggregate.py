@@ -10,6 +10,7 @@ documents: the per-document stages with the change-stream evaluator, the rest
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -29,7 +30,10 @@ from ..core.context import CommandContext
 from ..core.cursors import cursor_reply
 from ..core.errors import CommandError
 from ..storage import copy_value
+from ..storage.sessions import WriteUnit, session_keys, session_uid, transaction_for
 from .common import ListCursor, open_cursor
+from .crud import insert_one
+from .ddl import drop_collection, ensure_collection
 from .snapshot_reads import (
     SnapshotCursor,
     aggregate_source,
@@ -220,9 +224,17 @@ def _plain(
 ) -> dict[str, Any]:
     if coll is None:
         first = stages[0][0] if stages else "the pipeline"
-        raise CommandError(
-            73, f"{{aggregate: 1}} is not valid for '{first}'; a collection is required."
-        )
+        if first != "$listLocalSessions":
+            raise CommandError(
+                73, f"{{aggregate: 1}} is not valid for '{first}'; a collection is required."
+            )
+        docs = _local_sessions(ctx)
+        for name, spec in stages[1:]:
+            docs = _run_stage(docs, name, spec)
+        return open_cursor(ctx, f"{ctx.db}.$cmd.aggregate", docs, batch_size)
+    out = stages[-1][1] if stages and stages[-1][0] == "$out" else None
+    if out is not None:
+        stages = stages[:-1]
     snapshot = snapshot_read(ctx)
     if snapshot is not None:
         docs, stages, state = aggregate_source(ctx, snapshot, coll, stages)
@@ -233,13 +245,57 @@ def _plain(
             return lazy
         docs = [copy_value(d) for d in docs]
     else:
+        transaction_for(ctx)  # the first statement of a transaction may be an aggregate
         docs, view_pipeline = _source(ctx.deployment, ctx.db, coll)
         stages = lite_parse(ctx.deployment.profile, view_pipeline) + stages
     for name, spec in stages:
         docs = run_stage(docs, name, spec)
     ns = f"{ctx.db}.{coll}"
+    if out is not None:
+        _write_out(ctx, out, docs)
+        return open_cursor(ctx, ns, [], batch_size)
     if snapshot is not None:
         cursor = ListCursor(ns, docs, _session_id(ctx))
         pinned = SnapshotCursor(cursor, ns, cursor.lsid_id, snapshot, state)
         return reply_first_batch(ctx, pinned, cursor.next_batch(batch_size))
     return open_cursor(ctx, ns, docs, batch_size)
+
+
+# -- collectionless stages and $out --------------------------------------------------------------
+def _local_sessions(ctx: CommandContext) -> list[dict[str, Any]]:
+    """``$listLocalSessions``: the sessions this deployment keeps state for.
+
+    mongod lists every session in its cache; the simulator keeps a session only once
+    it ran a transaction or a retryable write, so only those are listed.
+    """
+    return [
+        {"_id": {"id": uuid.UUID(bytes=key), "uid": session_uid(None)}} for key in session_keys(ctx)
+    ]
+
+
+def _write_out(ctx: CommandContext, spec: Any, docs: list[dict[str, Any]]) -> None:
+    """``$out``: replace the target collection's documents with ``docs``.
+
+    mongod writes a temporary collection and renames it over the target
+    (``document_source_out.cpp``); the simulator drops the target and inserts into a new
+    one, so change streams see a drop (and an invalidate) and the inserts, not mongod's
+    temporary namespace and rename.
+    """
+    if isinstance(spec, str):
+        db, coll = ctx.db, spec
+    elif isinstance(spec, dict) and isinstance(spec.get("coll"), str):
+        db, coll = str(spec.get("db", ctx.db)), spec["coll"]
+    else:
+        raise CommandError(16990, "$out only supports a string or object argument")
+    if not ctx.member.is_primary:
+        raise CommandError(10107, "not primary")
+    unit = WriteUnit.open(ctx, ddl=True)
+    catalog = ctx.deployment.catalog
+    old = catalog.get(db, coll)
+    if old is not None and old.is_view:
+        raise CommandError(166, f"Namespace {db}.{coll} is a view, not a collection")
+    if old is not None:
+        drop_collection(unit, old)
+    state = ensure_collection(unit, db, coll)
+    for doc in docs:
+        insert_one(ctx, unit, state, doc)

@@ -186,12 +186,14 @@ class _Summary:
         self.counts["nInserted"] += 1
         self.add({"ok": 1.0, "idx": index, "n": 1})
 
-    def updated(self, index: int, matched: int, modified: int, upserted_id: Any) -> None:
+    def updated(
+        self, index: int, matched: int, modified: int, upserted_id: tuple[Any] | None
+    ) -> None:
         item: dict[str, Any] = {"ok": 1.0, "idx": index}
         self.counts["nModified"] += modified
         if upserted_id is not None:
             self.counts["nUpserted"] += 1
-            item.update(n=1, nModified=modified, upserted={"_id": upserted_id})
+            item.update(n=1, nModified=modified, upserted={"_id": upserted_id[0]})
         else:
             self.counts["nMatched"] += matched
             item.update(n=matched, nModified=modified)

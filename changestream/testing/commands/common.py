@@ -77,6 +77,12 @@ class ListCursor:
     tailable_await = False
 
     def __init__(self, ns: str, docs: list[dict[str, Any]], lsid_id: bytes | None) -> None:
+        self.open_after_full_batch = False
+        """mongod's find stops at a full batch before it looks further, so a batch that
+        exactly uses up the results leaves the cursor open for one more, empty getMore
+        (``find_cmd.cpp``: ``enoughForFirstBatch`` is checked before ``getNext``)."""
+        self.max_time_ms: int | None = None
+        """The opening command's ``maxTimeMS``: its getMores have a time limit too."""
         self.ns = ns
         self.lsid_id = lsid_id
         self._docs = docs
@@ -96,7 +102,8 @@ class ListCursor:
             out.append(doc)
             size.add(doc_size)
             self._pos += 1
-        return CursorBatch(out, exhausted=self._pos >= len(docs))
+        full = self.open_after_full_batch and batch_size is not None and len(out) == batch_size
+        return CursorBatch(out, exhausted=self._pos >= len(docs) and not (full and out))
 
     def get_more(
         self, ctx: CommandContext, batch_size: int | None, max_time_ms: int | None
@@ -131,9 +138,12 @@ def open_cursor(
     batch_size: int | None,
     *,
     single_batch: bool = False,
+    open_after_full_batch: bool = False,
 ) -> dict[str, Any]:
     """Reply with a first batch; register the cursor when documents remain."""
     cursor = ListCursor(ns, docs, lsid_bytes(ctx))
+    cursor.open_after_full_batch = open_after_full_batch
+    cursor.max_time_ms = ctx.max_time_ms
     batch = cursor.next_batch(batch_size)
     if single_batch:
         batch.exhausted = True

@@ -15,11 +15,15 @@ import re
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import bson
+from bson.binary import UuidRepresentation
+from bson.codec_options import CodecOptions
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.regex import Regex
 
 from ..core.context import CommandContext
+from ..core.cursors import cursor_reply
 from ..core.errors import CommandError
 from ..core.nesting import storage_depth_error
 from ..storage import (
@@ -46,9 +50,20 @@ from .snapshot_reads import (
     sort_by_id,
 )
 from .spec import command
+from .tailable import OPLOG_NS, TailableCursor, check_tailable, oplog_documents
 
 _WRITABLE_SYSTEM_COLLECTIONS = frozenset({"system.js"})
 MAX_WRITE_BATCH = 100_000
+BSON_OBJ_MAX_USER_SIZE = 16 * 1024 * 1024
+"""mongod's ``BSONObjMaxUserSize``: the largest document it stores."""
+_SIZE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
+    uuid_representation=UuidRepresentation.STANDARD
+)
+
+
+def _bson_size(doc: dict[str, Any]) -> int:
+    """``doc``'s BSON size (native UUIDs as subtype 4, as the simulator stores them)."""
+    return len(bson.encode(doc, codec_options=_SIZE_OPTIONS))
 
 
 # ======================================================================================
@@ -91,6 +106,7 @@ def _matching(
     ``{_id: v}`` is a hashed lookup, not a scan.
     """
     if state is None:
+        compile_query(query)  # mongod parses the filter first: a bad operator fails here too
         return []
     exact, value = id_equality(query)
     if exact:
@@ -224,6 +240,14 @@ def _prepare_insert(raw: Any) -> dict[str, Any]:
         doc = {"_id": ObjectId(), **doc}
     elif next(iter(doc)) != "_id":
         doc = {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
+    size = _bson_size(doc)
+    if size > BSON_OBJ_MAX_USER_SIZE:
+        # fixDocumentForInsert (src/mongo/db/ops/insert.cpp): BadValue
+        raise CommandError(
+            2,
+            f"object to insert too large. size in bytes: {size}, "
+            f"max size: {BSON_OBJ_MAX_USER_SIZE}",
+        )
     id_value = doc["_id"]
     if isinstance(id_value, list):
         raise CommandError(2, "can't use an array for _id")
@@ -247,6 +271,13 @@ def _store_update(
 ) -> None:
     """Replace ``old`` by ``outcome.doc`` and log the update or replacement."""
     assert outcome.oplog_o is not None
+    if _bson_size(outcome.doc) > BSON_OBJ_MAX_USER_SIZE:
+        # update_stage.cpp: uassert 17419 on the updated document's size
+        raise CommandError(
+            17419,
+            f"Resulting document after update is larger than {BSON_OBJ_MAX_USER_SIZE}",
+            code_name="Location17419",
+        )
     key: Hashable = id_key(old["_id"])
     state.replace(key, outcome.doc)
     unit.on_undo(functools.partial(state.replace, key, old))
@@ -306,6 +337,32 @@ def insert_one(ctx: CommandContext, unit: WriteUnit, state: CollectionState, raw
     if state.options.get("validator"):
         _validate(ctx, state, doc, None)
     _insert_document(unit, state, doc)
+    if state.options.get("capped"):
+        _evict_capped(state)
+
+
+def _evict_capped(state: CollectionState) -> None:
+    """Drop a capped collection's oldest documents beyond its ``max`` documents or ``size`` bytes.
+
+    As mongod's capped collections (the manual's "Capped Collections"); the sizes are
+    summed per insert, so large capped collections cost a scan per insert here.
+    """
+    max_docs = state.options.get("max")
+    over = len(state) - int(max_docs) if isinstance(max_docs, (int, float)) and max_docs > 0 else 0
+    size = state.options.get("size")
+    keys = [key for key, _ in state.stored_items()]
+    drop = set(keys[: max(over, 0)])
+    if isinstance(size, (int, float)) and size > 0:
+        total = sum(_bson_size(doc) for doc in state.iter_stored())
+        for key in keys:
+            if total <= size or len(drop) >= len(keys) - 1:
+                break
+            if key not in drop:
+                total -= _bson_size(state.lookup(key) or {})
+                drop.add(key)
+    for key in keys:
+        if key in drop:
+            state.remove(key)
 
 
 @command("insert", write=True)
@@ -339,8 +396,9 @@ def insert(ctx: CommandContext) -> dict[str, Any]:
     return _write_reply(ctx, unit, n, errors)
 
 
-UpdateResult = tuple[int, int, Any]
-"""(matched, modified, upserted ``_id`` or None): what an update statement did."""
+UpdateResult = tuple[int, int, tuple[Any] | None]
+"""(matched, modified, ``(upserted _id,)`` or None): what an update statement did (the
+``_id`` is boxed: an upsert may insert ``_id: null``, and mongod reports it)."""
 
 
 def update_statement(
@@ -366,7 +424,7 @@ def update_statement(
     if matched or not stmt.get("upsert"):
         return matched, modified, None
     doc = _upsert(ctx, unit, db, coll, update, query)
-    return 1, 0, doc["_id"]
+    return 1, 0, (doc["_id"],)
 
 
 def run_statement(unit: WriteUnit, stmt_id: int, run: Callable[[], Any]) -> Any:
@@ -414,7 +472,7 @@ def update(ctx: CommandContext) -> dict[str, Any]:
         n += matched
         n_modified += modified
         if upserted_id is not None:
-            upserted.append({"index": i, "_id": upserted_id})
+            upserted.append({"index": i, "_id": upserted_id[0]})
     tail: dict[str, Any] = {}
     if upserted:
         tail["upserted"] = upserted
@@ -589,7 +647,7 @@ def _sorted(docs: list[dict[str, Any]], sort: dict[str, Any]) -> list[dict[str, 
     return docs
 
 
-def _read_documents(ctx: CommandContext, coll: str, query: dict[str, Any]) -> list[dict[str, Any]]:
+def read_documents(ctx: CommandContext, coll: str, query: dict[str, Any]) -> list[dict[str, Any]]:
     """Documents of a collection or view matching ``query`` (stored objects: read-only)."""
     transaction_for(ctx)  # a read may start (or must belong to) a transaction
     state = ctx.deployment.catalog.get(ctx.db, coll)
@@ -624,6 +682,88 @@ def _view_documents(ctx: CommandContext, view: CollectionState, depth: int) -> l
         raise CommandError(2, f"cannot evaluate view {view.ns}: {exc}") from None
 
 
+def _natural(docs: list[dict[str, Any]], sort: dict[str, Any]) -> list[dict[str, Any]]:
+    """``sort`` applied; ``{$natural: 1|-1}`` is insertion order or its reverse."""
+    if list(sort) == ["$natural"]:
+        return docs[::-1] if sort["$natural"] == -1 else docs
+    return _sorted(docs, sort)
+
+
+def hinted_key(state: CollectionState | None, hint: Any) -> dict[str, Any]:
+    """The hinted index's key (documents come in its order), ``{}`` without a hint.
+
+    mongod fails a hint naming no index with BadValue "hint provided does not
+    correspond to an existing index" (query_planner.cpp); ``{$natural: 1}`` scans.
+    """
+    if hint is None or hint == {} or (isinstance(hint, dict) and "$natural" in hint):
+        return {}
+    specs = state.indexes if state is not None else []
+    for spec in specs:
+        if (isinstance(hint, str) and spec["name"] == hint) or (
+            isinstance(hint, dict) and list(spec["key"].items()) == list(hint.items())
+        ):
+            key = dict(spec["key"])
+            ordered = all(v in (1, -1) and not isinstance(v, bool) for v in key.values())
+            return key if ordered else {}
+    raise CommandError(
+        2,
+        "error processing query: planner returned error :: caused by :: hint provided does "
+        "not correspond to an existing index",
+    )
+
+
+def _index_tuple(doc: dict[str, Any], key: dict[str, Any]) -> list[Any]:
+    """``doc``'s index key values as comparable sort keys (missing: null), each field's
+    direction applied."""
+    out = []
+    for field, direction in key.items():
+        values = path_values(doc, field)
+        out.append((sort_key(values[0] if values else None), direction))
+    return out
+
+
+def _compare(a: list[Any], b: list[Any]) -> int:
+    for (x, direction), (y, _) in zip(a, b, strict=True):
+        if x != y:
+            return (1 if x > y else -1) * (1 if direction >= 0 else -1)
+    return 0
+
+
+def _within_bounds(
+    docs: list[dict[str, Any]], key: dict[str, Any], low: Any, high: Any
+) -> list[dict[str, Any]]:
+    """``min`` (inclusive) and ``max`` (exclusive) bounds on the hinted index's key.
+
+    mongod (4.2+) needs a hint with them (51173) and bounds naming the index's fields in
+    its order (51174) (``query_planner.cpp``, ``cursor.min()`` in the manual).
+    """
+    if low is None and high is None:
+        return docs
+    if not key:
+        raise CommandError(
+            51173, "When using min()/max() a hint of which index to use must be provided"
+        )
+    bounds: list[list[Any] | None] = []
+    for bound in (low, high):
+        if bound is None:
+            bounds.append(None)
+            continue
+        if not isinstance(bound, dict) or list(bound) != list(key):
+            raise CommandError(
+                51174,
+                "The index chosen is not consistent with min/max. Make sure the index is "
+                "valid, and that min and max are consistent with the index key pattern",
+            )
+        bounds.append(_index_tuple(bound, key))
+    lower, upper = bounds
+    return [
+        doc
+        for doc in docs
+        if (lower is None or _compare(_index_tuple(doc, key), lower) >= 0)
+        and (upper is None or _compare(_index_tuple(doc, key), upper) < 0)
+    ]
+
+
 def _non_negative(value: Any, name: str) -> int:
     if value is None:
         return 0
@@ -651,6 +791,25 @@ def find(ctx: CommandContext) -> dict[str, Any]:
     limit = _non_negative(body.get("limit"), "limit")
     batch_size = batch_size_arg(body.get("batchSize"), "find", 101)
     single_batch = bool(body.get("singleBatch", False))
+    tailable, await_data = check_tailable(ctx, coll)
+    if tailable:
+        if f"{ctx.db}.{coll}" == OPLOG_NS:
+            first = oplog_documents(ctx.deployment.oplog, query) if skip or limit else []
+        else:
+            first = read_documents(ctx, coll, query)
+        if limit:  # the cursor ends at its limit, tailable or not
+            docs = [
+                project(d, projection, query=query) if projection else copy_value(d)
+                for d in first[skip : skip + limit]
+            ]
+            return open_cursor(ctx, f"{ctx.db}.{coll}", docs, min(batch_size or limit, limit))
+        first = first[skip:]
+        tail = TailableCursor(
+            ctx, f"{ctx.db}.{coll}", query, projection, await_data=await_data, first=first
+        )
+        batch = tail.next_batch(batch_size)
+        cid = ctx.deployment.cursors.register(tail, ctx.member.name)
+        return cursor_reply(cid, tail.ns, batch, first=True)
     snapshot = snapshot_read(ctx)
     if snapshot is not None:
         found, state = find_documents(ctx, snapshot, coll, query)
@@ -658,8 +817,13 @@ def find(ctx: CommandContext) -> dict[str, Any]:
             docs = sort_by_id(found, descending=sort["_id"] == -1)
         else:
             docs = _sorted(found, sort)
+    elif f"{ctx.db}.{coll}" == OPLOG_NS:
+        docs = _natural(oplog_documents(ctx.deployment.oplog, query), sort)
     else:
-        docs = _sorted(_read_documents(ctx, coll, query), sort)
+        docs = read_documents(ctx, coll, query)
+        key = hinted_key(ctx.deployment.catalog.get(ctx.db, coll), body.get("hint"))
+        docs = _within_bounds(docs, key, body.get("min"), body.get("max"))
+        docs = _natural(docs, sort or key)
     docs = docs[skip:]
     if limit:
         docs = docs[:limit]
@@ -673,8 +837,12 @@ def find(ctx: CommandContext) -> dict[str, Any]:
     if snapshot is not None:
         inner = ListCursor(ns, docs, lsid_bytes(ctx))
         cursor = SnapshotCursor(inner, ns, inner.lsid_id, snapshot, state)
-        return reply_first_batch(ctx, cursor, inner.next_batch(batch_size), single_batch=single_batch)
-    return open_cursor(ctx, ns, docs, batch_size, single_batch=single_batch)
+        return reply_first_batch(
+            ctx, cursor, inner.next_batch(batch_size), single_batch=single_batch
+        )
+    return open_cursor(
+        ctx, ns, docs, batch_size, single_batch=single_batch, open_after_full_batch=not limit
+    )
 
 
 @command("count")
@@ -684,7 +852,7 @@ def count(ctx: CommandContext) -> dict[str, Any]:
     skip = _non_negative(ctx.body.get("skip"), "skip")
     raw_limit = ctx.body.get("limit", 0)
     limit = abs(int(raw_limit)) if isinstance(raw_limit, (int, float)) else 0
-    n = max(len(_read_documents(ctx, coll, query)) - skip, 0)
+    n = max(len(read_documents(ctx, coll, query)) - skip, 0)
     return {"n": min(n, limit) if limit else n}
 
 
@@ -700,8 +868,16 @@ def distinct(ctx: CommandContext) -> dict[str, Any]:
         )
     query = _query_arg(ctx.body.get("query"), "distinct.query")
     seen: dict[Hashable, Any] = {}
-    for doc in _read_documents(ctx, coll, query):
+    snapshot = snapshot_read(ctx)
+    if snapshot is not None:  # a point-in-time read reports its time (distinct.cpp)
+        found, _ = find_documents(ctx, snapshot, coll, query)
+    else:
+        found = read_documents(ctx, coll, query)
+    for doc in found:
         for value in path_values(doc, key):
             for item in value if isinstance(value, list) else [value]:
                 seen.setdefault(id_key(item), item)
-    return {"values": [copy_value(v) for v in sorted(seen.values(), key=sort_key)]}
+    reply: dict[str, Any] = {"values": [copy_value(v) for v in sorted(seen.values(), key=sort_key)]}
+    if snapshot is not None:
+        reply["atClusterTime"] = snapshot.at
+    return reply

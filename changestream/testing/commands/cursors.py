@@ -91,6 +91,10 @@ def get_more(ctx: CommandContext) -> dict[str, Any]:
         member.failpoints.fail_get_more_after_checkout(
             CommandTarget(("getMore",), ns, ctx.connection.app_name)
         )
+        # a cursor opened with maxTimeMS keeps its leftover time limit (getmore_cmd.cpp)
+        member.failpoints.check_max_time(
+            bool(ctx.max_time_ms or getattr(cursor, "max_time_ms", None))
+        )
         batch = cursor.get_more(ctx, batch_size, ctx.max_time_ms)
     except BaseException:
         cursors.checkin(int(cid), drop=True)

@@ -48,6 +48,7 @@ _INDEX_OPTIONS = frozenset(
         "wildcardProjection",
         "prepareUnique",
         "ns",
+        "dropDups",
     }
 )
 _INDEX_PLUGINS = frozenset({"text", "2d", "2dsphere", "geoHaystack", "hashed", "columnstore"})
@@ -111,7 +112,9 @@ def _normalize_index_spec(ctx: CommandContext, raw: Any, coll: str) -> dict[str,
     if ctx.deployment.profile.major_minor <= (4, 2):
         spec["ns"] = f"{ctx.db}.{coll}"
     for option, value in raw.items():
-        if option not in ("v", "key", "name", "ns", "background"):
+        # listIndexes shows `background` as given; `dropDups` is accepted and ignored
+        # (index_key_validate.cpp: deprecated fields), as on mongod
+        if option not in ("v", "key", "name", "ns", "dropDups"):
             spec[option] = copy_value(value)
     return spec
 

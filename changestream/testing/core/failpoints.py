@@ -21,7 +21,13 @@ from .errors import CommandError
 FAIL_COMMAND = "failCommand"
 FAIL_GET_MORE_AFTER_CHECKOUT = "failGetMoreAfterCursorCheckout"
 ON_PRIMARY_TRANSACTIONAL_WRITE = "onPrimaryTransactionalWrite"
-KNOWN_FAILPOINTS = (FAIL_COMMAND, FAIL_GET_MORE_AFTER_CHECKOUT, ON_PRIMARY_TRANSACTIONAL_WRITE)
+MAX_TIME_ALWAYS_TIME_OUT = "maxTimeAlwaysTimeOut"
+KNOWN_FAILPOINTS = (
+    FAIL_COMMAND,
+    FAIL_GET_MORE_AFTER_CHECKOUT,
+    ON_PRIMARY_TRANSACTIONAL_WRITE,
+    MAX_TIME_ALWAYS_TIME_OUT,
+)
 
 _MODE_SHAPES = "'mode' must be one of 'off', 'alwaysOn', '{times:n}', '{skip:n}' or '{activationProbability:p}'"
 
@@ -239,6 +245,16 @@ class FailPointRegistry:
     def on_primary_transactional_write(self) -> dict[str, Any] | None:
         """The failpoint's data when it fires for a retryable write's commit, else None."""
         return self._evaluate(ON_PRIMARY_TRANSACTIONAL_WRITE, lambda d: True)
+
+    # -- maxTimeAlwaysTimeOut ----------------------------------------------------------------
+    def check_max_time(self, has_time_limit: bool) -> None:
+        """MaxTimeMSExpired (50) for an operation with a time limit while the failpoint is on.
+
+        mongod's ``OperationContext::checkForInterrupt`` fails every operation that has a
+        deadline (``maxTimeMS``, or a cursor's leftover one on getMore) this way.
+        """
+        if has_time_limit and self._evaluate(MAX_TIME_ALWAYS_TIME_OUT, lambda d: True) is not None:
+            raise CommandError(50, "operation exceeded time limit")
 
 
 def _labels(data: dict[str, Any]) -> list[str] | None:

@@ -51,8 +51,16 @@ RETRIABLE_CODES = frozenset(
 _SHUTDOWN_CODES = frozenset({91, 11600})
 _TRANSIENT_TXN_CODES = frozenset({24, 112, 239, 246, 267})
 """LockTimeout, WriteConflict, snapshot errors, PreparedTransactionInProgress."""
-NOT_PRIMARY_CODES = frozenset({189, 10107, 11602, 13435, 13436, 91, 11600})
-"""Errors whose reply carries the member's ``topologyVersion`` (4.4+)."""
+NOT_PRIMARY_CODES = frozenset({189, 10107, 11602, 13435, 13436})
+"""mongod's NotPrimaryError category: their replies always carry ``topologyVersion`` (4.4+).
+
+The ShutdownError category (91, 11600) carries it only while the member really shuts
+down (``appendErrorLabelsAndTopologyVersion`` in mongod's
+``src/mongo/db/service_entry_point_common.cpp``: ``isNotPrimaryError || (isShutdownError
+&& replCoord->inQuiesceMode())``), so one injected by ``failCommand`` has none and drivers
+take it as current (PyMongo clears its pool on it)."""
+STATE_CHANGE_CODES = NOT_PRIMARY_CODES | _SHUTDOWN_CODES
+"""NotPrimary and shutdown errors: the member can no longer serve the operation."""
 _WRITE_CONCERN_COMMANDS = frozenset({"commitTransaction", "abortTransaction"})
 _TXN_END_COMMANDS = _WRITE_CONCERN_COMMANDS
 _HELLO_COMMANDS = frozenset({"hello", "isMaster"})
@@ -165,6 +173,8 @@ class Dispatcher:
             names = self._aliases.get(spec.name) or frozenset({spec.name, name})
             target = CommandTarget(names, _namespace(db, spec, body, body[name]), conn.app_name)
             self._fail_command(target, conn, spec, body)
+            if spec.name != "getMore":  # getMore checks its cursor's time limit too
+                self.member.failpoints.check_max_time(bool(ctx.max_time_ms))
             secondary_ok = self._secondary_ok_requested(request, ctx)
             if spec.locks:
                 with self.deployment.lock:
@@ -258,7 +268,8 @@ class Dispatcher:
         if ctx.extra_reply:
             reply.update(ctx.extra_reply)
         labels: list[str] = []
-        if spec.write or spec.name in _WRITE_CONCERN_COMMANDS:
+        writes = spec.write or spec.name in _WRITE_CONCERN_COMMANDS
+        if writes or (spec.name == "aggregate" and "writeConcern" in ctx.body):  # $out/$merge
             injected = self.member.failpoints.write_concern_error(target)
             if injected is not None:
                 wce, explicit = injected
@@ -269,11 +280,38 @@ class Dispatcher:
                     if explicit is not None
                     else self._labels(ctx, None, code if isinstance(code, int) else None)
                 )
+            else:
+                unsatisfiable = self._unsatisfiable_write_concern(ctx)
+                if unsatisfiable is not None:
+                    reply["writeConcernError"] = unsatisfiable
         reply["ok"] = 1.0
         if labels:
             reply["errorLabels"] = labels
         self._add_times(ctx, reply)
         return reply
+
+    def _unsatisfiable_write_concern(self, ctx: CommandContext) -> dict[str, Any] | None:
+        """UnsatisfiableWriteConcern (100) for ``w`` above the data-bearing members.
+
+        mongod runs the write, then ``waitForWriteConcern`` checks
+        ``checkIfWriteConcernCanBeSatisfied`` (``replication_coordinator_impl.cpp``) and
+        reports "Not enough data-bearing nodes" as the reply's ``writeConcernError``: for
+        every write command, DDL and findAndModify alike.
+        """
+        concern = ctx.body.get("writeConcern")
+        if self.deployment.standalone or not isinstance(concern, dict):
+            return None
+        w = concern.get("w")
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            return None
+        if w <= len(self.deployment.members):
+            return None
+        return {
+            "code": 100,
+            "codeName": "UnsatisfiableWriteConcern",
+            "errmsg": "Not enough data-bearing nodes",
+            "errInfo": {"writeConcern": {**concern, "provenance": "clientSupplied"}},
+        }
 
     def error_reply(self, ctx: CommandContext | None, err: CommandError) -> dict[str, Any]:
         """The ``ok: 0`` reply for ``err`` (``ctx`` None: failed before the command was known)."""
@@ -282,7 +320,10 @@ class Dispatcher:
             labels = self._labels(ctx, err.code, None)
             if labels:
                 reply["errorLabels"] = labels
-        if err.code in NOT_PRIMARY_CODES and self.deployment.profile.topology_version:
+        if self.deployment.profile.topology_version and (
+            err.code in NOT_PRIMARY_CODES
+            or (err.code in _SHUTDOWN_CODES and self.member.shutting_down)
+        ):
             reply.setdefault("topologyVersion", topology_version(self.member))
         self._add_times(ctx, reply)
         return reply

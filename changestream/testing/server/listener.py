@@ -96,6 +96,7 @@ class MemberServer:
         those replies are sent (or ``timeout`` passed).
         """
         deadline = time.monotonic() + timeout
+        self.member.shutting_down = True
         self.listener.stop_accepting()
         for conn in self.listener.connections():
             _info(conn).interrupt(*INTERRUPTED_AT_SHUTDOWN)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.context import ConnectionInfo
 from ..core.errors import CommandError
-from ..server.dispatch import NOT_PRIMARY_CODES
+from ..server.dispatch import STATE_CHANGE_CODES
 from ..server.listener import MemberServer
 from ..server.wire import OP_MSG, Request
 
@@ -36,7 +36,7 @@ def remote_error(reply: dict[str, Any], host: str) -> CommandError:
     code = code if isinstance(code, int) else 1
     message = str(reply.get("errmsg", ""))
     extra = {k: v for k, v in reply.items() if k in ("writeErrors", "writeConcernError")}
-    if code in NOT_PRIMARY_CODES:
+    if code in STATE_CHANGE_CODES:
         return CommandError(
             6, f"Error on remote shard {host} :: caused by :: {message}", extra=extra
         )

@@ -65,6 +65,8 @@ class Member:
         """False while the member is killed (``ReplicaSet.kill_member``) or stopped."""
         self.quiescing = False
         """Shutting down in quiesce mode: hello fails with ShutdownInProgress."""
+        self.shutting_down = False
+        """Shutting down (quiesce mode or after): shutdown errors carry ``topologyVersion``."""
         self.server: ListenerStats | None = None
         """Its running listener (set by the server layer; None while it is not serving)."""
 

@@ -105,6 +105,11 @@ def _sessions(ctx: CommandContext) -> dict[bytes, Transaction | RetryableWrite]:
     return ctx.deployment.sessions
 
 
+def session_keys(ctx: CommandContext) -> list[bytes]:
+    """The ``lsid.id`` bytes of every session the deployment keeps state for."""
+    return list(_sessions(ctx))
+
+
 def session_uuid(lsid: dict[str, Any]) -> uuid.UUID:
     """``lsid.id`` as a UUID (for messages)."""
     return uuid.UUID(bytes=_session_key(lsid))

@@ -85,6 +85,8 @@ def _project(doc: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     fields = {k: v for k, v in spec.items() if k != "_id"}
     include_id = not (_is_flag(spec.get("_id", True)) and not spec.get("_id", True))
     inclusion = any(not _is_flag(v) or bool(v) for v in fields.values())
+    if not fields and "_id" in spec and include_id:
+        inclusion = True  # {_id: 1} alone includes only _id (mongod's projection_policies)
     if not inclusion:
         out: dict[str, Any] = copy_value(doc)
         _unset_paths(out, list(fields) + ([] if include_id else ["_id"]))
@@ -190,6 +192,8 @@ def project(
     if any(not _is_flag(v) or bool(v) for v in flags):
         for field in included:
             base.setdefault(field, 1)
+    elif included and _is_flag(base.get("_id", 0)) and base.get("_id"):
+        del base["_id"]  # {_id: 1, a: {$slice: n}}: all fields, ``a`` sliced (as without _id)
     return _project(work, base)
 
 

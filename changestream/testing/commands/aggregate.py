@@ -230,7 +230,7 @@ def _plain(
             )
         docs = _local_sessions(ctx)
         for name, spec in stages[1:]:
-            docs = _run_stage(docs, name, spec)
+            docs = run_stage(docs, name, spec)
         return open_cursor(ctx, f"{ctx.db}.$cmd.aggregate", docs, batch_size)
     out = stages[-1][1] if stages and stages[-1][0] == "$out" else None
     if out is not None:

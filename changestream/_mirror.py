@@ -126,7 +126,7 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     namespace = f"{args.db}.{args.coll}"
     try:
-        problem = _reach(client, args.connect_timeout)
+        problem = _reach(client, args.connect_timeout, args.uri)
         if problem is not None:
             _say(_redact(problem, args.uri))
             return 1

@@ -29,8 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DataType, StructType
 
-from .._api import watch
-from .._stream import ChangeStream
+from .. import ChangeStream, watch
 from .._token import ResumeToken
 from ..stores import TokenStore
 from ._convert import EventConverter, event_token, is_invalidate, raw_bytes

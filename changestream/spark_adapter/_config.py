@@ -16,7 +16,7 @@ from bson import json_util
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
 
-from .._token import token_from_json
+from .. import token_from_json
 
 __all__ = ["MONGO_SPARK_ALIASES", "MONGO_SPARK_UNSUPPORTED", "STARTUP_MODES", "SourceConfig"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from pymongo.errors import OperationFailure, PyMongoError
 
+from .. import token_to_json
 from .._codes import CHANGE_STREAM_HISTORY_LOST
-from .._token import token_to_json
 from ..errors import (
     ChangeStreamError,
     HistoryLostError,

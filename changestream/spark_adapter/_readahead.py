@@ -36,9 +36,8 @@ import tenacity
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import PyMongoError
 
-from .._api import watch
+from .. import ChangeStream, watch
 from .._consume import RetryPolicy, is_transient, stalled
-from .._stream import ChangeStream
 from ..errors import RetriesExhaustedError, describe_error
 from ._config import SourceConfig
 from ._convert import event_token, is_invalidate, raw_bytes
@@ -57,20 +56,13 @@ _POLL = 0.01
 RETRY = RetryPolicy(retry_for=300.0, backoff_initial=0.5, backoff_max=30.0)
 """How the read-ahead reopens its stream after transient failures (consume's defaults):
 exponential backoff, and :class:`~changestream.errors.RetriesExhaustedError` after
-300 s without progress."""
+300 s without progress. Each wait is logged by the core's one retry logger (the policy's
+``before_sleep``, logger ``changestream.consume``)."""
 log = logging.getLogger("changestream.spark")
 T = TypeVar("T")
 
 _CODEC = next((c for c in ("zstd", "lz4") if pa.Codec.is_available(c)), None)
 _HEADER = 9  # one byte: compressed or not; eight: the raw size
-
-
-def _log_retry(state: tenacity.RetryCallState) -> None:
-    outcome = state.outcome
-    exc = outcome.exception() if outcome is not None else None
-    delay = state.next_action.sleep if state.next_action is not None else 0.0
-    log.warning("change stream read-ahead failed (%s); reopening in %.2f s (attempt %d)",
-                "?" if exc is None else describe_error(exc), delay, state.attempt_number + 1)
 
 
 def open_retrying(open_stream: Callable[[], T]) -> T:
@@ -81,16 +73,7 @@ def open_retrying(open_stream: Callable[[], T]) -> T:
     instead of failing the query or the ``foreach_batch`` run; after
     ``retry_for`` seconds the last error propagates.
     """
-
-    def warn(state: tenacity.RetryCallState) -> None:
-        outcome = state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        delay = state.next_action.sleep if state.next_action is not None else 0.0
-        log.warning("opening the change stream failed (%s); again in %.2f s (attempt %d)",
-                    "?" if exc is None else describe_error(exc), delay,
-                    state.attempt_number + 1)
-
-    return tenacity.Retrying(**{**RETRY.arguments(), "before_sleep": warn})(open_stream)
+    return tenacity.Retrying(**RETRY.arguments())(open_stream)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -423,9 +406,9 @@ class ReadAhead:
             stop.wait(seconds)
 
         try:
-            while not stop.is_set() and tenacity.Retrying(
-                sleep=sleep, **{**RETRY.arguments(), "before_sleep": _log_retry}
-            )(session):
+            while not stop.is_set() and tenacity.Retrying(sleep=sleep, **RETRY.arguments())(
+                session
+            ):
                 pass
         except BaseException as exc:
             if not stop.is_set():

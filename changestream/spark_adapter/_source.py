@@ -40,9 +40,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .._api import watch
+from .. import ChangeStream, watch
 from .._snapshot import stream_start
-from .._stream import ChangeStream
 from ..errors import ChangeStreamError
 from ._config import SourceConfig
 from ._convert import EventConverter, event_token, raw_bytes

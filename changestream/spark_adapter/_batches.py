@@ -32,6 +32,7 @@ from pyspark.sql.types import DataType, StructType
 from .. import ChangeStream, watch
 from .._token import ResumeToken
 from ..stores import TokenStore
+from ._config import splits_events
 from ._convert import EventConverter, event_token, is_invalidate, raw_bytes
 from ._errors import history_lost_as_error
 from ._readahead import open_retrying
@@ -52,11 +53,15 @@ def stream_opener(
     With a stored token the stream continues with ``start_after`` (which also
     accepts an ``invalidate`` token) and the start options in ``options`` are
     ignored; ``max_await_time_ms`` defaults to 200 so time cuts stay prompt.
-    Without ``document_class``, ``codec_options`` or ``typed`` the events
+    A pipeline ending with ``$changeStreamSplitLargeEvent`` gets
+    ``reassemble_split_events=True`` unless given: events over 16 MiB arrive
+    whole. Without ``document_class``, ``codec_options`` or ``typed`` the events
     stay raw BSON (``RawBSONDocument``) until the batch is converted:
     cheaper to fetch and lighter on the garbage collector.
     """
     options.setdefault("max_await_time_ms", 200)
+    if splits_events(pipeline):
+        options.setdefault("reassemble_split_events", True)  # one row per event
     if not {"document_class", "codec_options", "typed"} & options.keys():
         options["document_class"] = RawBSONDocument
 

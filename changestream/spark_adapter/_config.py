@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "STARTUP_MODES",
     "SourceConfig",
     "session_settings",
+    "splits_events",
 ]
 
 STARTUP_MODES = ("latest", "timestamp", "token", "snapshot")
@@ -225,6 +226,8 @@ class SourceConfig:
             "batch_size": self.batch_size,
             "max_await_time_ms": self.max_await_time_ms,
         }
+        if splits_events(self.pipeline):
+            options["reassemble_split_events"] = True  # one row per event, never a fragment
         if self.show_expanded_events:
             options["show_expanded_events"] = True
         if with_lookups:
@@ -419,9 +422,15 @@ def _pipeline(text: str | None) -> tuple[dict[str, Any], ...]:
         stages = [stages]
     if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
         raise ValueError("option 'pipeline' must be a JSON array of stage documents")
-    if any(_SPLIT_STAGE in stage for stage in stages):
+    if any(_SPLIT_STAGE in stage for stage in stages[:-1]):
         raise ValueError(
-            f"option 'pipeline': {_SPLIT_STAGE} is not supported by this source (fragments "
-            "would not line up with the batch bounds)"
+            f"option 'pipeline': {_SPLIT_STAGE} must be the last stage (the server requires it "
+            "there)"
         )
     return tuple(stages)
+
+
+def splits_events(pipeline: Sequence[Mapping[str, Any]] | None) -> bool:
+    """Whether a pipeline ends with ``$changeStreamSplitLargeEvent`` (events over 16 MiB come
+    in fragments, which the client merges back with ``reassemble_split_events``)."""
+    return bool(pipeline) and _SPLIT_STAGE in pipeline[-1]  # type: ignore[index]

@@ -63,6 +63,7 @@ __all__ = [
     "event_token",
     "is_invalidate",
     "raw_bytes",
+    "raw_event",
     "relaxed_json",
 ]
 
@@ -383,6 +384,14 @@ Event = Mapping[str, Any] | bytes
 def raw_bytes(event: Any) -> Any:
     """The raw BSON of a ``RawBSONDocument`` (plain bytes are not GC-tracked), else ``event``."""
     return event.raw if isinstance(event, RawBSONDocument) else event
+
+
+def raw_event(event: Any) -> bytes:
+    """An event's raw BSON: a ``RawBSONDocument``'s own bytes; a mapping (a split event the
+    client merged from its fragments) encoded once."""
+    if isinstance(event, RawBSONDocument):
+        return bytes(event.raw)
+    return event if isinstance(event, bytes) else bson.encode(event)
 
 
 def is_invalidate(event: Event) -> bool:

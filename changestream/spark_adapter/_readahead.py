@@ -40,7 +40,7 @@ from .. import ChangeStream, watch
 from .._consume import RetryPolicy, is_transient, stalled
 from ..errors import RetriesExhaustedError, describe_error
 from ._config import SourceConfig
-from ._convert import event_token, is_invalidate, raw_bytes
+from ._convert import event_token, is_invalidate, raw_event
 from ._errors import invalidated
 from ._offsets import offset_watch_option, token_data
 
@@ -448,7 +448,7 @@ class ReadAhead:
                 if self._stopped is not None:
                     return
                 continue
-            raw = raw_bytes(event)
+            raw = raw_event(event)
             if is_invalidate(raw):
                 with cond:
                     self._stopped = self._stopped or _Stopped(event_token(raw))

@@ -151,8 +151,9 @@ def test_offsets_are_plain_json_and_choose_the_start_option() -> None:
         ({"uri": "mongodb://x", "max_rows_per_batch": "0"}, "'max_rows_per_batch' must be >= 1"),
         ({"uri": "mongodb://x", "pipeline": "[1]"}, "array of stage documents"),
         (
-            {"uri": "mongodb://x", "pipeline": '[{"$changeStreamSplitLargeEvent": {}}]'},
-            "not supported",
+            {"uri": "mongodb://x",
+             "pipeline": '[{"$changeStreamSplitLargeEvent": {}}, {"$match": {}}]'},
+            "must be the last stage",
         ),
     ],
 )

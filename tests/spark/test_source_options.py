@@ -89,3 +89,58 @@ def test_an_unreachable_deployment_fails_the_query_naming_the_cause(
         "(ServerSelectionTimeoutError: 127.0.0.1:9: [Errno 111] Connection refused)"
     ), errors[0]
     assert "Topology Description" not in message and "During handling" not in message
+
+
+BIG = 10 * 1024 * 1024
+
+
+def test_events_over_16_mib_are_reassembled_into_one_row(mongodb_uri: str, coll: Any) -> None:
+    """``$changeStreamSplitLargeEvent`` as the last stage: fragments become one row, the batch
+    ends at the last fragment's token, and a replay from the server yields the same row."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.types import StructType
+
+    from changestream.spark_adapter._config import SourceConfig
+    from changestream.spark_adapter._schema import ENVELOPE_COLUMNS
+    from changestream.spark_adapter._source import ChangeStreamReader, TokenRange
+
+    coll.database.create_collection(coll.name, changeStreamPreAndPostImages={"enabled": True})
+    coll.insert_one({"_id": 1, "value": "q" * BIG})
+    config = SourceConfig.from_options({
+        "uri": mongodb_uri, "database": coll.database.name, "collection": coll.name,
+        "pipeline": '[{"$changeStreamSplitLargeEvent": {}}]',
+        "full_document_before_change": "required",
+    })
+    schema = StructType.fromJson({"type": "struct", "fields": [
+        {"name": name, "nullable": True, "metadata": {},
+         "type": "string" if kind == "STRING" else
+         {"type": "struct", "fields": [
+             {"name": f, "type": "long", "nullable": True, "metadata": {}} for f in "ti"
+         ]} if name == "cluster_time" else "timestamp" if kind == "TIMESTAMP" else "long"}
+        for name, kind in ENVELOPE_COLUMNS
+    ]})
+    reader = ChangeStreamReader(config, schema)
+    try:
+        start = reader.initialOffset()
+        coll.update_one({"_id": 1}, {"$set": {"value": "z" * BIG}})  # > 16 MiB: 2 fragments
+        coll.insert_one({"_id": 2})
+        end = reader.latestOffset(start, ReadAllAvailable())
+        rows = [
+            row
+            for partition in reader.partitions(start, end)
+            for batch in reader.read(partition)
+            for row in batch.to_pylist()
+        ]
+    finally:
+        reader.stop()
+    assert [row["operation_type"] for row in rows] == ["update", "insert"]
+    update = rows[0]
+    assert len(update["full_document_before_change"]) > BIG
+    assert f'"{"z" * 8}' in update["update_description"]
+    assert len(update["update_description"]) > BIG
+    replayed = [
+        row
+        for batch in ChangeStreamReader(config, schema).read(TokenRange(start, end))
+        for row in batch.to_pylist()
+    ]
+    assert replayed == rows

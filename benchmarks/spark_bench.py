@@ -105,6 +105,7 @@ class ReplayStream:
         self._events: Iterator[Any] = iter(events)
         self.resume_token: Any = None
         self.alive = True
+        self.position = changestream.Position(None, None)  # no server: no cluster time
 
     def try_next(self) -> Any:
         event = next(self._events, None)

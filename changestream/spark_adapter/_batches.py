@@ -25,11 +25,12 @@ from typing import Any
 
 import pyarrow as pa
 from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DataType, StructType
 
-from .. import ChangeStream, watch
+from .. import ChangeStream, token_cluster_time, watch
 from .._token import ResumeToken
 from ..stores import TokenStore
 from ._config import splits_events
@@ -87,7 +88,7 @@ class BatchRunResult:
     resume_token: dict[str, Any] | None
     """The token stored last."""
     reason: str
-    """``"idle"`` (``until_idle``), ``"max_batches"``, ``"stopped"`` (``stop_event``) or
+    """``"idle"`` (``until_idle``: caught up with the call), ``"max_batches"``, ``"stopped"`` (``stop_event``) or
     ``"invalidated"`` (the stream was invalidated; its token is stored, so the next
     run continues after it)."""
 
@@ -114,10 +115,15 @@ def foreach_batch(
     events and are cut ``max_seconds`` after their first event; ``df`` has
     the schema of :func:`changestream.spark_adapter.event_ddl` (for the same
     ``full_document_schema`` / ``publish_full_document_only``). Batches
-    without rows are not passed to ``func``. While the stream is idle, its
-    postBatchResumeToken is stored every ``idle_seconds`` so a restart stays
-    inside the oplog window. Stops when the stream is idle (``until_idle``),
-    after ``max_batches`` calls, when ``stop_event`` is set (after the
+    without rows are not passed to ``func``. Once no event has come for
+    ``idle_seconds``, the stream's postBatchResumeToken is stored (and again
+    every ``idle_seconds`` while it stays idle) so a restart stays inside the
+    oplog window. With ``until_idle`` the run ends at the first empty getMore
+    whose postBatchResumeToken has reached the cluster time of the call (the
+    newest in the reply to the opening aggregate): every event written before
+    the call is delivered, also those a mongos holds back until its idle
+    shards' periodic no-ops (10 s apart by default) let it release them;
+    ``idle_seconds`` plays no part in it. Stops then, after ``max_batches`` calls, when ``stop_event`` is set (after the
     batches already cut), or after an ``invalidate``. Opening the stream
     retries transient failures (a network error, a failover) with backoff for
     up to 300 s. Other exceptions from ``func`` or the stream propagate;
@@ -144,6 +150,9 @@ def foreach_batch(
             idle_seconds=idle_seconds,
             until_idle=until_idle,
             stop_event=stop_event,
+            # the cluster time of the call: the newest in the reply to the opening aggregate
+            # (through mongos, at least that of every write acknowledged before it)
+            called_at=stream.position.server_time,
         )
         with _Cutter(stream, converter, cuts) as cutter:
             while True:
@@ -181,6 +190,9 @@ class _Idle:
 
     resume_token: Any
     alive: bool
+    caught_up: bool
+    """The token has reached the cluster time of the call (:attr:`_Cuts.called_at`): no event
+    written before the call can come after it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +234,9 @@ class _Cuts:
     idle_seconds: float
     until_idle: bool
     stop_event: threading.Event | None
+    called_at: Timestamp | None = None
+    """``until_idle`` ends at an empty getMore whose postBatchResumeToken has reached this
+    cluster time (``None``: at the first empty getMore)."""
 
 
 class _Prefetcher:
@@ -235,9 +250,12 @@ class _Prefetcher:
     :meth:`wait` when it is empty. ``capacity`` bounds the events held.
     """
 
-    def __init__(self, stream: ChangeStream[Any], capacity: int) -> None:
+    def __init__(
+        self, stream: ChangeStream[Any], capacity: int, called_at: Timestamp | None = None
+    ) -> None:
         self._stream = stream
         self._capacity = capacity
+        self._called_at = called_at
         self.items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._consumer_waits = False
@@ -280,6 +298,13 @@ class _Prefetcher:
             with self._cond:
                 self._cond.notify_all()
 
+    def _reached(self, token: Any) -> bool:
+        """Whether ``token`` is at or past the cluster time of the call."""
+        if self._called_at is None:
+            return True
+        at = token_cluster_time(token) if token is not None else None
+        return at is not None and (at.time, at.inc) >= (self._called_at.time, self._called_at.inc)
+
     def _run(self) -> None:
         stream, items, stop = self._stream, self.items, self._stop
         try:
@@ -293,7 +318,8 @@ class _Prefetcher:
                     continue
                 event = stream.try_next()
                 if event is None:
-                    self._put(_Idle(stream.resume_token, stream.alive))
+                    token = stream.resume_token
+                    self._put(_Idle(token, stream.alive, self._reached(token)))
                     if not stream.alive:
                         return
                 else:
@@ -348,7 +374,9 @@ class _Cutter:
 
     def _run(self) -> None:
         try:
-            with _Prefetcher(self._stream, capacity=self._cuts.max_rows) as prefetched:
+            with _Prefetcher(
+                self._stream, capacity=self._cuts.max_rows, called_at=self._cuts.called_at
+            ) as prefetched:
                 end = self._cut(prefetched)
             self._emit(end)
         except BaseException as exc:
@@ -404,19 +432,18 @@ class _Cutter:
                         flush()
                         now = time.monotonic()
                 elif isinstance(item, _Idle):
-                    if pending and (
-                        cuts.until_idle or not item.alive or now - first_at >= max_seconds
-                    ):
+                    done = cuts.until_idle and item.caught_up
+                    if pending and (done or not item.alive or now - first_at >= max_seconds):
                         flush()
                         now = time.monotonic()
                     if not pending and (
-                        cuts.until_idle or not item.alive or now - emitted_at >= cuts.idle_seconds
+                        done or not item.alive or now - emitted_at >= cuts.idle_seconds
                     ):
                         self._emit(_Save(item.resume_token))  # past every event delivered
                         emitted_at = now
                         if not item.alive:
                             return _End("invalidated")  # closed by an invalidate a $match removed
-                        if cuts.until_idle:
+                        if done:
                             return _End("idle")
                 elif isinstance(item, _Failed):
                     raise item.error

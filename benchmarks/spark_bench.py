@@ -420,6 +420,11 @@ def main() -> None:
         rate = f"{count_ / seconds:>10,.0f}" if seconds else f"{'-':>10}"
         per_event = f"{cpu / count_ * 1e6:>13.1f}" if cpu is not None and count_ else f"{'':>13}"
         print(f"{name:48} {count_:>9} {seconds:>8.2f} {rate} {per_event}")
+    rates = {name.split()[0]: n / sec for name, n, sec, _ in results if sec}
+    for row, what in (("7b", "default batches"), ("6d", f"{rows:,}-row batches, warm")):
+        if row in rates and "9b" in rates:
+            print(f"data source ({row}, {what}) / Spark's floor (9b): "
+                  f"{rates[row] / rates['9b']:.0%}")
 
 
 if __name__ == "__main__":

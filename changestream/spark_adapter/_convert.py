@@ -29,9 +29,11 @@ measured on 20,000 of the benchmark's insert events (425 B), 10,000 per call,
   incompatibility) while pyspark 4.3 needs ``pyarrow>=18`` and a resolver
   picks 26 today; so it is not a dependency of the ``spark`` extra.
 
-The JSON encoder is the public one: ``JSONEncoder.encode`` costs 5.7 µs per
-full document against 3.9 through CPython's private ``c_make_encoder``, which
-an earlier version called positionally.
+The JSON encoder is the public one. One ``JSONEncoder.encode`` call per
+document costs 5.3 µs per full document against 3.2 through CPython's private
+``c_make_encoder`` (which an earlier version called positionally), because
+each call builds the C encoder anew; encoding a column's documents in one
+call (:func:`_encode_each`) costs 2.9.
 """
 
 from __future__ import annotations
@@ -289,15 +291,38 @@ def _subvalues(outer: str, inner: str) -> Extract:
     return extract
 
 
+_MARK = 2**200
+"""Put between the values of :func:`_encode_each`: an integer no BSON value encodes as."""
+_SPLIT = f", {_MARK}, "
+
+
+def _encode_each(values: list[Any]) -> list[str]:
+    """Relaxed JSON of each value (none ``None``), in one call of the encoder.
+
+    The values are encoded as one list with :data:`_MARK` between them and
+    the text split there: the same text as one call per value, at half the
+    cost (a call builds the C encoder anew). Should a value hold the mark's
+    digits, the parts do not add up and each value is encoded on its own.
+    """
+    items = [_MARK] * (2 * len(values) - 1)
+    items[::2] = values
+    parts = _encode(items)[1:-1].split(_SPLIT)
+    return parts if len(parts) == len(values) else [_encode(v) for v in values]
+
+
 def _json_values(key: str) -> Extract:
     """``event[key]`` as relaxed Extended JSON."""
 
     def extract(docs: Docs) -> list[Any]:
         values = [d.get(key) for d in docs]
-        if values.count(None) == len(values):
+        missing = values.count(None)
+        if missing == len(values):
             return values
         try:
-            return [None if v is None else _encode(v) for v in values]
+            if not missing:
+                return _encode_each(values)
+            present = iter(_encode_each([v for v in values if v is not None]))
+            return [None if v is None else next(present) for v in values]
         except ValueError:  # a NaN somewhere: let relaxed_json spell it
             return [relaxed_json(v) for v in values]
 

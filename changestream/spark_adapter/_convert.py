@@ -407,16 +407,23 @@ Event = Mapping[str, Any] | bytes
 
 
 def raw_bytes(event: Any) -> Any:
-    """The raw BSON of a ``RawBSONDocument`` (plain bytes are not GC-tracked), else ``event``."""
-    return event.raw if isinstance(event, RawBSONDocument) else event
+    """The raw BSON of a ``RawBSONDocument`` (plain bytes are not GC-tracked), else ``event``
+    (a mapping); anything else is refused with what to do."""
+    if isinstance(event, RawBSONDocument):
+        return event.raw
+    if isinstance(event, (bytes, Mapping)):
+        return event
+    raise TypeError(
+        "the Spark adapter needs change documents (mappings); open the stream without "
+        f"typed=True (got {type(event).__name__})"
+    )
 
 
 def raw_event(event: Any) -> bytes:
     """An event's raw BSON: a ``RawBSONDocument``'s own bytes; a mapping (a split event the
     client merged from its fragments) encoded once."""
-    if isinstance(event, RawBSONDocument):
-        return bytes(event.raw)
-    return event if isinstance(event, bytes) else bson.encode(event)
+    raw = raw_bytes(event)
+    return raw if isinstance(raw, bytes) else bson.encode(raw)
 
 
 def is_invalidate(event: Event) -> bool:

@@ -1,7 +1,8 @@
 """``foreach_batch``: feed a change stream to ``func(DataFrame, batch_id)`` in micro-batches.
 
 Three threads form a pipeline, so fetching, converting and Spark's work
-overlap: a fetch thread polls the stream with ``try_next``; a cutter thread
+overlap: a fetch thread polls the stream with ``try_next`` (the adapter's
+one :class:`~._prefetch.Prefetcher`, also the data source's); a cutter thread
 cuts a batch when it holds ``max_rows`` events or its first event is
 ``max_seconds`` old and converts it to Arrow (incrementally, as events
 arrive); the calling thread turns each finished table into a DataFrame,
@@ -122,10 +123,12 @@ def foreach_batch(
     newest in the reply to the opening aggregate): every event written before
     the call is delivered, also those a mongos holds back until its idle
     shards' periodic no-ops (10 s apart by default) let it release them;
-    ``idle_seconds`` plays no part in it. Stops then, after ``max_batches`` calls, when ``stop_event`` is set (after the
-    batches already cut), or after an ``invalidate``. Opening the stream
-    retries transient failures (a network error, a failover) with backoff for
-    up to 300 s. Other exceptions from ``func`` or the stream propagate;
+    ``idle_seconds`` plays no part in it. Stops then, after ``max_batches``
+    calls, when ``stop_event`` is set (after the
+    batches already cut), or after an ``invalidate``. Opening the stream, and
+    reopening it after the last event read when it fails later, retries
+    transient failures (a network error, a failover) with backoff for up to
+    300 s. Other exceptions from ``func`` or the stream propagate;
     nothing is stored for the failed batch.
     """
     if max_rows < 1:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._api import Client, Collection, Database, watch
-from ._consume import ConsumeResult, consume
+from ._consume import consume
+from ._consume_run import ConsumeResult
 from ._metrics import ConsumeStats
 from ._position import Position
 from ._snapshot import SnapshotError

@@ -1,4 +1,4 @@
-"""``python -m changestream ...``: the ``changestream`` command line (:mod:`changestream.cli`)."""
+"""``python -m changestream ...``: the ``changestream`` command line (the ``changestream`` script runs the same)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from .events import ChangeEvent
 
-__all__ = ["Client", "Collection", "Database", "watch"]
+__all__ = ["Client", "Collection", "Database", "unwrap", "watch"]
 
 _D = TypeVar("_D")
 Pipeline = list[Mapping[str, Any]]
@@ -174,8 +174,7 @@ def watch(
     fragments). Change streams require read concern "majority" or none (the
     server rejects others). The initial ``aggregate`` runs before this returns.
     """
-    if isinstance(target, (Client, Database, Collection)):
-        target = target.pymongo
+    target = unwrap(target)
     options = ChangeStreamOptions.from_kwargs(
         pipeline,
         typed=typed,
@@ -200,7 +199,16 @@ def watch(
         # END generated watch options
         **unknown_options,  # unknown names: from_kwargs raises, listing the valid ones
     )
-    return ChangeStream(target, options)
+    stream: ChangeStream[Any] = ChangeStream(target, options)
+    stream._start()
+    return stream
+
+
+def unwrap(target: Any) -> Any:
+    """The PyMongo object behind a ``Client``/``Database``/``Collection`` wrapper, else ``target``."""
+    if isinstance(target, (Client, Database, Collection)):
+        return target.pymongo
+    return target
 
 
 class _BoundWatch(Protocol):

@@ -31,7 +31,8 @@ from pymongo.read_preferences import ReadPreference
 
 from ._api import watch
 from ._cli_progress import StatusLine, WatchProgress, parse_operation_time
-from ._consume import DEFAULT_CALL_TIMEOUT, ConsumeError, StreamInvalidatedError, consume
+from ._consume import consume
+from ._consume_run import DEFAULT_CALL_TIMEOUT, ConsumeError, StreamInvalidatedError
 from ._stream import ChangeStream
 from ._token import token_from_json, token_to_json
 from .errors import describe_error

@@ -117,7 +117,7 @@ class Progress:
         ``server time - token time``: the newest cluster time any reply of this
         stream carried, minus the cluster time of the last event returned (or of
         the ``postBatchResumeToken`` once a batch is consumed). ``None`` until
-        both are known. Second resolution; see :mod:`changestream.position`.
+        both are known. Second resolution; see :class:`changestream.Position`.
         """
         return self._machine.position.lag
 

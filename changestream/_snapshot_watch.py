@@ -1,21 +1,24 @@
-"""``snapshot_then_watch``: the synchronous shell over :class:`changestream._snapshot.SnapshotRun`.
+# Generated from changestream/aio/_snapshot_watch.py by tools/gen_sync.py: edit that file, then run `python tools/gen_sync.py`.
+"""``snapshot_then_watch``: the shell over :class:`changestream._snapshot.SnapshotRun`.
 
 It runs the commands the run asks for (in one session, so getMores find
-their cursor), hands out its records, then opens :func:`changestream.watch`
-where the run says and hands out the stream's changes.
+their cursor), hands out its records, then opens ``watch`` where the run says
+and hands out the stream's changes. All decisions are the run's. This asyncio
+module is the one source of both shells: ``tools/gen_sync.py`` writes
+``changestream/_snapshot_watch.py`` from it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
 from pymongo.errors import OperationFailure
-from pymongo.synchronous.collection import Collection as PyMongoCollection
+from pymongo.synchronous.collection import Collection
 
-from ._api import Collection, watch
+from ._api import unwrap, watch
 from ._pymongo import plain_command_spec
 from ._snapshot import (
     DEFAULT_COPY_BATCH,
@@ -49,15 +52,14 @@ def snapshot_then_watch(
     applies to both. :attr:`SnapshotThenWatch.resume_token` is always the
     position after the last returned record or change: pass it back as
     ``resume_after`` to continue (the copy from the next ``_id`` at the same
-    T, or the stream). ``watch_options`` are :func:`changestream.watch`'s,
-    except the start options. See ``docs/snapshot.md`` for the guarantees.
+    T, or the stream). ``watch_options`` are ``watch``'s, except the start
+    options. See ``docs/snapshot.md`` for the guarantees.
     """
-    if isinstance(target, Collection):
-        target = target.pymongo
-    if not isinstance(target, PyMongoCollection):
+    target = unwrap(target)
+    if not isinstance(target, Collection):
         raise TypeError(
-            "snapshot_then_watch() needs a pymongo Collection (a snapshot copies one collection), "
-            f"not {type(target).__name__}"
+            "snapshot_then_watch() needs a pymongo Collection (a snapshot copies one "
+            f"collection), not {type(target).__name__}"
         )
     check_watch_options(watch_options)
     return SnapshotThenWatch(target, pipeline, resume_after, copy_batch_size, watch_options)
@@ -68,7 +70,7 @@ class SnapshotThenWatch:
 
     def __init__(
         self,
-        collection: PyMongoCollection[Any],
+        collection: Collection[Any],
         pipeline: list[Mapping[str, Any]] | None,
         resume_after: Mapping[str, Any] | None,
         copy_batch_size: int,
@@ -140,11 +142,13 @@ class SnapshotThenWatch:
                 continue
             if self._stream is None:
                 self._end_session()
-                self._stream = watch(self._collection, self._pipeline, **action.start, **self._options)
+                self._stream = watch(
+                    self._collection, self._pipeline, **action.start, **self._options
+                )
             return self._stream.try_next()
 
     def next(self) -> Any:
-        """Block until the next record or change; ``StopIteration`` once closed or invalidated."""
+        """Wait for the next record or change; ``StopIteration`` once closed or invalidated."""
         while self.alive:
             change = self.try_next()
             if change is not None:
@@ -153,7 +157,7 @@ class SnapshotThenWatch:
 
     __next__ = next
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> SnapshotThenWatch:
         return self
 
     def close(self) -> None:
@@ -193,22 +197,22 @@ def stream_opener(
     watch_options: Mapping[str, Any] | None,
 ) -> Any:
     """``consume``'s ``open_stream``: ``source`` itself, or one built for a collection."""
-    is_collection = isinstance(source, (PyMongoCollection, Collection))
+    source = unwrap(source)
+    is_collection = isinstance(source, Collection)
     problem = opener_arguments_error(is_collection, initial_snapshot, pipeline, watch_options)
     if problem is not None:
         raise TypeError(problem)
     if not is_collection:
         return source
-    collection = source.pymongo if isinstance(source, Collection) else source
     options = dict(watch_options or {})
     copy_batch_size = options.pop("copy_batch_size", DEFAULT_COPY_BATCH)
 
     def open_stream(token: Any) -> Any:
         if opens_snapshot(token, initial_snapshot):
             return snapshot_then_watch(
-                collection, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
+                source, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
                 **options,
             )
-        return watch(collection, pipeline, resume_after=token, **options)
+        return watch(source, pipeline, resume_after=token, **options)
 
     return open_stream

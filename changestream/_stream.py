@@ -1,19 +1,25 @@
-"""The synchronous :class:`ChangeStream`: a thin shell driving the state machine over PyMongo.
+# Generated from changestream/aio/_stream.py by tools/gen_sync.py: edit that file, then run `python tools/gen_sync.py`.
+"""The change stream shell: the I/O loop that drives the state machine over PyMongo.
 
 All spec logic lives in :mod:`changestream._machine`, and everything the two
 shells share in :class:`changestream._shell.StreamShell`; this module only runs
 the commands the machine asks for (through :mod:`changestream._pymongo`),
 serialises callers with a lock and turns the machine's verdicts into return
-values and exceptions.
+values and exceptions. It is the one source of both shells:
+``tools/gen_sync.py`` writes ``changestream/_stream.py`` from it. Two things
+are async-only: cancellation (the server cursor is killed in the background)
+and the optional ``on_resume_token_change`` callback (the spec allows it only
+in async drivers); a sync call interrupted by ``KeyboardInterrupt`` kills the
+cursor before it returns.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.mongo_client import MongoClient
 
 from ._machine import (
@@ -34,14 +40,16 @@ __all__ = ["ChangeStream"]
 _T = TypeVar("_T")
 
 
+
 class ChangeStream(StreamShell, Generic[_T]):
     """A resumable change stream (same surface as ``pymongo.change_stream.ChangeStream``).
 
-    Create it with :func:`changestream.watch` (or ``.watch()`` on the
-    wrappers); the initial ``aggregate`` runs immediately, so errors such as
-    an invalid pipeline surface at creation.
+    Create it with ``changestream.watch(target)`` (sync:
+    :func:`changestream.watch`, or ``.watch()`` on the wrappers); the initial
+    ``aggregate`` has run when it is returned, so errors such as an invalid
+    pipeline surface at creation.
 
-    Iterate with ``for change in stream`` / :meth:`next` (blocks until a
+    Iterate with ``for change in stream`` / :meth:`next` (waits until a
     change arrives) or poll with :meth:`try_next` (at most one ``getMore``).
     To store progress and receive *every* resume token update, including
     those from empty batches, read :attr:`resume_token` after each
@@ -64,28 +72,45 @@ class ChangeStream(StreamShell, Generic[_T]):
 
     An ``invalidate`` event (collection dropped/renamed) is returned, then the
     stream closes; its ``_id`` stays in :attr:`resume_token` so a new stream
-    can continue with ``start_after=stream.resume_token``. Interrupting a call
-    (``KeyboardInterrupt``) kills the server cursor and closes the stream, but
-    :attr:`resume_token` stays readable.
+    can continue with ``start_after=stream.resume_token``.
+
+    Interrupting a call (``KeyboardInterrupt`` in sync code; cancelling the
+    task in asyncio, also via ``asyncio.timeout`` or ``wait_for``) closes the
+    stream and kills the server cursor (asyncio: in the background, and
+    :meth:`close` waits for that); :attr:`resume_token` stays readable so a
+    new stream can continue with ``resume_after=stream.resume_token``.
+    :meth:`close` from another thread or task lets a waiting :meth:`next`
+    finish its current ``getMore`` first (at most ``max_await_time_ms``).
     """
 
-    def __init__(self, target: Any, options: ChangeStreamOptions) -> None:
+    def __init__(
+        self,
+        target: Any,
+        options: ChangeStreamOptions,
+    ) -> None:
         resolved = resolve_target(target)
         if not isinstance(resolved.client, MongoClient):
-            raise TypeError("ChangeStream needs a synchronous pymongo MongoClient target")
+            raise TypeError(
+                "ChangeStream needs a synchronous pymongo MongoClient target "
+                "(use changestream.watch for an MongoClient)"
+            )
+        if options.session is not None and not isinstance(options.session, ClientSession):
+            raise TypeError("session must be a ClientSession of the same MongoClient")
         super().__init__(resolved, options, SyncTransport)
         self._transport: SyncTransport
         self._lock = threading.RLock()
-        with self._lock, self._deadline():
-            self._machine.start()
-            self._run(interruptible=False)
+
+    def _start(self) -> None:
+        """Run the initial aggregate (called by :func:`watch`)."""
+        with self._lock:
+            with self._deadline():
+                self._machine.start()
+                self._run(interruptible=False)
 
     # -- public surface (resume_token, alive: StreamShell) --------------------------
     def next(self) -> _T:
-        """Block until the next change; raise ``StopIteration`` once the stream is closed."""
-        lock = self._lock
-        lock.acquire()  # not ``with``: half the cost, on the per-event path
-        try:
+        """Wait for the next change; raise ``StopIteration`` once the stream is closed."""
+        with self._lock:
             if self._close_requested:
                 raise StopIteration
             document = self._machine.next_buffered()
@@ -93,8 +118,6 @@ class ChangeStream(StreamShell, Generic[_T]):
                 with self._deadline():
                     self._machine.begin_next()
                     document = self._run(interruptible=True)
-        finally:
-            lock.release()
         if document is None:
             raise StopIteration
         return document  # type: ignore[no-any-return]
@@ -107,9 +130,7 @@ class ChangeStream(StreamShell, Generic[_T]):
         After a resume caused by an error, only the new cursor's first batch is
         consulted. Returns ``None`` on a closed stream.
         """
-        lock = self._lock
-        lock.acquire()  # not ``with``: half the cost, on the per-event path
-        try:
+        with self._lock:
             if self._close_requested:
                 return None
             document = self._machine.next_buffered()
@@ -118,21 +139,20 @@ class ChangeStream(StreamShell, Generic[_T]):
             with self._deadline():
                 self._machine.begin_try_next()
                 return self._run(interruptible=True)  # type: ignore[no-any-return]
-        finally:
-            lock.release()
 
     def close(self) -> None:
         """Kill the server cursor and end the stream's implicit session (idempotent).
 
-        May be called from another thread: a blocked :meth:`next` stops after
-        its current getMore returns.
+        May be called from another thread or task: a waiting :meth:`next`
+        stops after its current getMore returns.
         """
         self._close_requested = True
-        with self._lock, self._deadline():
-            self._machine.close()
-            self._run(interruptible=False)
+        with self._lock:
+            with self._deadline():
+                self._machine.close()
+                self._run(interruptible=False)
 
-    def __iter__(self) -> Iterator[_T]:
+    def __iter__(self) -> ChangeStream[_T]:
         return self
 
     def __enter__(self) -> ChangeStream[_T]:
@@ -155,20 +175,23 @@ class ChangeStream(StreamShell, Generic[_T]):
                 if interruptible and self._close_requested:
                     return None
                 action = machine.next_action()
-                if isinstance(action, Deliver):
-                    return action.document
                 if isinstance(action, NoDocument):
                     return None
                 if isinstance(action, Raise):
                     raise action.error
                 try:
-                    outcome = self._transport.run(action)
+                    if isinstance(action, Deliver):
+                        return action.document
+                    self._feed(self._transport.run(action))
                 except BaseException:
-                    # Interrupted mid-command: kill the cursor, keep the token, re-raise.
-                    machine.abort()
-                    self._run(interruptible=False)
+                    # Interrupted mid-command (or the callback failed): close, kill the cursor.
+                    self._interrupted()
                     raise
-                self._feed(outcome)
         finally:
             if self._finished:
                 self._transport.close()
+
+    def _interrupted(self) -> None:
+        """Close the stream at once: kill its cursor and end the session before returning."""
+        self._machine.abort()
+        self._run(interruptible=False)

@@ -23,7 +23,7 @@ from pymongo.errors import (
 )
 
 import changestream
-from changestream._consume import is_transient
+from changestream._consume_run import is_transient
 from changestream.stores import FileTokenStore, MemoryTokenStore, StoredToken
 
 FAST = {"max_await_time_ms": 50}

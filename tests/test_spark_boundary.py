@@ -19,9 +19,9 @@ ADAPTER = ROOT / "changestream" / "spark_adapter"
 
 ALLOWED = frozenset({
     "_codes.CHANGE_STREAM_HISTORY_LOST",
-    "_consume.RetryPolicy",
-    "_consume.is_transient",
-    "_consume.stalled",
+    "_consume_run.RetryPolicy",
+    "_consume_run.is_transient",
+    "_consume_run.stalled",
     "_snapshot.SnapshotPosition",
     "_snapshot.copy_pipeline",
     "_snapshot.snapshot_concern",

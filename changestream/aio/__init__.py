@@ -8,9 +8,10 @@ at-least-once loop.
 
 from __future__ import annotations
 
+from ._api import watch
 from ._consume import consume
 from ._snapshot_watch import AsyncSnapshotThenWatch, snapshot_then_watch
-from ._stream import AsyncChangeStream, TokenCallback, watch
+from ._stream import AsyncChangeStream, TokenCallback
 
 __all__ = [
     "AsyncChangeStream",

@@ -1,26 +1,28 @@
-"""asyncio twin of :func:`changestream.consume`: the same policy, awaited.
+"""The consume loop: the I/O between :class:`changestream._consume_run.Run`'s decisions.
 
 Every decision (save schedule, dead ends, reopening, retry settings) is
-:class:`changestream._consume.Run`'s; only the I/O between them is written
-again here, with ``await``.
-Stores may be :class:`~changestream.stores.AsyncTokenStore` (awaited) or
-plain :class:`~changestream.stores.TokenStore` (run in a worker thread, since
-a file store fsyncs).
+:class:`~changestream._consume_run.Run`'s; this loop only opens streams,
+polls them, calls the handler and the store, and sleeps between retries.
+The asyncio module (``changestream/aio/_consume.py``) is the source;
+``tools/gen_sync.py`` writes the sync one from it. The async loop also takes
+async stores (awaited) and runs a plain store's methods in a worker thread (a
+file store fsyncs); the sync loop calls its store directly.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import asyncio  # sync: import threading
+from collections.abc import (
+    Awaitable,  # async-only
+    Callable,
+    Mapping,
+)
 from typing import Any
 
 import pymongo
 import tenacity
-from pymongo.errors import PyMongoError
 
-from .._consume import (
+from .._consume_run import (
     DEFAULT_CALL_TIMEOUT,
     HANDLE,
     SAVE,
@@ -32,36 +34,18 @@ from .._consume import (
     stalled,
 )
 from .._metrics import StatsCallback, StatsReporter
-from ..stores import AsyncTokenStore, TokenStore
+from ..stores import AsyncTokenStore, TokenStore  # sync: from ..stores import TokenStore
+from ._async_io import bounded, call_handler, call_store, stop_setter, wait_for_stop
 from ._snapshot_watch import stream_opener
 from ._stream import AsyncChangeStream
 
 __all__ = ["consume"]
 
 
-async def _call(method: Callable[..., Any], *args: Any) -> Any:
-    """Await an async store method; run a sync one in a thread."""
-    if inspect.iscoroutinefunction(method):
-        return await method(*args)
-    return await asyncio.to_thread(method, *args)
-
-
-@contextlib.asynccontextmanager
-async def bounded(
-    stream: AsyncChangeStream[Any], call_timeout: float
-) -> AsyncIterator[AsyncChangeStream[Any]]:
-    """``async with stream:`` whose close is bounded by ``call_timeout`` and best effort."""
-    try:
-        yield stream
-    finally:
-        with pymongo.timeout(call_timeout), contextlib.suppress(PyMongoError):
-            await stream.close()  # the server reaps an unkilled cursor itself
-
-
 async def consume(
-    open_stream: Callable[[Any], Awaitable[AsyncChangeStream[Any]]] | Any,
-    handler: Callable[[Any], Any],
-    store: TokenStore | AsyncTokenStore,
+    open_stream: Callable[[Any], Awaitable[AsyncChangeStream[Any]]] | Any,  # sync: open_stream: Callable[[Any], ChangeStream[Any]] | Any,
+    handler: Callable[[Any], Any],  # sync: handler: Callable[[Any], object],
+    store: TokenStore | AsyncTokenStore,  # sync: store: TokenStore,
     *,
     initial_snapshot: bool = False,
     pipeline: list[Mapping[str, Any]] | None = None,
@@ -71,12 +55,13 @@ async def consume(
     retry_for: float | None = 300.0,
     backoff_initial: float = 0.5,
     backoff_max: float = 30.0,
-    stop: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,  # sync: stop: threading.Event | None = None,
     on_stats: StatsCallback | None = None,
     stats_interval: float = 10.0,
     call_timeout: float = DEFAULT_CALL_TIMEOUT,
     stop_on_signals: bool = False,
 ) -> ConsumeResult:
+    # async-only: begin
     """Handle every change at least once, keeping the resume token in ``store``.
 
     Same contract as :func:`changestream.consume`, with
@@ -88,6 +73,53 @@ async def consume(
     ``watch_options`` and ``initial_snapshot`` as in the sync ``consume``).
     ``call_timeout`` and ``stop_on_signals`` work as there.
     """
+    # async-only: end
+    # sync-only: begin
+    # """Handle every change at least once, keeping the resume token in ``store``.
+    #
+    # ``open_stream(token)`` opens the stream from a stored token (``None``:
+    # nothing stored yet), e.g.
+    # ``lambda token: changestream.watch(coll, resume_after=token)``.
+    # ``handler(change)`` is called for each change, in order; the token is
+    # saved after every ``save_every`` handled changes, when ``save_interval``
+    # seconds have passed since the last save, after each empty batch (the
+    # postBatchResumeToken) and when the loop ends. A failure between handling
+    # and saving means the change is handled again after a restart, never lost.
+    #
+    # Transient failures the stream could not resume from itself reopen the
+    # stream from the last handled token with exponential backoff
+    # (``backoff_initial`` doubling up to ``backoff_max`` seconds, plus jitter)
+    # for up to ``retry_for`` seconds without progress (``None``: forever), then
+    # raise :class:`RetriesExhaustedError`. The handler's own exceptions
+    # propagate (a transient PyMongo error from it is retried the same way,
+    # so the change is handled again). Raises :class:`HistoryLostError`,
+    # :class:`NotResumableError` or :class:`StreamInvalidatedError` on dead
+    # ends. Returns when ``stop`` is set (checked between polls, so within
+    # about ``max_await_time_ms``); with ``stop_on_signals=True`` (main thread
+    # only) SIGTERM and SIGINT set it, for a clean stop in containers.
+    #
+    # Every stream call (opening, each poll, closing) runs under a client-side
+    # timeout of ``call_timeout`` seconds (default 60; the stream's own
+    # ``timeout_ms`` applies if earlier): a server that stops answering becomes
+    # a logged, retried failure, never an endless wait. A server that accepts
+    # each resume and then fails again is not retried in a tight loop: the
+    # stream gives up after ``MAX_IDLE_RESUMES`` (3) fruitless resumes and the
+    # reopen backs off as above.
+    #
+    # ``on_stats(stats)`` receives a :class:`~changestream.ConsumeStats`
+    # (changes handled, events/s, lag, resumes, reopens, time of the last
+    # stored token) every ``stats_interval`` seconds and when the loop ends;
+    # the exporters in :mod:`changestream.exporters` are such callbacks.
+    #
+    # ``open_stream`` may also be a collection: then ``consume`` opens the
+    # stream itself (``pipeline`` and ``watch_options`` are ``watch()``'s), and
+    # with ``initial_snapshot=True`` first hands every document of the
+    # collection to the handler as a snapshot record (see
+    # :func:`changestream.snapshot_then_watch`; ``watch_options`` may also hold
+    # its ``copy_batch_size``); the store then keeps the copy's progress, so a
+    # restart continues the copy where it stopped.
+    # """
+    # sync-only: end
     open_stream = stream_opener(
         open_stream, initial_snapshot=initial_snapshot, pipeline=pipeline,
         watch_options=watch_options,
@@ -95,11 +127,11 @@ async def consume(
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,
               stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout)
-    run.loaded(await _call(store.load))
-    stop = stop if stop is not None else asyncio.Event()
+    run.loaded(await call_store(store.load))
+    stop = stop if stop is not None else asyncio.Event()  # sync: stop = stop if stop is not None else threading.Event()
 
     async def save() -> None:
-        await _call(store.save, run.token)
+        await call_store(store.save, run.token)
         run.saved()
 
     async def session() -> bool:
@@ -119,9 +151,7 @@ async def consume(
                     step = run.polled(change, token, stream.alive, stalled(stream))
                     if step is HANDLE:
                         try:
-                            result = handler(change)
-                            if inspect.isawaitable(result):
-                                await result
+                            await call_handler(handler, change)
                         except Exception as exc:
                             run.handler_error = exc
                             raise
@@ -135,12 +165,10 @@ async def consume(
         return False
 
     async def sleep(seconds: float) -> None:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), seconds)
+        await wait_for_stop(stop, seconds)
 
-    loop = asyncio.get_running_loop()
     try:
-        with signals_stop(stop_on_signals, lambda: loop.call_soon_threadsafe(stop.set)):
+        with signals_stop(stop_on_signals, stop_setter(stop)):
             while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):
                 pass
     except Exception as exc:
@@ -159,7 +187,7 @@ async def consume(
     return run.result()
 
 
-async def _flush_quietly(run: Run, save: Callable[[], Awaitable[None]]) -> None:
+async def _flush_quietly(run: Run, save: Callable[[], Awaitable[None]]) -> None:  # sync: def _flush_quietly(run: Run, save: Callable[[], None]) -> None:
     """Store the last handled token on the way out; the original error matters more."""
     if run.pending:
         try:

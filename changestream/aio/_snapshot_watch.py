@@ -1,7 +1,10 @@
-"""asyncio twin of :func:`changestream.snapshot_then_watch`: the same run, awaited.
+"""``snapshot_then_watch``: the shell over :class:`changestream._snapshot.SnapshotRun`.
 
-All decisions are :class:`changestream._snapshot.SnapshotRun`'s; this shell
-only awaits the commands it asks for and the stream it opens.
+It runs the commands the run asks for (in one session, so getMores find
+their cursor), hands out its records, then opens ``watch`` where the run says
+and hands out the stream's changes. All decisions are the run's. This asyncio
+module is the one source of both shells: ``tools/gen_sync.py`` writes
+``changestream/_snapshot_watch.py`` from it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from .._snapshot import (
     opener_arguments_error,
     opens_snapshot,
 )
-from ._stream import AsyncChangeStream, watch
+from ._api import unwrap, watch
+from ._stream import AsyncChangeStream
 
 __all__ = ["AsyncSnapshotThenWatch", "snapshot_then_watch"]
 
@@ -37,7 +41,20 @@ async def snapshot_then_watch(
     copy_batch_size: int = DEFAULT_COPY_BATCH,
     **watch_options: Any,
 ) -> AsyncSnapshotThenWatch:
-    """Same contract as :func:`changestream.snapshot_then_watch`, on an ``AsyncCollection``."""
+    """Every document of a collection as it was at one cluster time T, then its changes after T.
+
+    First yields one insert-shaped record per document (``operationType:
+    "insert"``, ``fullDocument``, ``documentKey``, ``clusterTime`` = the read
+    time, and ``snapshot: {eventsMayRepeat}``) in ``_id`` order, read with
+    ``readConcern: {level: "snapshot", atClusterTime: T}`` (MongoDB 5.0+);
+    then the change stream from ``Timestamp(T.time, T.inc + 1)``. ``pipeline``
+    applies to both. :attr:`AsyncSnapshotThenWatch.resume_token` is always the
+    position after the last returned record or change: pass it back as
+    ``resume_after`` to continue (the copy from the next ``_id`` at the same
+    T, or the stream). ``watch_options`` are ``watch``'s, except the start
+    options. See ``docs/snapshot.md`` for the guarantees.
+    """
+    target = unwrap(target)
     if not isinstance(target, AsyncCollection):
         raise TypeError(
             "snapshot_then_watch() needs a pymongo AsyncCollection (a snapshot copies one "
@@ -48,7 +65,7 @@ async def snapshot_then_watch(
 
 
 class AsyncSnapshotThenWatch:
-    """Async iterator over snapshot records, then changes (polling surface of :class:`AsyncChangeStream`)."""
+    """Iterator over snapshot records, then changes (same polling surface as :class:`AsyncChangeStream`)."""
 
     def __init__(
         self,
@@ -71,13 +88,14 @@ class AsyncSnapshotThenWatch:
 
     @property
     def resume_token(self) -> Any:
-        """The position after the last returned record or change."""
+        """The position after the last returned record or change (``None`` before the first command)."""
         if self._stream is not None and self._stream.resume_token is not None:
             return self._stream.resume_token
         return self._run.token
 
     @property
     def copying(self) -> bool:
+        """Still in the copy phase."""
         return self._run.copying
 
     @property
@@ -136,11 +154,10 @@ class AsyncSnapshotThenWatch:
                 return change
         raise StopAsyncIteration
 
+    __anext__ = next
+
     def __aiter__(self) -> AsyncSnapshotThenWatch:
         return self
-
-    async def __anext__(self) -> Any:
-        return await self.next()
 
     async def close(self) -> None:
         """Kill an open copy cursor, end the session, close the stream (idempotent)."""
@@ -178,7 +195,8 @@ def stream_opener(
     pipeline: list[Mapping[str, Any]] | None,
     watch_options: Mapping[str, Any] | None,
 ) -> Any:
-    """``consume``'s ``open_stream``: ``source`` itself, or one built for an ``AsyncCollection``."""
+    """``consume``'s ``open_stream``: ``source`` itself, or one built for a collection."""
+    source = unwrap(source)
     is_collection = isinstance(source, AsyncCollection)
     problem = opener_arguments_error(is_collection, initial_snapshot, pipeline, watch_options)
     if problem is not None:

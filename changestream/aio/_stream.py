@@ -1,29 +1,31 @@
-"""The asyncio :class:`AsyncChangeStream`: the sync shell's twin over ``AsyncMongoClient``.
+"""The change stream shell: the I/O loop that drives the state machine over PyMongo.
 
 All spec logic lives in :mod:`changestream._machine`, and everything the two
-shells share in :class:`changestream._shell.StreamShell`; like
-:mod:`changestream._stream`, this module only runs the commands the machine
-asks for (through :class:`changestream._pymongo.AsyncTransport`), serialises
-callers and turns the machine's verdicts into return values and exceptions.
-Two things are async-only: cancellation (the server cursor is killed in the
-background) and the optional ``on_resume_token_change`` callback (the spec
-allows it only in async drivers).
+shells share in :class:`changestream._shell.StreamShell`; this module only runs
+the commands the machine asks for (through :mod:`changestream._pymongo`),
+serialises callers with a lock and turns the machine's verdicts into return
+values and exceptions. It is the one source of both shells:
+``tools/gen_sync.py`` writes ``changestream/_stream.py`` from it. Two things
+are async-only: cancellation (the server cursor is killed in the background)
+and the optional ``on_resume_token_change`` callback (the spec allows it only
+in async drivers); a sync call interrupted by ``KeyboardInterrupt`` kills the
+cursor before it returns.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-from collections.abc import Callable, Mapping
+import asyncio  # sync: import threading
+import inspect  # async-only
+from collections.abc import Callable  # async-only
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
+from typing import Any, Generic, TypeVar
 
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
 from .._machine import (
     NOT_BUFFERED,
-    Action,
+    Action,  # async-only
     Deliver,
     NoDocument,
     Raise,
@@ -34,220 +36,60 @@ from .._options import (
 )
 from .._pymongo import AsyncTransport
 from .._shell import StreamShell
-from .._token import ResumeToken
+from .._token import ResumeToken  # async-only
 
-if TYPE_CHECKING:
-    # The types of the generated option parameters (see tools/gen_watch_signatures.py).
-    from bson.codec_options import CodecOptions
-    from bson.timestamp import Timestamp
-    from pymongo.collation import Collation
-    from pymongo.read_concern import ReadConcern
-    from pymongo.read_preferences import (
-        Nearest,
-        Primary,
-        PrimaryPreferred,
-        Secondary,
-        SecondaryPreferred,
-    )
-
-    from ..events import ChangeEvent
-
-__all__ = ["AsyncChangeStream", "TokenCallback", "watch"]
+__all__ = ["AsyncChangeStream", "TokenCallback"]  # sync: __all__ = ["ChangeStream"]
 
 _T = TypeVar("_T")
-_D = TypeVar("_D")
 
+# async-only: begin
 TokenCallback = Callable[[Any], Any]
 """``on_resume_token_change(token)``: a function or a coroutine function."""
 
 _BACKGROUND: set[asyncio.Task[None]] = set()
 """Strong references to background cursor kills (the event loop keeps only weak ones)."""
-
-
-# As changestream.watch: the event type follows ``typed`` and ``document_class``.
-@overload
-async def watch(
-    target: Any, pipeline: list[Mapping[str, Any]] | None = None, *, typed: Literal[True],
-    document_class: type[Any] | None = None, on_resume_token_change: TokenCallback | None = None,
-    # BEGIN generated watch options: params async
-    full_document: str | None = None,
-    full_document_before_change: str | None = None,
-    resume_after: Mapping[str, Any] | None = None,
-    start_after: Mapping[str, Any] | None = None,
-    start_at_operation_time: Timestamp | None = None,
-    max_await_time_ms: int | None = None,
-    batch_size: int | None = None,
-    collation: Mapping[str, Any] | Collation | None = None,
-    comment: Any = None,
-    show_expanded_events: bool | None = None,
-    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
-    read_concern: ReadConcern | None = None,
-    timeout_ms: float | None = None,
-    codec_options: CodecOptions[Any] | None = None,
-    reassemble_split_events: bool = False,
-    session: AsyncClientSession | None = None,
-    # END generated watch options
-) -> AsyncChangeStream[ChangeEvent]: ...
-@overload
-async def watch(
-    target: Any, pipeline: list[Mapping[str, Any]] | None = None, *,
-    typed: Literal[False] = False, document_class: type[_D],
-    on_resume_token_change: TokenCallback | None = None,
-    # BEGIN generated watch options: params async
-    full_document: str | None = None,
-    full_document_before_change: str | None = None,
-    resume_after: Mapping[str, Any] | None = None,
-    start_after: Mapping[str, Any] | None = None,
-    start_at_operation_time: Timestamp | None = None,
-    max_await_time_ms: int | None = None,
-    batch_size: int | None = None,
-    collation: Mapping[str, Any] | Collation | None = None,
-    comment: Any = None,
-    show_expanded_events: bool | None = None,
-    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
-    read_concern: ReadConcern | None = None,
-    timeout_ms: float | None = None,
-    codec_options: CodecOptions[Any] | None = None,
-    reassemble_split_events: bool = False,
-    session: AsyncClientSession | None = None,
-    # END generated watch options
-) -> AsyncChangeStream[_D]: ...
-@overload
-async def watch(
-    target: Any, pipeline: list[Mapping[str, Any]] | None = None, *,
-    typed: Literal[False] = False, document_class: None = None,
-    on_resume_token_change: TokenCallback | None = None,
-    # BEGIN generated watch options: params async
-    full_document: str | None = None,
-    full_document_before_change: str | None = None,
-    resume_after: Mapping[str, Any] | None = None,
-    start_after: Mapping[str, Any] | None = None,
-    start_at_operation_time: Timestamp | None = None,
-    max_await_time_ms: int | None = None,
-    batch_size: int | None = None,
-    collation: Mapping[str, Any] | Collation | None = None,
-    comment: Any = None,
-    show_expanded_events: bool | None = None,
-    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
-    read_concern: ReadConcern | None = None,
-    timeout_ms: float | None = None,
-    codec_options: CodecOptions[Any] | None = None,
-    reassemble_split_events: bool = False,
-    session: AsyncClientSession | None = None,
-    # END generated watch options
-) -> AsyncChangeStream[Mapping[str, Any]]: ...
-@overload
-async def watch(
-    target: Any, pipeline: list[Mapping[str, Any]] | None = None, *, typed: bool = False,
-    document_class: type[Any] | None = None, on_resume_token_change: TokenCallback | None = None,
-    # BEGIN generated watch options: params async
-    full_document: str | None = None,
-    full_document_before_change: str | None = None,
-    resume_after: Mapping[str, Any] | None = None,
-    start_after: Mapping[str, Any] | None = None,
-    start_at_operation_time: Timestamp | None = None,
-    max_await_time_ms: int | None = None,
-    batch_size: int | None = None,
-    collation: Mapping[str, Any] | Collation | None = None,
-    comment: Any = None,
-    show_expanded_events: bool | None = None,
-    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
-    read_concern: ReadConcern | None = None,
-    timeout_ms: float | None = None,
-    codec_options: CodecOptions[Any] | None = None,
-    reassemble_split_events: bool = False,
-    session: AsyncClientSession | None = None,
-    # END generated watch options
-) -> AsyncChangeStream[Any]: ...
-async def watch(
-    target: Any,
-    pipeline: list[Mapping[str, Any]] | None = None,
-    *,
-    typed: bool = False,
-    document_class: type[Any] | None = None,
-    on_resume_token_change: TokenCallback | None = None,
-    # BEGIN generated watch options: params async
-    full_document: str | None = None,
-    full_document_before_change: str | None = None,
-    resume_after: Mapping[str, Any] | None = None,
-    start_after: Mapping[str, Any] | None = None,
-    start_at_operation_time: Timestamp | None = None,
-    max_await_time_ms: int | None = None,
-    batch_size: int | None = None,
-    collation: Mapping[str, Any] | Collation | None = None,
-    comment: Any = None,
-    show_expanded_events: bool | None = None,
-    read_preference: Primary | PrimaryPreferred | Secondary | SecondaryPreferred | Nearest | None = None,
-    read_concern: ReadConcern | None = None,
-    timeout_ms: float | None = None,
-    codec_options: CodecOptions[Any] | None = None,
-    reassemble_split_events: bool = False,
-    session: AsyncClientSession | None = None,
-    # END generated watch options
-    **unknown_options: Any,
-) -> AsyncChangeStream[Any]:
-    """Open a change stream on a PyMongo ``AsyncMongoClient``, ``AsyncDatabase`` or ``AsyncCollection``.
-
-    The options are those of :func:`changestream.watch`; the initial
-    ``aggregate`` has run when the returned awaitable completes::
-
-        async with await changestream.aio.watch(coll) as stream:
-            async for change in stream:
-                ...
-
-    ``on_resume_token_change(token)`` (a function or a coroutine function)
-    is called whenever the cached resume token really changes: after the
-    initial aggregate, for each returned change (just before it is
-    returned) and for each new ``postBatchResumeToken`` of an empty batch,
-    even while :meth:`AsyncChangeStream.next` keeps waiting.
-    """
-    options = ChangeStreamOptions.from_kwargs(
-        pipeline,
-        typed=typed,
-        document_class=document_class,
-        # BEGIN generated watch options: arguments
-        full_document=full_document,
-        full_document_before_change=full_document_before_change,
-        resume_after=resume_after,
-        start_after=start_after,
-        start_at_operation_time=start_at_operation_time,
-        max_await_time_ms=max_await_time_ms,
-        batch_size=batch_size,
-        collation=collation,
-        comment=comment,
-        show_expanded_events=show_expanded_events,
-        read_preference=read_preference,
-        read_concern=read_concern,
-        timeout_ms=timeout_ms,
-        codec_options=codec_options,
-        reassemble_split_events=reassemble_split_events,
-        session=session,
-        # END generated watch options
-        **unknown_options,  # unknown names: from_kwargs raises, listing the valid ones
-    )
-    stream: AsyncChangeStream[Any] = AsyncChangeStream(
-        target, options, on_resume_token_change=on_resume_token_change
-    )
-    await stream._start()
-    return stream
+# async-only: end
 
 
 class AsyncChangeStream(StreamShell, Generic[_T]):
-    """A resumable change stream for asyncio; same surface as :class:`changestream.ChangeStream`.
+    """A resumable change stream (same surface as ``pymongo.change_stream.ChangeStream``).
 
-    Create it with ``await changestream.aio.watch(target)``. Iterate with
-    ``async for`` / :meth:`next` (waits until a change arrives) or poll with
-    :meth:`try_next` (at most one ``getMore``); read :attr:`resume_token`
-    after each :meth:`try_next` to store progress, or pass
-    ``on_resume_token_change`` to :func:`watch`.
+    Create it with ``await changestream.aio.watch(target)`` (sync:
+    :func:`changestream.watch`, or ``.watch()`` on the wrappers); the initial
+    ``aggregate`` has run when it is returned, so errors such as an invalid
+    pipeline surface at creation.
 
-    Cancelling a task that waits in :meth:`next` / :meth:`try_next` (also
-    via ``asyncio.timeout`` or ``wait_for``) closes the stream: the server
-    cursor is killed in the background (:meth:`close` waits for that), the
-    session is ended, and :attr:`resume_token` stays readable so a new
-    stream can continue with ``resume_after=stream.resume_token``.
-    A client-side timeout (``timeout_ms``) does *not* close it: the next call
-    resumes. :meth:`close` from another task lets a waiting :meth:`next`
+    Iterate with ``async for change in stream`` / :meth:`next` (waits until a
+    change arrives) or poll with :meth:`try_next` (at most one ``getMore``).
+    To store progress and receive *every* resume token update, including
+    those from empty batches, read :attr:`resume_token` after each
+    :meth:`try_next`, whether or not it returned a change::
+
+        async with await changestream.aio.watch(coll) as stream:
+            while stream.alive:
+                change = await stream.try_next()
+                save(stream.resume_token)      # always the most up-to-date token
+                if change is not None:
+                    process(change)
+
+    Timeouts (``timeout_ms``, or the client's ``timeoutMS``) bound each
+    :meth:`next` / :meth:`try_next` call, including any resume. A timed-out
+    call does not invalidate the stream: call it again (it first resumes on
+    the server) or close the stream and create a new one. If the timeout hits
+    before any event was received, the server may not be able to process the
+    existing oplog in time: close and re-create the stream with a higher
+    timeout.
+
+    An ``invalidate`` event (collection dropped/renamed) is returned, then the
+    stream closes; its ``_id`` stays in :attr:`resume_token` so a new stream
+    can continue with ``start_after=stream.resume_token``.
+
+    Interrupting a call (``KeyboardInterrupt`` in sync code; cancelling the
+    task in asyncio, also via ``asyncio.timeout`` or ``wait_for``) closes the
+    stream and kills the server cursor (asyncio: in the background, and
+    :meth:`close` waits for that); :attr:`resume_token` stays readable so a
+    new stream can continue with ``resume_after=stream.resume_token``.
+    :meth:`close` from another thread or task lets a waiting :meth:`next`
     finish its current ``getMore`` first (at most ``max_await_time_ms``).
     """
 
@@ -255,25 +97,31 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         self,
         target: Any,
         options: ChangeStreamOptions,
+        # async-only: begin
         *,
         on_resume_token_change: TokenCallback | None = None,
+        # async-only: end
     ) -> None:
         resolved = resolve_target(target)
         if not isinstance(resolved.client, AsyncMongoClient):
             raise TypeError(
-                "AsyncChangeStream needs a pymongo AsyncMongoClient target "
-                "(use changestream.watch for a MongoClient)"
+                "AsyncChangeStream needs a pymongo AsyncMongoClient target "  # sync: "ChangeStream needs a synchronous pymongo MongoClient target "
+                "(use changestream.watch for a MongoClient)"  # sync: "(use changestream.aio.watch for an AsyncMongoClient)"
             )
         if options.session is not None and not isinstance(options.session, AsyncClientSession):
-            raise TypeError("session must be an AsyncClientSession for an async change stream")
+            raise TypeError("session must be an AsyncClientSession for an async change stream")  # sync: raise TypeError("session must be a ClientSession of the same MongoClient")
+        # async-only: begin
         if on_resume_token_change is not None and not callable(on_resume_token_change):
             raise TypeError("on_resume_token_change must be callable")
+        # async-only: end
         super().__init__(resolved, options, AsyncTransport)
         self._transport: AsyncTransport
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # sync: self._lock = threading.RLock()
+        # async-only: begin
         self._cleanup: asyncio.Task[None] | None = None
         self._on_token = on_resume_token_change
         self._notified = ResumeToken.maybe(self._machine.resume_token)
+        # async-only: end
 
     async def _start(self) -> None:
         """Run the initial aggregate (called by :func:`watch`)."""
@@ -286,10 +134,10 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
     async def next(self) -> _T:
         """Wait for the next change; raise ``StopAsyncIteration`` once the stream is closed."""
         async with self._lock:
-            await self._settle()
+            await self._settle()  # async-only
             if self._close_requested:
                 raise StopAsyncIteration
-            document = await self._next_buffered()
+            document = await self._next_buffered()  # sync: document = self._machine.next_buffered()
             if document is NOT_BUFFERED:
                 with self._deadline():
                     self._machine.begin_next()
@@ -301,12 +149,16 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
     __anext__ = next
 
     async def try_next(self) -> _T | None:
-        """Return a buffered change, else run at most one getMore; ``None`` if nothing came."""
+        """Return a buffered change, else run at most one getMore; ``None`` if nothing came.
+
+        After a resume caused by an error, only the new cursor's first batch is
+        consulted. Returns ``None`` on a closed stream.
+        """
         async with self._lock:
-            await self._settle()
+            await self._settle()  # async-only
             if self._close_requested:
                 return None
-            document = await self._next_buffered()
+            document = await self._next_buffered()  # sync: document = self._machine.next_buffered()
             if document is not NOT_BUFFERED:
                 return document  # type: ignore[no-any-return]
             with self._deadline():
@@ -314,10 +166,14 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
                 return await self._run(interruptible=True)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
-        """Kill the server cursor and end the stream's implicit session (idempotent)."""
+        """Kill the server cursor and end the stream's implicit session (idempotent).
+
+        May be called from another thread or task: a waiting :meth:`next`
+        stops after its current getMore returns.
+        """
         self._close_requested = True
         async with self._lock:
-            await self._settle()
+            await self._settle()  # async-only
             with self._deadline():
                 self._machine.close()
                 await self._run(interruptible=False)
@@ -351,18 +207,25 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
                     raise action.error
                 try:
                     if isinstance(action, Deliver):
-                        await self._notify()
+                        await self._notify()  # async-only
                         return action.document
                     self._feed(await self._transport.run(action))
-                    await self._notify()
+                    await self._notify()  # async-only
                 except BaseException:
-                    # Cancelled (or the callback failed): close now, kill the cursor later.
+                    # Interrupted mid-command (or the callback failed): close, kill the cursor.
                     self._interrupted()
                     raise
         finally:
             if self._finished:
                 await self._transport.close()
 
+    # sync-only: begin
+    # def _interrupted(self) -> None:
+    #     """Close the stream at once: kill its cursor and end the session before returning."""
+    #     self._machine.abort()
+    #     self._run(interruptible=False)
+    # sync-only: end
+    # async-only: begin
     async def _next_buffered(self) -> Any:
         """The machine's per-event fast path (no command to run), with the token callback."""
         document = self._machine.next_buffered()
@@ -418,3 +281,4 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         task, self._cleanup = self._cleanup, None
         if task is not None:
             await asyncio.wait([task])
+    # async-only: end

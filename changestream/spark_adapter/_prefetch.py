@@ -35,7 +35,7 @@ import tenacity
 from pymongo.errors import PyMongoError
 
 from .. import ChangeStream
-from .._consume import RetryPolicy, is_transient, stalled
+from .._consume_run import RetryPolicy, is_transient, stalled
 from ..errors import RetriesExhaustedError, describe_error
 from ._convert import event_token, is_invalidate
 

@@ -5,7 +5,7 @@ Python process calls ``initialOffset`` (twice: memoised), ``latestOffset``,
 ``partitions`` and ``commit`` on one reader object; executors receive a
 *pickled* reader and a :class:`TokenRange` and call :meth:`read`. So:
 
-* the driver reads the stream once, ahead of Spark (:mod:`.readahead`):
+* the driver reads the stream once, ahead of Spark (:mod:`._readahead`):
   ``latestOffset`` cuts at most ``ReadMaxRows`` buffered events and
   ``partitions`` ships their BSON to the executors inside the partitions,
   where :meth:`ChangeStreamReader.read` converts it to Arrow;
@@ -71,7 +71,7 @@ __all__ = [
 class TokenRange(InputPartition):
     """The events after offset ``start`` up to and including offset ``end``.
 
-    ``data`` (compressed BSON, :func:`.readahead.pack`) holds events the
+    ``data`` (compressed BSON, :func:`._readahead.pack`) holds events the
     driver already read: a batch may be shipped as several such partitions,
     in order. Without it the executor reads the whole range.
     """

@@ -19,7 +19,7 @@ _UNREACHABLE = "mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=1000"
 """Nothing listens on the discard port of loopback: connection refused at once."""
 
 
-def _finish(query: Any, timeout: float = 90) -> None:
+def _finish(query: Any, timeout: float = 300) -> None:
     if not query.awaitTermination(timeout):
         query.stop()
         pytest.fail(f"the availableNow query did not end within {timeout}s")

@@ -123,3 +123,70 @@ def test_infer_ddl_widens_numbers_types_nesting_and_falls_back_to_string() -> No
     assert infer_ddl([wide]) == "`counts` MAP<STRING, INT>, `odd``name` INT"
     with pytest.raises(ValueError, match="no documents"):
         infer_ddl([])
+
+
+def test_session_settings_are_defaults_and_a_query_option_wins() -> None:
+    from changestream.spark_adapter._config import session_settings
+
+    session = session_settings({
+        "spark.mongodb.read.connection.uri": "mongodb://session/",
+        "spark.mongodb.read.database": "shop",
+        "spark.mongodb.read.collection": "orders",
+        "spark.mongodb.read.partitioner": "SamplePartitioner",  # the connector's batch reads
+        "spark.mongodb.read.comment": "not supported here, but a session setting: skipped",
+        "spark.mongodb.write.connection.uri": "mongodb://writes/",  # not a read setting
+        "spark.sql.shuffle.partitions": "2",
+    })
+    assert set(session) == {
+        "spark.mongodb.read.connection.uri", "spark.mongodb.read.database",
+        "spark.mongodb.read.collection", "spark.mongodb.read.partitioner",
+        "spark.mongodb.read.comment",
+    }
+    defaults = SourceConfig.from_options({}, session)
+    assert (defaults.uri, defaults.database, defaults.collection) == (
+        "mongodb://session/", "shop", "orders"
+    )
+    for name in ("uri", "connection.uri", "spark.mongodb.read.connection.uri"):
+        assert SourceConfig.from_options({name: "mongodb://query/"}, session).uri == (
+            "mongodb://query/"
+        ), name
+    with pytest.raises(ValueError, match="option 'uri' is required"):
+        SourceConfig.from_options({"database": "shop"}, {})
+
+
+def test_unknown_options_list_the_connector_aliases_and_suggest_the_closest() -> None:
+    with pytest.raises(ValueError) as refused:
+        SourceConfig.from_options({"uri": "mongodb://h/", "full_documnt": "updateLookup"})
+    message = str(refused.value)
+    assert "'full_documnt' (did you mean 'full_document'?)" in message
+    assert all(alias in message for alias in MONGO_SPARK_ALIASES), message
+    assert "\n" not in message
+    with pytest.raises(ValueError, match=r"did you mean 'change\.stream\.startup\.mode'"):
+        SourceConfig.from_options({"uri": "mongodb://h/", "change.stream.startup.mod": "latest"})
+    with pytest.raises(ValueError) as nothing_close:
+        SourceConfig.from_options({"uri": "mongodb://h/", "zzz": "1"})
+    assert "did you mean" not in str(nothing_close.value)
+
+
+def test_unreachable_deployments_and_refused_credentials_read_as_one_line() -> None:
+    from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
+
+    from changestream.errors import ChangeStreamError
+    from changestream.spark_adapter._errors import history_lost_as_error
+
+    with pytest.raises(ChangeStreamError) as unreachable, history_lost_as_error(None):
+        raise ServerSelectionTimeoutError(
+            "db:27017: [Errno 111] Connection refused, Timeout: 30s, Topology Description: <...>"
+        )
+    assert str(unreachable.value).startswith(
+        "cannot reach the MongoDB deployment (ServerSelectionTimeoutError: db:27017: "
+    )
+    assert "Topology" not in str(unreachable.value) and unreachable.value.__cause__ is None
+    with pytest.raises(ChangeStreamError) as refused, history_lost_as_error(None):
+        raise OperationFailure("Authentication failed.", code=18,
+                               details={"ok": 0, "code": 18, "codeName": "AuthenticationFailed",
+                                        "errmsg": "Authentication failed."})
+    assert str(refused.value).startswith(
+        "the MongoDB deployment refused the credentials (18 AuthenticationFailed: "
+        "Authentication failed.)"
+    )

@@ -28,7 +28,7 @@ from ._errors import (
 from ._infer import infer_ddl
 from ._merge import merge_into, merge_ready, stage_into
 from ._schema import ENVELOPE_COLUMNS, event_ddl
-from ._source import ChangeStreamDataSource, ChangeStreamReader
+from ._source import ChangeStreamDataSource, ChangeStreamReader, with_session_settings
 
 __all__ = [
     "ENVELOPE_COLUMNS",
@@ -51,5 +51,9 @@ __all__ = [
 
 
 def register(spark: Any) -> None:
-    """Register the data source so ``spark.readStream.format("changestream")`` finds it."""
-    spark.dataSource.register(ChangeStreamDataSource)
+    """Register the data source so ``spark.readStream.format("changestream")`` finds it.
+
+    The session's ``spark.mongodb.read.*`` settings as they are now become
+    defaults of every query's options (register again after changing them).
+    """
+    spark.dataSource.register(with_session_settings(spark))

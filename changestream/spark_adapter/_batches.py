@@ -1,7 +1,8 @@
 """``foreach_batch``: feed a change stream to ``func(DataFrame, batch_id)`` in micro-batches.
 
 Three threads form a pipeline, so fetching, converting and Spark's work
-overlap: a fetch thread polls the stream with ``try_next``; a cutter thread
+overlap: a fetch thread polls the stream with ``try_next`` (the adapter's
+one :class:`~._prefetch.Prefetcher`, also the data source's); a cutter thread
 cuts a batch when it holds ``max_rows`` events or its first event is
 ``max_seconds`` old and converts it to Arrow (incrementally, as events
 arrive); the calling thread turns each finished table into a DataFrame,
@@ -15,7 +16,6 @@ and its output replaces the old.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import queue
 import threading
@@ -25,17 +25,18 @@ from typing import Any
 
 import pyarrow as pa
 from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DataType, StructType
 
-from .._api import watch
-from .._stream import ChangeStream
+from .. import ChangeStream, token_cluster_time, watch
 from .._token import ResumeToken
 from ..stores import TokenStore
-from ._convert import EventConverter, event_token, is_invalidate, raw_bytes
+from ._config import splits_events
+from ._convert import EventConverter, event_token, raw_bytes
 from ._errors import history_lost_as_error
-from ._readahead import open_retrying
+from ._prefetch import Prefetcher, open_retrying
 from ._schema import event_ddl
 
 __all__ = ["BatchRunResult", "foreach_batch", "stream_opener"]
@@ -53,11 +54,15 @@ def stream_opener(
     With a stored token the stream continues with ``start_after`` (which also
     accepts an ``invalidate`` token) and the start options in ``options`` are
     ignored; ``max_await_time_ms`` defaults to 200 so time cuts stay prompt.
-    Without ``document_class``, ``codec_options`` or ``typed`` the events
+    A pipeline ending with ``$changeStreamSplitLargeEvent`` gets
+    ``reassemble_split_events=True`` unless given: events over 16 MiB arrive
+    whole. Without ``document_class``, ``codec_options`` or ``typed`` the events
     stay raw BSON (``RawBSONDocument``) until the batch is converted:
     cheaper to fetch and lighter on the garbage collector.
     """
     options.setdefault("max_await_time_ms", 200)
+    if splits_events(pipeline):
+        options.setdefault("reassemble_split_events", True)  # one row per event
     if not {"document_class", "codec_options", "typed"} & options.keys():
         options["document_class"] = RawBSONDocument
 
@@ -83,7 +88,7 @@ class BatchRunResult:
     resume_token: dict[str, Any] | None
     """The token stored last."""
     reason: str
-    """``"idle"`` (``until_idle``), ``"max_batches"``, ``"stopped"`` (``stop_event``) or
+    """``"idle"`` (``until_idle``: caught up with the call), ``"max_batches"``, ``"stopped"`` (``stop_event``) or
     ``"invalidated"`` (the stream was invalidated; its token is stored, so the next
     run continues after it)."""
 
@@ -110,13 +115,20 @@ def foreach_batch(
     events and are cut ``max_seconds`` after their first event; ``df`` has
     the schema of :func:`changestream.spark_adapter.event_ddl` (for the same
     ``full_document_schema`` / ``publish_full_document_only``). Batches
-    without rows are not passed to ``func``. While the stream is idle, its
-    postBatchResumeToken is stored every ``idle_seconds`` so a restart stays
-    inside the oplog window. Stops when the stream is idle (``until_idle``),
-    after ``max_batches`` calls, when ``stop_event`` is set (after the
-    batches already cut), or after an ``invalidate``. Opening the stream
-    retries transient failures (a network error, a failover) with backoff for
-    up to 300 s. Other exceptions from ``func`` or the stream propagate;
+    without rows are not passed to ``func``. Once no event has come for
+    ``idle_seconds``, the stream's postBatchResumeToken is stored (and again
+    every ``idle_seconds`` while it stays idle) so a restart stays inside the
+    oplog window. With ``until_idle`` the run ends at the first empty getMore
+    whose postBatchResumeToken has reached the cluster time of the call (the
+    newest in the reply to the opening aggregate): every event written before
+    the call is delivered, also those a mongos holds back until its idle
+    shards' periodic no-ops (10 s apart by default) let it release them;
+    ``idle_seconds`` plays no part in it. Stops then, after ``max_batches``
+    calls, when ``stop_event`` is set (after the
+    batches already cut), or after an ``invalidate``. Opening the stream, and
+    reopening it after the last event read when it fails later, retries
+    transient failures (a network error, a failover) with backoff for up to
+    300 s. Other exceptions from ``func`` or the stream propagate;
     nothing is stored for the failed batch.
     """
     if max_rows < 1:
@@ -140,8 +152,17 @@ def foreach_batch(
             idle_seconds=idle_seconds,
             until_idle=until_idle,
             stop_event=stop_event,
+            # the cluster time of the call: the newest in the reply to the opening aggregate
+            # (through mongos, at least that of every write acknowledged before it)
+            called_at=stream.position.server_time,
         )
-        with _Cutter(stream, converter, cuts) as cutter:
+        pinned = run.token
+
+        def reopen(after: Any) -> ChangeStream[Any]:
+            """After a transient failure: right after the last event fetched."""
+            return open_stream(after if after is not None else pinned)
+
+        with _Cutter(stream, reopen, converter, cuts) as cutter:
             while True:
                 item = cutter.get()
                 if isinstance(item, _Batch):
@@ -170,13 +191,8 @@ _TICK = 0.1
 _CONVERT_EVERY = 2048
 """Events converted per step while a batch is open (one Arrow record batch each)."""
 
-
-@dataclasses.dataclass(frozen=True)
-class _Idle:
-    """A getMore came back empty: the stream's token then (its postBatchResumeToken)."""
-
-    resume_token: Any
-    alive: bool
+_BUFFER_BYTES = 64 * 1024 * 1024
+"""Most BSON fetched ahead of the cutter (and at most ``max_rows`` events)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,99 +234,39 @@ class _Cuts:
     idle_seconds: float
     until_idle: bool
     stop_event: threading.Event | None
+    called_at: Timestamp | None = None
+    """``until_idle`` ends at an empty getMore whose postBatchResumeToken has reached this
+    cluster time (``None``: at the first empty getMore)."""
 
-
-class _Prefetcher:
-    """Calls ``try_next`` on a background thread so fetching overlaps everything else.
-
-    Only this thread touches the stream inside the ``with`` block. ``items``
-    holds events (raw ones as ``bytes``: untracked by the cyclic GC),
-    :class:`_Idle` markers (in stream order, so an idle token is only seen
-    after every event before it) and at most one :class:`_Failed`; the
-    consumer pops from it directly (a deque: no lock per event) and calls
-    :meth:`wait` when it is empty. ``capacity`` bounds the events held.
-    """
-
-    def __init__(self, stream: ChangeStream[Any], capacity: int) -> None:
-        self._stream = stream
-        self._capacity = capacity
-        self.items: collections.deque[Any] = collections.deque()
-        self._cond = threading.Condition(threading.Lock())
-        self._consumer_waits = False
-        self._producer_waits = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="changestream-prefetch", daemon=True)
-
-    def __enter__(self) -> _Prefetcher:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
-        self._thread.join()  # at most one getMore (max_await_time_ms) away
-
-    def wait(self, timeout: float) -> bool:
-        """Wait until ``items`` is not empty (True) or ``timeout`` passes (False)."""
-        if self.items:
+    def caught_up(self, token: Any) -> bool:
+        """Whether ``token`` is at or past the cluster time of the call: no event written
+        before the call can come after it."""
+        if self.called_at is None:
             return True
-        with self._cond:
-            self._consumer_waits = True
-            try:
-                if not self.items:
-                    self._cond.wait(timeout)
-            finally:
-                self._consumer_waits = False
-        return bool(self.items)
-
-    def drained(self) -> None:
-        """The consumer made room: wake the fetch thread if it waits for some."""
-        if self._producer_waits:
-            with self._cond:
-                self._cond.notify_all()
-
-    def _put(self, item: Any) -> None:
-        self.items.append(item)  # before reading the flag: see wait()
-        if self._consumer_waits:
-            with self._cond:
-                self._cond.notify_all()
-
-    def _run(self) -> None:
-        stream, items, stop = self._stream, self.items, self._stop
-        try:
-            while not stop.is_set():
-                if len(items) >= self._capacity:  # the consumer is behind: do not buffer more
-                    with self._cond:
-                        self._producer_waits = True
-                        while len(items) >= self._capacity and not stop.is_set():
-                            self._cond.wait(_TICK)
-                        self._producer_waits = False
-                    continue
-                event = stream.try_next()
-                if event is None:
-                    self._put(_Idle(stream.resume_token, stream.alive))
-                    if not stream.alive:
-                        return
-                else:
-                    self._put(raw_bytes(event))
-        except BaseException as exc:
-            self._put(_Failed(exc))
+        at = token_cluster_time(token) if token is not None else None
+        return at is not None and (at.time, at.inc) >= (self.called_at.time, self.called_at.inc)
 
 
 class _Cutter:
     """Cuts batches and converts them to Arrow on a background thread, ahead of ``func``.
 
-    It runs the prefetcher and hands the calling thread, in stream order,
-    :class:`_Batch`, :class:`_Save`, a final :class:`_End` or a
-    :class:`_Failed`. At most one finished batch waits, so memory stays
-    bounded and a slow ``func`` slows the fetching down. Events are
-    converted :data:`_CONVERT_EVERY` at a time as they arrive, so a cut only
-    converts the rest.
+    It runs the adapter's one prefetcher (:class:`~._prefetch.Prefetcher`) and
+    hands the calling thread, in stream order, :class:`_Batch`, :class:`_Save`,
+    a final :class:`_End` or a :class:`_Failed`. At most one finished batch
+    waits, so memory stays bounded and a slow ``func`` slows the fetching
+    down. Events are converted :data:`_CONVERT_EVERY` at a time as they
+    arrive, so a cut only converts the rest.
     """
 
-    def __init__(self, stream: ChangeStream[Any], converter: EventConverter, cuts: _Cuts) -> None:
+    def __init__(
+        self,
+        stream: ChangeStream[Any],
+        reopen: Callable[[Any], ChangeStream[Any]],
+        converter: EventConverter,
+        cuts: _Cuts,
+    ) -> None:
         self._stream = stream
+        self._reopen = reopen
         self._converter = converter
         self._cuts = cuts
         self._ready: queue.Queue[Any] = queue.Queue(maxsize=1)
@@ -344,22 +300,27 @@ class _Cutter:
 
     def _run(self) -> None:
         try:
-            with _Prefetcher(self._stream, capacity=self._cuts.max_rows) as prefetched:
-                end = self._cut(prefetched)
+            with Prefetcher(
+                self._stream, self._reopen, raw_bytes,
+                max_rows=self._cuts.max_rows, max_bytes=_BUFFER_BYTES,
+            ) as fetch:
+                end = self._cut(fetch)
             self._emit(end)
         except BaseException as exc:
             self._emit(_Failed(exc))
 
-    def _cut(self, prefetched: _Prefetcher) -> _End:
+    def _cut(self, fetch: Prefetcher) -> _End:
         cuts, converter = self._cuts, self._converter
         max_rows, max_seconds = cuts.max_rows, cuts.max_seconds
-        items = prefetched.items
+        events = fetch.events
         chunk: list[Any] = []  # events of the open batch not converted yet
         converted: list[pa.RecordBatch] = []
         pending = 0  # events in the open batch
         last: Any = None  # the open batch's last event
         first_at = 0.0
         emitted_at = time.monotonic()
+        consumed = 0  # events taken from the prefetcher
+        handled: Any = None  # the last empty-getMore mark acted on
 
         def flush() -> None:
             nonlocal chunk, converted, pending, emitted_at
@@ -370,58 +331,60 @@ class _Cutter:
             self._emit(_Batch(table, event_token(last)))
             emitted_at = time.monotonic()
 
+        def news() -> bool:
+            mark = fetch.mark
+            return bool(events) or fetch.stopped is not None or (
+                mark is not handled and mark is not None and mark[0] == consumed
+            )
+
         while not self._closing.is_set():
             if cuts.stop_event is not None and cuts.stop_event.is_set():
                 if pending:
                     flush()
                 return _End("stopped")
             wait = first_at + max_seconds - time.monotonic() if pending else _TICK
-            if not prefetched.wait(max(wait, 0.0)):
+            if not fetch.wait(news, max(wait, 0.0)):
                 if pending and time.monotonic() - first_at >= max_seconds:
                     flush()
                 continue
             now = time.monotonic()
-            while items:
-                item = items.popleft()
-                if item.__class__ is bytes or isinstance(item, Mapping):
-                    if is_invalidate(item):
-                        if pending:
-                            flush()
-                        return _End("invalidated", event_token(item))
-                    if not pending:
-                        first_at = now
-                    chunk.append(item)
-                    pending += 1
-                    last = item
-                    if len(chunk) >= _CONVERT_EVERY:
-                        converted.append(converter.convert(chunk))
-                        chunk = []
-                    if pending >= max_rows:
-                        flush()
-                        now = time.monotonic()
-                elif isinstance(item, _Idle):
-                    if pending and (
-                        cuts.until_idle or not item.alive or now - first_at >= max_seconds
-                    ):
-                        flush()
-                        now = time.monotonic()
-                    if not pending and (
-                        cuts.until_idle or not item.alive or now - emitted_at >= cuts.idle_seconds
-                    ):
-                        self._emit(_Save(item.resume_token))  # past every event delivered
-                        emitted_at = now
-                        if not item.alive:
-                            return _End("invalidated")  # closed by an invalidate a $match removed
-                        if cuts.until_idle:
-                            return _End("idle")
-                elif isinstance(item, _Failed):
-                    raise item.error
-                else:
-                    raise TypeError(
-                        "foreach_batch needs change documents (mappings); open the stream "
-                        f"without typed=True (got {type(item).__name__})"
-                    )
-            prefetched.drained()
+            size = 0
+            while events:
+                event = events.popleft()
+                consumed += 1
+                if event.__class__ is bytes:
+                    size += len(event)
+                if not pending:
+                    first_at = now
+                chunk.append(event)
+                pending += 1
+                last = event
+                if len(chunk) >= _CONVERT_EVERY:
+                    converted.append(converter.convert(chunk))
+                    chunk = []
+                if pending >= max_rows:
+                    flush()
+                    now = time.monotonic()
+            fetch.taken(size)
+            mark = fetch.mark
+            if mark is not handled and mark is not None and mark[0] == consumed:
+                handled = mark  # an empty getMore after every event taken: the stream is idle
+                done = cuts.until_idle and cuts.caught_up(mark[1])
+                if pending and (done or now - first_at >= max_seconds):
+                    flush()
+                    now = time.monotonic()
+                if not pending and (done or now - emitted_at >= cuts.idle_seconds):
+                    self._emit(_Save(mark[1]))  # past every event delivered
+                    emitted_at = now
+                    if done:
+                        return _End("idle")
+            stopped = fetch.stopped
+            if stopped is not None and not events and consumed == fetch.fetched:
+                if stopped.error is not None:
+                    raise stopped.error
+                if pending:
+                    flush()
+                return _End("invalidated", stopped.token)  # stored: the next run continues
             if pending and time.monotonic() - first_at >= max_seconds:
                 flush()
         return _End("closed")

@@ -8,7 +8,8 @@ naming the option instead of surfacing later inside an executor.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,9 +17,17 @@ from bson import json_util
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
 
-from .._token import token_from_json
+from .. import token_from_json
 
-__all__ = ["MONGO_SPARK_ALIASES", "MONGO_SPARK_UNSUPPORTED", "STARTUP_MODES", "SourceConfig"]
+__all__ = [
+    "MONGO_SPARK_ALIASES",
+    "MONGO_SPARK_UNSUPPORTED",
+    "SESSION_PREFIX",
+    "STARTUP_MODES",
+    "SourceConfig",
+    "session_settings",
+    "splits_events",
+]
 
 STARTUP_MODES = ("latest", "timestamp", "token", "snapshot")
 
@@ -52,7 +61,9 @@ MONGO_SPARK_UNSUPPORTED: dict[str, str] = {
 }
 """Connector options without an equivalent here: refused, with what to do instead."""
 
-_SPARK_CONF_PREFIXES = ("spark.mongodb.read.", "spark.mongodb.")
+SESSION_PREFIX = "spark.mongodb.read."
+"""Session-wide settings with this prefix are read as defaults of every query's options."""
+_SPARK_CONF_PREFIXES = (SESSION_PREFIX, "spark.mongodb.")
 
 _SPLIT_STAGE = "$changeStreamSplitLargeEvent"
 
@@ -93,16 +104,23 @@ class SourceConfig:
     the rows' ``cluster_time``)."""
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> SourceConfig:
-        """Parse Spark's string options (keys case-insensitive); raise ValueError naming the option."""
-        opts = _canonical({key.lower(): value for key, value in options.items()})
+    def from_options(
+        cls, options: Mapping[str, str], session: Mapping[str, str] | None = None
+    ) -> SourceConfig:
+        """Parse Spark's string options (keys case-insensitive); raise ValueError naming the option.
+
+        ``session`` holds the session-wide ``spark.mongodb.read.*`` settings
+        (:func:`session_settings`): defaults that a query's own option of the
+        same meaning overrides, as the MongoDB Spark connector reads them.
+        """
         known = {field.name for field in dataclasses.fields(cls)}
+        opts = {
+            **_canonical(dict(session or {}), known, strict=False),
+            **_canonical({key.lower(): value for key, value in options.items()}, known),
+        }
         unknown = sorted(set(opts) - known)
         if unknown:
-            raise ValueError(
-                f"unknown changestream option(s) {', '.join(map(repr, unknown))}; "
-                f"valid options are: {', '.join(sorted(known))}"
-            )
+            raise ValueError(_unknown_message(unknown, known))
         if not opts.get("uri"):
             raise ValueError("option 'uri' is required (a mongodb:// connection string)")
         if opts.get("collection") and not opts.get("database"):
@@ -208,6 +226,8 @@ class SourceConfig:
             "batch_size": self.batch_size,
             "max_await_time_ms": self.max_await_time_ms,
         }
+        if splits_events(self.pipeline):
+            options["reassemble_split_events"] = True  # one row per event, never a fragment
         if self.show_expanded_events:
             options["show_expanded_events"] = True
         if with_lookups:
@@ -218,8 +238,36 @@ class SourceConfig:
         return options
 
 
-def _canonical(opts: dict[str, str]) -> dict[str, str]:
-    """Our option names for the MongoDB Spark connector's (lower-cased keys in and out)."""
+def session_settings(conf: Mapping[str, str]) -> dict[str, str]:
+    """The ``spark.mongodb.read.*`` entries of a session's configuration (keys lower-cased)."""
+    return {
+        key.lower(): value
+        for key, value in conf.items()
+        if key.lower().startswith(SESSION_PREFIX)
+    }
+
+
+def _unknown_message(unknown: list[str], known: set[str]) -> str:
+    """One line: the unknown names, the closest valid one, and every valid name."""
+    names = sorted(known | set(MONGO_SPARK_ALIASES))
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return (
+        f"unknown changestream option(s) {', '.join(hints)}; valid options are: "
+        f"{', '.join(sorted(known))}; and the MongoDB Spark connector's names: "
+        f"{', '.join(sorted(MONGO_SPARK_ALIASES))} (see docs/spark.md)"
+    )
+
+
+def _canonical(opts: dict[str, str], known: set[str], *, strict: bool = True) -> dict[str, str]:
+    """Our option names for the MongoDB Spark connector's (lower-cased keys in and out).
+
+    Not ``strict`` (session-wide settings): names this source does not use
+    are skipped, as the connector skips settings it does not know, since a
+    session may hold settings for the connector's own batch reads.
+    """
     out: dict[str, str] = {}
     given: dict[str, str] = {}
     for key, value in opts.items():
@@ -229,11 +277,15 @@ def _canonical(opts: dict[str, str]) -> dict[str, str]:
                 name = name[len(prefix):]
                 break
         if name in MONGO_SPARK_UNSUPPORTED:
+            if not strict:
+                continue
             raise ValueError(
                 f"option {key!r} (MongoDB Spark connector) has no equivalent here: "
                 f"{MONGO_SPARK_UNSUPPORTED[name]} (see docs/spark.md, 'Coming from mongo-spark')"
             )
         ours = MONGO_SPARK_ALIASES.get(name, name)
+        if not strict and ours not in known:
+            continue
         if name == "collection" and value.strip() == "*":
             continue  # the connector's "every collection": a database-level source
         if name == "collection" and "," in value:
@@ -242,7 +294,8 @@ def _canonical(opts: dict[str, str]) -> dict[str, str]:
             continue  # the connector's "unset"
         if ours in out:
             raise ValueError(
-                f"options {given[ours]!r} and {key!r} both set {ours!r}; keep one"
+                f"{'options' if strict else 'session settings'} {given[ours]!r} and {key!r} "
+                f"both set {ours!r}; keep one"
             )
         out[ours] = value
         given[ours] = key
@@ -369,9 +422,15 @@ def _pipeline(text: str | None) -> tuple[dict[str, Any], ...]:
         stages = [stages]
     if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
         raise ValueError("option 'pipeline' must be a JSON array of stage documents")
-    if any(_SPLIT_STAGE in stage for stage in stages):
+    if any(_SPLIT_STAGE in stage for stage in stages[:-1]):
         raise ValueError(
-            f"option 'pipeline': {_SPLIT_STAGE} is not supported by this source (fragments "
-            "would not line up with the batch bounds)"
+            f"option 'pipeline': {_SPLIT_STAGE} must be the last stage (the server requires it "
+            "there)"
         )
     return tuple(stages)
+
+
+def splits_events(pipeline: Sequence[Mapping[str, Any]] | None) -> bool:
+    """Whether a pipeline ends with ``$changeStreamSplitLargeEvent`` (events over 16 MiB come
+    in fragments, which the client merges back with ``reassemble_split_events``)."""
+    return bool(pipeline) and _SPLIT_STAGE in pipeline[-1]  # type: ignore[index]

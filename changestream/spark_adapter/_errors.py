@@ -13,10 +13,10 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError, ServerSelectionTimeoutError
 
+from .. import token_to_json
 from .._codes import CHANGE_STREAM_HISTORY_LOST
-from .._token import token_to_json
 from ..errors import (
     ChangeStreamError,
     HistoryLostError,
@@ -24,6 +24,9 @@ from ..errors import (
     describe_error,
     one_line,
 )
+
+AUTHENTICATION_FAILED = 18
+"""mongod's AuthenticationFailed: every failed authentication, whatever the reason."""
 
 __all__ = [
     "ChangeStreamHistoryLostError",
@@ -74,19 +77,42 @@ class SchemaMismatchError(ChangeStreamError):
     """A full document does not fit the user's ``full_document_schema`` (fail fast, lose nothing)."""
 
 
+def unreachable(exc: BaseException) -> ChangeStreamError:
+    """No server could be selected: the deployment is down, or the URI points elsewhere."""
+    return ChangeStreamError(
+        f"cannot reach the MongoDB deployment ({describe_error(exc)}): check option 'uri' and "
+        "that the deployment is up and reachable from the Spark driver and executors"
+    )
+
+
+def refused_credentials(exc: BaseException) -> ChangeStreamError:
+    """The deployment refused the URI's credentials (mongod never says why)."""
+    return ChangeStreamError(
+        f"the MongoDB deployment refused the credentials ({describe_error(exc)}): check the "
+        "user name, password and authSource in option 'uri'"
+    )
+
+
 @contextlib.contextmanager
 def history_lost_as_error(token: Mapping[str, Any] | None) -> Iterator[None]:
-    """Turn the server's ChangeStreamHistoryLost into :class:`HistoryLostError`.
+    """Turn the server's errors into messages whose first words name the cause.
 
-    Other server errors keep their type but read ``code codeName: errmsg``
-    (:func:`~changestream.errors.one_line`): Spark shows the message, and PyMongo's
-    would end with the whole reply, signature bytes included.
+    ChangeStreamHistoryLost becomes :class:`HistoryLostError` (with the
+    recovery steps); an unreachable deployment and refused credentials become
+    one-line :class:`~changestream.errors.ChangeStreamError`s saying so. Other
+    server errors keep their type but read ``code codeName: errmsg``
+    (:func:`~changestream.errors.one_line`): Spark shows the message, and
+    PyMongo's would end with the whole reply, signature bytes included.
     """
     try:
         yield
+    except ServerSelectionTimeoutError as exc:
+        raise unreachable(exc) from None
     except OperationFailure as exc:
         if exc.code == CHANGE_STREAM_HISTORY_LOST:
             raise history_lost(token, describe_error(exc)) from exc
+        if exc.code == AUTHENTICATION_FAILED:
+            raise refused_credentials(exc) from None
         clean = one_line(exc)
         if clean is exc:
             raise

@@ -17,7 +17,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .._token import ResumeToken, token_from_json, token_to_json
+from .. import token_from_json, token_to_json
+from .._token import ResumeToken
 
 __all__ = [
     "OFFSET_VERSION",

@@ -1,9 +1,9 @@
 """The data source's driver side: read the change stream once, ahead of Spark.
 
 PySpark runs ``latestOffset`` and ``partitions`` in one long-lived driver-side
-Python process (the streaming source runner). There, a background thread
-reads the events after the current position as raw BSON while Spark runs the
-previous batch. ``latestOffset`` then only cuts the buffer (at most
+Python process (the streaming source runner). There, the adapter's one
+prefetcher (:mod:`._prefetch`, as ``foreach_batch`` uses it) reads the events
+after the current position as raw BSON while Spark runs the previous batch. ``latestOffset`` then only cuts the buffer (at most
 ``ReadMaxRows`` events, never past an ``availableNow`` target) and
 ``partitions`` ships the cut events' bytes, compressed, inside the
 partitions (:func:`pack`). The executors turn them into Arrow (in parallel
@@ -21,29 +21,21 @@ which yields the same events.
 from __future__ import annotations
 
 import bisect
-import collections
-import contextlib
 import dataclasses
 import itertools
-import logging
-import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import pyarrow as pa
-import tenacity
 from bson.raw_bson import RawBSONDocument
-from pymongo.errors import PyMongoError
 
-from .._api import watch
-from .._consume_run import RetryPolicy, is_transient, stalled
-from .._stream import ChangeStream
-from ..errors import RetriesExhaustedError, describe_error
+from .. import ChangeStream, watch
 from ._config import SourceConfig
-from ._convert import event_token, is_invalidate, raw_bytes
+from ._convert import event_token, raw_event
 from ._errors import invalidated
 from ._offsets import offset_watch_option, token_data
+from ._prefetch import Prefetcher, open_retrying
 
 __all__ = ["PART_BYTES", "ReadAhead", "Taken", "pack", "unpack"]
 
@@ -52,45 +44,8 @@ PART_BYTES = 2 * 1024 * 1024
 partition stays under the 1000 KiB task size Spark warns about; a larger batch becomes
 several partitions, converted in parallel."""
 
-_POLL = 0.01
-"""Seconds between the checks of ``take`` while it waits for events."""
-RETRY = RetryPolicy(retry_for=300.0, backoff_initial=0.5, backoff_max=30.0)
-"""How the read-ahead reopens its stream after transient failures (consume's defaults):
-exponential backoff, and :class:`~changestream.errors.RetriesExhaustedError` after
-300 s without progress."""
-log = logging.getLogger("changestream.spark")
-T = TypeVar("T")
-
 _CODEC = next((c for c in ("zstd", "lz4") if pa.Codec.is_available(c)), None)
 _HEADER = 9  # one byte: compressed or not; eight: the raw size
-
-
-def _log_retry(state: tenacity.RetryCallState) -> None:
-    outcome = state.outcome
-    exc = outcome.exception() if outcome is not None else None
-    delay = state.next_action.sleep if state.next_action is not None else 0.0
-    log.warning("change stream read-ahead failed (%s); reopening in %.2f s (attempt %d)",
-                "?" if exc is None else describe_error(exc), delay, state.attempt_number + 1)
-
-
-def open_retrying(open_stream: Callable[[], T]) -> T:
-    """``open_stream()``, retried after transient failures as the read-ahead's reopens are.
-
-    A network error or a failover during the opening aggregate (which the
-    stream retries once itself) backs off and tries again (:data:`RETRY`),
-    instead of failing the query or the ``foreach_batch`` run; after
-    ``retry_for`` seconds the last error propagates.
-    """
-
-    def warn(state: tenacity.RetryCallState) -> None:
-        outcome = state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        delay = state.next_action.sleep if state.next_action is not None else 0.0
-        log.warning("opening the change stream failed (%s); again in %.2f s (attempt %d)",
-                    "?" if exc is None else describe_error(exc), delay,
-                    state.attempt_number + 1)
-
-    return tenacity.Retrying(**{**RETRY.arguments(), "before_sleep": warn})(open_stream)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,14 +65,6 @@ class Taken:
     def last(self) -> Any:
         """The token of the last event taken."""
         return event_token(self.events[-1])
-
-
-@dataclasses.dataclass(frozen=True)
-class _Stopped:
-    """Why the read-ahead thread stopped: an invalidate, a closed stream, or an error."""
-
-    token: Any = None
-    error: BaseException | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,9 +135,9 @@ def _data(event: bytes) -> str:
 class ReadAhead:
     """The driver's buffer of raw events after a position (see the module docstring).
 
-    Only the calling thread (Spark's runner) calls the public methods; the
-    read-ahead thread only fetches and appends (a deque: no lock per event).
-    Capacity: at most ``max(prefetch_rows, max_rows_per_batch)`` events or
+    Only the calling thread (Spark's runner) calls the public methods; a
+    :class:`~changestream.spark_adapter._prefetch.Prefetcher` fetches. Capacity:
+    at most ``max(prefetch_rows, max_rows_per_batch)`` events or
     ``prefetch_mb`` of BSON wait in the buffer.
     """
 
@@ -199,22 +146,9 @@ class ReadAhead:
         self._max_rows = max(config.prefetch_rows, config.max_rows_per_batch or 0)
         self._max_bytes = config.prefetch_mb * 1024 * 1024
         self._client: Any = None
-        self._stream: ChangeStream[Any] | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._cond = threading.Condition()
+        self._fetch: Prefetcher | None = None
         self._plan: _Plan | None = None
-        self._clear(None)
-
-    def _clear(self, head: Any) -> None:
-        self._head = head  # offset["token"] right before the first buffered event
-        self._events: collections.deque[bytes] = collections.deque()
-        self._in_bytes = 0  # BSON appended (written by the read-ahead thread only)
-        self._out_bytes = 0  # BSON taken (written by the calling thread only)
-        self._fetched = 0  # events fetched since the stream opened (read-ahead thread only)
-        self._mark: tuple[int, Any, float] | None = None  # the last empty getMore: _fetched,
-        # its postBatchResumeToken, and when it returned
-        self._stopped: _Stopped | None = None
+        self._head: Any = None  # offset["token"] right before the first buffered event
 
     # -- the calling thread --------------------------------------------------------------------
     def take(
@@ -227,20 +161,22 @@ class ReadAhead:
         """Cut at most ``cap`` events after offset ``start`` (none after ``until``).
 
         Waits until ``cap`` events are buffered, the server has nothing more,
-        the buffer is full, or ``deadline`` passes. Raises the read-ahead
-        thread's error, or :class:`~changestream.errors.StreamInvalidatedError`, once every
+        the buffer is full, or ``deadline`` passes. Raises the prefetcher's
+        error, or :class:`~changestream.errors.StreamInvalidatedError`, once every
         event before it was taken.
         """
         since = time.monotonic()
-        self._position_at(start)
+        fetch = self._position_at(start)
         until_data = None if until is None else token_data(until)
-        with self._cond:
-            while not self._ready(cap, until_data, since, time.monotonic() >= deadline):
-                self._cond.wait(max(0.0, min(deadline - time.monotonic(), _POLL)))
-            taken = self._cut(cap, until_data)
-            stopped = self._stopped
-            self._cond.notify_all()  # room for the read-ahead thread
-        if stopped is not None and not taken.events and not self._events:
+        fetch.wait(
+            lambda: self._ready(fetch, cap, until_data, since, time.monotonic() >= deadline),
+            max(0.0, deadline - time.monotonic()),
+        )
+        with fetch.cond:
+            taken = self._cut(fetch, cap, until_data)
+            stopped = fetch.stopped
+        fetch.taken(sum(map(len, taken.events)))  # room for the fetch thread
+        if stopped is not None and not taken.events and not fetch.events:
             self.close()  # every event before the stop is taken
             if stopped.error is not None:
                 raise stopped.error
@@ -268,9 +204,11 @@ class ReadAhead:
 
     def close(self) -> None:
         """Stop reading and forget the buffer (the client stays for the next stream)."""
-        self._stop_thread()
+        fetch, self._fetch = self._fetch, None
+        if fetch is not None:
+            fetch.stop(close_stream=True)
         self._plan = None
-        self._clear(None)
+        self._head = None
 
     def shutdown(self) -> None:
         """:meth:`close`, and close the client."""
@@ -279,39 +217,39 @@ class ReadAhead:
             self._client.close()
             self._client = None
 
-    def _position_at(self, start: dict[str, Any]) -> None:
-        """Make the buffer start right after ``start`` (reopen the stream if it cannot)."""
+    def _position_at(self, start: dict[str, Any]) -> Prefetcher:
+        """The prefetcher whose buffer starts right after ``start`` (reopened if need be)."""
         token = start["token"]
-        if self._stream is not None and self._head == token:
-            return
+        fetch = self._fetch
+        if fetch is not None and self._head == token:
+            return fetch
         plan = self._plan
         if (
-            self._stream is not None
+            fetch is not None
             and plan is not None
             and plan.packed is None
             and plan.start["token"] == token
             and plan.end["token"] == self._head
         ):  # Spark asks again for a range it did not plan: put it back
-            self._events.extendleft(reversed(plan.events))
-            self._out_bytes -= sum(map(len, plan.events))
+            fetch.events.extendleft(reversed(plan.events))
+            fetch.out_bytes -= sum(map(len, plan.events))
             self._head, self._plan = token, None
-            return
+            return fetch
         self.close()
-        config = self._config
         if self._client is None:
-            self._client = config.connect()
+            self._client = self._config.connect()
         position = offset_watch_option(start)
         stream = open_retrying(lambda: self._open(position))
-        self._clear(token)
-        self._stream = stream
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run,
-            args=(stream, self._stop),
-            name="changestream-readahead",
-            daemon=True,
+        fetch = self._fetch = Prefetcher(
+            stream,
+            lambda after: self._open({} if after is None else {"start_after": after}),
+            raw_event,
+            max_rows=self._max_rows,
+            max_bytes=self._max_bytes,
         )
-        self._thread.start()
+        self._head = token
+        fetch.start()
+        return fetch
 
     def _open(self, position: Mapping[str, Any]) -> ChangeStream[Any]:
         config = self._config
@@ -323,24 +261,10 @@ class ReadAhead:
             document_class=RawBSONDocument,
         )
 
-    def _stop_thread(self) -> None:
-        stream, thread = self._stream, self._thread
-        self._stream = self._thread = None
-        self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
-        if stream is not None:
-            stream.close()  # waits for a getMore in flight (at most max_await_time_ms)
-        if thread is not None:
-            thread.join()
-
-    def _full(self) -> bool:
-        return (
-            len(self._events) >= self._max_rows
-            or self._in_bytes - self._out_bytes >= self._max_bytes
-        )
-
-    def _ready(self, cap: int | None, until_data: str | None, since: float, late: bool) -> bool:
+    @staticmethod
+    def _ready(
+        fetch: Prefetcher, cap: int | None, until_data: str | None, since: float, late: bool
+    ) -> bool:
         """Whether ``take`` may cut now (called with the condition held).
 
         Caught up means an empty getMore after every fetched event, returned
@@ -348,23 +272,24 @@ class ReadAhead:
         visible, so one written before ``take`` was called is seen), or one
         whose token reaches ``until`` (nothing before the bound can come).
         """
-        if late or self._stopped is not None or self._full():
+        if late or fetch.stopped is not None or fetch.full():
             return True
-        events = self._events
+        events = fetch.events
         if cap is not None and len(events) >= cap:
             return True
         if until_data is not None and events and _data(events[-1]) > until_data:
             return True  # every event up to the bound is buffered
-        mark = self._mark
-        if mark is None or mark[0] != self._fetched:
+        mark = fetch.mark
+        if mark is None or mark[0] != fetch.fetched:
             return False
         if until_data is not None and mark[1] is not None and token_data(mark[1]) >= until_data:
             return True
         return mark[2] >= since
 
-    def _cut(self, cap: int | None, until_data: str | None) -> Taken:
+    @staticmethod
+    def _cut(fetch: Prefetcher, cap: int | None, until_data: str | None) -> Taken:
         """Take the events (called with the condition held)."""
-        events = self._events
+        events = fetch.events
         count = len(events) if cap is None else min(cap, len(events))
         reached_until = False
         if until_data is not None and count and _data(events[count - 1]) > until_data:
@@ -372,106 +297,11 @@ class ReadAhead:
             count = bisect.bisect_right(datas, until_data)
             reached_until = True
         taken = [events.popleft() for _ in range(count)]
-        self._out_bytes += sum(map(len, taken))
-        mark = self._mark
-        caught_up = mark is not None and mark[0] == self._fetched and not events
+        mark = fetch.mark
+        caught_up = mark is not None and mark[0] == fetch.fetched and not events
         if until_data is not None and caught_up:
             assert mark is not None
             reached_until = reached_until or (
                 mark[1] is not None and token_data(mark[1]) >= until_data
             )
         return Taken(taken, reached_until and bool(taken), caught_up, mark[1] if mark else None)
-
-    # -- the read-ahead thread -----------------------------------------------------------------
-    def _run(self, stream: ChangeStream[Any], stop: threading.Event) -> None:
-        """Read ahead; after a transient failure reopen from the last fetched event, backing off.
-
-        The stream's own single resume covers a failover; when it fails (or
-        resumes bring nothing, see ``MAX_IDLE_RESUMES``) the stream is reopened
-        from its token with exponential backoff (:data:`RETRY`), and after
-        ``retry_for`` seconds without progress :class:`RetriesExhaustedError`
-        names the repeated failure. Other errors stop the read-ahead at once.
-        """
-        current: list[ChangeStream[Any] | None] = [stream]
-        resume_from: list[Any] = [None]
-
-        def session() -> bool:
-            """Read until stopped; ``True``: failed transiently after progress (fresh budget)."""
-            reading = current[0]
-            if reading is None:
-                token = resume_from[0]
-                reading = self._open({} if token is None else {"start_after": token})
-                current[0] = reading
-            progress = [False]
-            try:
-                self._read(reading, stop, progress)
-                if reading is not stream:  # a reopened stream is this thread's to close
-                    reading.close()
-            except Exception as exc:
-                current[0] = None
-                resume_from[0] = reading.resume_token
-                with contextlib.suppress(PyMongoError):
-                    reading.close()
-                if progress[0] and is_transient(exc) and not stop.is_set():
-                    log.warning("change stream read-ahead failed (%s); reopening",
-                                describe_error(exc))
-                    return True
-                raise
-            return False
-
-        def sleep(seconds: float) -> None:
-            stop.wait(seconds)
-
-        try:
-            while not stop.is_set() and tenacity.Retrying(
-                sleep=sleep, **{**RETRY.arguments(), "before_sleep": _log_retry}
-            )(session):
-                pass
-        except BaseException as exc:
-            if not stop.is_set():
-                error: BaseException = exc
-                if is_transient(exc):
-                    error = RetriesExhaustedError(
-                        f"the change stream read-ahead kept failing for {RETRY.retry_for:g} s, "
-                        f"the last time with {describe_error(exc)}; the query's checkpoint "
-                        "still holds its position: restart the query once the deployment "
-                        "is reachable",
-                        token=resume_from[0],
-                    )
-                    error.__cause__ = exc
-                with self._cond:
-                    self._stopped = _Stopped(error=error)
-                    self._cond.notify_all()
-
-    def _read(
-        self, stream: ChangeStream[Any], stop: threading.Event, progress: list[bool]
-    ) -> None:
-        """Fetch into the buffer until stopped or the stream ends; ``progress[0]``: it moved."""
-        cond, events = self._cond, self._events
-        while not stop.is_set():
-            if self._full():  # Spark is behind: read no further
-                with cond:
-                    while not stop.is_set() and self._full():
-                        cond.wait(0.1)
-                continue
-            event = stream.try_next()
-            if event is None:
-                progress[0] = progress[0] or not stalled(stream)
-                with cond:
-                    self._mark = (self._fetched, stream.resume_token, time.monotonic())
-                    if not stream.alive:  # closed by an invalidate the pipeline removed
-                        self._stopped = self._stopped or _Stopped(stream.resume_token)
-                    cond.notify_all()
-                if self._stopped is not None:
-                    return
-                continue
-            raw = raw_bytes(event)
-            if is_invalidate(raw):
-                with cond:
-                    self._stopped = self._stopped or _Stopped(event_token(raw))
-                    cond.notify_all()
-                return
-            self._fetched += 1  # before the append: a mark never looks newer than it is
-            self._in_bytes += len(raw)
-            events.append(raw)
-            progress[0] = True

@@ -40,11 +40,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .._api import watch
+from .. import ChangeStream, watch
 from .._snapshot import stream_start
-from .._stream import ChangeStream
 from ..errors import ChangeStreamError
-from ._config import SourceConfig
+from ._config import SourceConfig, session_settings
 from ._convert import EventConverter, event_token, raw_bytes
 from ._errors import history_lost_as_error
 from ._infer import sample_ddl
@@ -89,12 +88,18 @@ class TokenRange(InputPartition):
 class ChangeStreamDataSource(DataSource):
     """The data source registered as format ``"changestream"`` (options: ``docs/spark.md``)."""
 
+    session_settings: tuple[tuple[str, str], ...] = ()
+    """Session-wide ``spark.mongodb.read.*`` settings, read by :func:`with_session_settings`."""
+
     @classmethod
     def name(cls) -> str:
         return "changestream"
 
+    def _config(self) -> SourceConfig:
+        return SourceConfig.from_options(self.options, dict(self.session_settings))
+
     def schema(self) -> str:
-        config = SourceConfig.from_options(self.options)
+        config = self._config()
         full_document_schema = config.full_document_schema
         if config.infer_schema and full_document_schema is None:
             full_document_schema = infer_schema(config)
@@ -104,11 +109,33 @@ class ChangeStreamDataSource(DataSource):
         )
 
     def streamReader(self, schema: StructType) -> ChangeStreamReader:
-        return ChangeStreamReader(SourceConfig.from_options(self.options), schema)
+        return ChangeStreamReader(self._config(), schema)
 
     def reader(self, schema: StructType) -> SnapshotBatchReader:
         """``spark.read.format("changestream")``: the collection at one cluster time."""
-        return SnapshotBatchReader(SourceConfig.from_options(self.options), schema)
+        return SnapshotBatchReader(self._config(), schema)
+
+
+def with_session_settings(spark: Any) -> type[ChangeStreamDataSource]:
+    """The data source class, with the session's ``spark.mongodb.read.*`` settings as defaults.
+
+    Python data sources see only a query's own options, so the settings are
+    read here, when the source is registered, and travel with the class
+    (Spark pickles a class made at run time by value). A query's option beats
+    a session setting of the same meaning, as in the MongoDB Spark connector.
+    """
+    settings = session_settings(spark.conf.getAll)
+    if not settings:
+        return ChangeStreamDataSource
+    return type(
+        "ChangeStreamDataSource",
+        (ChangeStreamDataSource,),
+        {
+            "session_settings": tuple(sorted(settings.items())),
+            "__module__": __name__,
+            "__qualname__": "with_session_settings.<locals>.ChangeStreamDataSource",
+        },
+    )
 
 
 class SnapshotBatchReader(DataSourceReader):
@@ -132,7 +159,8 @@ class SnapshotBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         config = self._config
-        plan = plan_snapshot(config, config.snapshot_partitions, config.at_cluster_time)
+        with history_lost_as_error(None):
+            plan = plan_snapshot(config, config.snapshot_partitions, config.at_cluster_time)
         return [plan.partition(i) for i in range(plan.ranges)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -144,7 +172,7 @@ class SnapshotBatchReader(DataSourceReader):
 def infer_schema(config: SourceConfig) -> str:
     """``infer_schema=true``: a ``full_document_schema`` from a sample of the watched collection."""
     assert config.database is not None and config.collection is not None
-    with config.connect() as client:
+    with config.connect() as client, history_lost_as_error(None):
         return sample_ddl(client[config.database][config.collection],
                           config.infer_schema_sample_size)
 
@@ -178,7 +206,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 assert config.start_after is not None
                 self._initial = make_offset(config.start_after, start_after=True)
             elif config.startup_mode == "snapshot":
-                plan = plan_snapshot(config, config.snapshot_partitions)
+                with history_lost_as_error(None):
+                    plan = plan_snapshot(config, config.snapshot_partitions)
                 self._initial = {"v": 1, "snapshot": plan.to_json(), "next": 0}
             else:
                 self._initial = make_offset(self._current_token(config.start_at_operation_time))

@@ -151,8 +151,9 @@ def test_offsets_are_plain_json_and_choose_the_start_option() -> None:
         ({"uri": "mongodb://x", "max_rows_per_batch": "0"}, "'max_rows_per_batch' must be >= 1"),
         ({"uri": "mongodb://x", "pipeline": "[1]"}, "array of stage documents"),
         (
-            {"uri": "mongodb://x", "pipeline": '[{"$changeStreamSplitLargeEvent": {}}]'},
-            "not supported",
+            {"uri": "mongodb://x",
+             "pipeline": '[{"$changeStreamSplitLargeEvent": {}}, {"$match": {}}]'},
+            "must be the last stage",
         ),
     ],
 )
@@ -196,3 +197,28 @@ def test_packed_partitions_return_every_event_in_order_and_stay_small() -> None:
     assert all(len(part) < 1000 * 1024 for part in parts)  # under Spark's task-size warning
     assert [event for part in parts for event in readahead.unpack(part)] == events
     assert readahead.pack([]) == []
+
+
+def test_json_columns_encoded_together_read_as_each_alone(spark: Any) -> None:
+    """One encoder call per column chunk gives each document's own text, whatever it holds."""
+    from changestream.spark_adapter._convert import _MARK
+
+    documents: list[Any] = [
+        {"a": [1, 2], "s": "x, y", "o": ObjectId("6b08b5353ae9adc2737f7557")},
+        None,
+        {"holds the mark": [_MARK, f", {_MARK}, "]},  # the split does not add up: one by one
+        {"n": float("nan")},  # the encoder refuses NaN: relaxed JSON spells it
+        {"e": "é", "d": datetime.datetime(2026, 1, 1)},
+    ]
+    events = [
+        {"_id": TOKEN, "operationType": "insert", "fullDocument": doc} for doc in documents
+    ]
+    column = _converter(spark).convert(events).column("full_document").to_pylist()
+    expected = [
+        None if doc is None else json_util.dumps(doc, json_options=json_util.RELAXED_JSON_OPTIONS)
+        for doc in documents
+    ]
+    assert column == expected
+    assert _converter(spark).convert(events[:1] + events[4:]).column(
+        "full_document"
+    ).to_pylist() == [expected[0], expected[4]]

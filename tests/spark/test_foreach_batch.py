@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
-from spark_support import PANDAS_WARNING, ParquetSink
+from spark_support import PANDAS_WARNING, ParquetSink, wait_for
 
 from changestream.spark_adapter import (
     ChangeStreamHistoryLostError,
@@ -90,8 +90,10 @@ def test_batches_are_cut_by_time_and_stop_event_ends_the_run(
         for i in range(30):
             coll.insert_one({"_id": i})
             time.sleep(0.05)
-        time.sleep(0.5)
-        stop.set()
+        try:  # stop once all arrived (the open batch is delivered first), however loaded
+            wait_for(lambda: len(sink.ids()) >= 30, timeout=60, what="30 events in the sink")
+        finally:
+            stop.set()
 
     producer = threading.Thread(target=produce)
     producer.start()

@@ -12,7 +12,7 @@ from spark_support import current_token
 
 import changestream
 from changestream._consume_run import RetryPolicy
-from changestream.spark_adapter import _readahead
+from changestream.spark_adapter import _prefetch, _readahead
 from changestream.spark_adapter._config import SourceConfig
 from changestream.spark_adapter._offsets import make_offset
 
@@ -37,7 +37,7 @@ def test_read_ahead_backs_off_then_names_the_repeated_failure(
     mongodb_uri: str, coll: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     counter = AggregateCounter()
-    monkeypatch.setattr(_readahead, "RETRY", RetryPolicy(2.0, 0.2, 1.0))
+    monkeypatch.setattr(_prefetch, "RETRY", RetryPolicy(2.0, 0.2, 1.0))
     monkeypatch.setattr(SourceConfig, "connect",
                         lambda self: MongoClient(self.uri, event_listeners=[counter]))
     config = SourceConfig.from_options(
@@ -68,7 +68,7 @@ def test_opening_the_stream_backs_off_over_transient_failures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Both Spark paths open their stream through ``open_retrying`` (a mongos gone, a failover)."""
-    monkeypatch.setattr(_readahead, "RETRY", RetryPolicy(5.0, 0.05, 0.2))
+    monkeypatch.setattr(_prefetch, "RETRY", RetryPolicy(5.0, 0.05, 0.2))
     calls: list[float] = []
 
     def flaky() -> str:
@@ -77,7 +77,7 @@ def test_opening_the_stream_backs_off_over_transient_failures(
             raise AutoReconnect("connection closed")
         return "stream"
 
-    assert _readahead.open_retrying(flaky) == "stream"
+    assert _prefetch.open_retrying(flaky) == "stream"
     assert len(calls) == 3 and calls[2] - calls[1] >= 0.05, "backed off between tries"
 
     def broken() -> str:
@@ -86,5 +86,5 @@ def test_opening_the_stream_backs_off_over_transient_failures(
 
     calls.clear()
     with pytest.raises(OperationFailure):
-        _readahead.open_retrying(broken)
+        _prefetch.open_retrying(broken)
     assert len(calls) == 1, "a non-transient error is not retried"

@@ -134,3 +134,22 @@ def test_streaming_source_across_a_killed_mongos(
     finally:
         query.stop()
     _check(sink)
+
+
+def test_until_idle_waits_for_what_mongos_holds_back(spark: Any, tmp_path: Path) -> None:
+    """A write to one shard is released by mongos only once the idle shard's no-op passes it;
+    ``until_idle`` must wait for that, not end at the first empty getMore."""
+    with ShardedCluster("8.0", shards=2, mongoses=1, noop_interval=3.0) as slow:
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(slow.mongos_uri(0))
+        client.admin.command("shardCollection", "sp.c", key={"_id": "hashed"})
+        sink = ParquetSink(tmp_path / "out")
+        store = FileTokenStore(tmp_path / "token.json")
+        open_stream = stream_opener(client.sp.c, max_await_time_ms=50)
+        first = foreach_batch(spark, open_stream, sink, store, until_idle=True)
+        assert (first.reason, first.rows) == ("idle", 0)
+        for round_ in range(3):  # each write lands on one shard; the other one is idle
+            client.sp.c.insert_one({"_id": round_})
+            result = foreach_batch(spark, open_stream, sink, store, until_idle=True)
+            assert (result.reason, result.rows) == ("idle", 1), round_
+        assert sink.ids() == [0, 1, 2]
+        client.close()

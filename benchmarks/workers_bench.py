@@ -9,7 +9,9 @@ per change (a write to another store, an HTTP call): ``time.sleep`` on
 threads, ``await asyncio.sleep`` in tasks (on asyncio's loop, and on uvloop's when
 installed). Each configuration runs for
 ``--seconds``, ``--runs`` times (interleaved), and reports the median changes/s, the client's CPU time per change
-(process time: the server is elsewhere) and the RSS at the end; ratios are
+(process time: the server is elsewhere), the server's CPU time per change (it
+must stay far below the client's, else the server is the limit) and the RSS at
+the end; ratios are
 against the sequential loop (``workers=1``) measured in the same run.
 
 The overhead rows run a handler that does nothing: CPU per change of
@@ -75,10 +77,11 @@ def serve_small() -> None:
 
 
 @contextlib.contextmanager
-def server(kind: str) -> Iterator[str]:
+def server(kind: str) -> Iterator[tuple[str, int | None]]:
+    """The canned server in a child process: its URI and pid."""
     if kind == "realistic":
-        with canned_server(1000) as (uri, _, _):
-            yield uri
+        with canned_server(1000) as (uri, pid, _):
+            yield uri, pid
         return
     process = subprocess.Popen(
         [sys.executable, "-c", "from benchmarks.workers_bench import serve_small; serve_small()"],
@@ -88,7 +91,7 @@ def server(kind: str) -> Iterator[str]:
     try:
         assert process.stdout is not None
         uri = process.stdout.readline().split()[0]
-        yield uri
+        yield uri, process.pid
     finally:
         process.terminate()
         process.wait(10)
@@ -97,6 +100,15 @@ def server(kind: str) -> Iterator[str]:
 def cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu(pid: int | None) -> float:
+    """CPU seconds used so far by process ``pid`` (the server: it must not be the limit)."""
+    if pid is None:
+        return float("nan")
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb() -> float:
@@ -222,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         print("# uvloop not installed (pip install 'changestream[uvloop]'): asyncio rows only")
     samples: dict[str, list[float]] = {}
     for kind in kinds:
-        with server(kind) as uri:
+        with server(kind) as (uri, server_pid):
             configs: list[tuple[str, int]] = [
                 ("threads", w) for w in map(int, args.threads.split(","))]
             configs += [(loop_name, w) for loop_name in loops
@@ -230,8 +242,11 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
             for _ in range(args.runs):  # interleaved: load changes hit every configuration
                 for mode, workers in configs:
+                    server_cpu = process_cpu(server_pid)
                     run = (run_threads(uri, workers, args.seconds, sleep) if mode == "threads"
                            else run_tasks(uri, workers, args.seconds, sleep, mode))
+                    run["server_us"] = (1e6 * (process_cpu(server_pid) - server_cpu)
+                                        / max(run["handled"], 1))
                     runs[(mode, workers)].append(run)
             table = []
             for (mode, workers), results in runs.items():
@@ -239,17 +254,19 @@ def main(argv: list[str] | None = None) -> int:
                 table.append({"mode": mode, "workers": workers, "events": kind,
                               "per_second": statistics.median(rates), "best": rates[-1],
                               "cpu_us": statistics.median(r["cpu_us"] for r in results),
-                              "rss_mb": max(r["rss_mb"] for r in results)})
+                              "rss_mb": max(r["rss_mb"] for r in results),
+                              "server_us": statistics.median(r["server_us"] for r in results)})
             sequential = next(row["per_second"] for row in table
                               if row["mode"] == "threads" and row["workers"] == 1)
             print(f"\n{kind} events (median of {args.runs}; best in parentheses)")
             print(f"{'mode':8} {'workers':>7} {'changes/s':>18} {'x seq':>7} "
-                  f"{'CPU us/chg':>10} {'RSS MB':>7}")
+                  f"{'CPU us/chg':>10} {'RSS MB':>7} {'server us/chg':>13}")
             for row in table:
                 row["ratio"] = row["per_second"] / sequential
                 rate = f"{row['per_second']:,.0f} ({row['best']:,.0f})"
                 print(f"{row['mode']:8} {row['workers']:>7} {rate:>18} "
-                      f"{row['ratio']:>7.1f} {row['cpu_us']:>10.1f} {row['rss_mb']:>7.0f}",
+                      f"{row['ratio']:>7.1f} {row['cpu_us']:>10.1f} {row['rss_mb']:>7.0f} "
+                      f"{row['server_us']:>13.1f}",
                       flush=True)
             rows.extend(table)
             if kind != kinds[0] or not args.overhead_runs:

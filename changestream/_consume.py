@@ -27,6 +27,7 @@ from ._consume_run import (
     GAP,
     HANDLE,
     MARK,
+    NOTHING,
     SAVE,
     ConsumeResult,
     Run,
@@ -211,8 +212,8 @@ def consume(
                         except Exception as exc:
                             run.handler_error = exc
                             raise
-                        step = run.handled(token) if pool is None else run.advanced_to(
-                            *pool.progress())
+                        # with workers, what finished meanwhile is stored before the next admission
+                        step = run.handled(token) if pool is None else NOTHING
                     elif step is MARK and pool is not None:
                         try:
                             pool.mark(token)

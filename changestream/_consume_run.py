@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
 import pymongo
 import tenacity
@@ -397,8 +397,14 @@ def signals_stop(enabled: bool, set_stop: Callable[[], object]) -> Iterator[None
 def call_bound(stream: Any, call_timeout: float) -> contextlib.AbstractContextManager[Any]:
     """The client-side timeout around one poll of ``stream`` (a change stream, or the
     initial-snapshot wrapper, whose copy getMores go without ``maxTimeMS``:
-    :func:`changestream._pymongo.plain_command_spec`)."""
+    :func:`changestream._pymongo.plain_command_spec`). A poll answered from the
+    stream's buffer does no I/O and needs none (it runs per change)."""
+    if getattr(stream, "buffered", 0) > 1:
+        return _NO_BOUND
     return pymongo.timeout(call_timeout)
+
+
+_NO_BOUND: Final = contextlib.nullcontext()
 
 
 # -- one run, without its I/O (shared with the async loop) ------------------------------------

@@ -156,6 +156,11 @@ class StreamShell(Progress):
         return self.resume_token
 
     @property
+    def buffered(self) -> int:
+        """Changes received and not yet returned: a poll now needs no I/O while two or more wait."""
+        return self._machine.buffered
+
+    @property
     def alive(self) -> bool:
         """False once closed, cancelled or invalidated; ``True`` does not promise a next change."""
         return self._machine.alive

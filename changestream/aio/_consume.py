@@ -27,6 +27,7 @@ from .._consume_run import (
     GAP,
     HANDLE,
     MARK,
+    NOTHING,
     SAVE,
     ConsumeResult,
     Run,
@@ -227,15 +228,15 @@ async def consume(
                                 await pool.room()
                                 if run.advanced_to(*pool.progress()) is SAVE:
                                     await save()
-                                await pool.submit(change, token)
+                                pool.submit(change, token)
                         except Exception as exc:
                             run.handler_error = exc
                             raise
-                        step = run.handled(token) if pool is None else run.advanced_to(
-                            *pool.progress())
+                        # with workers, what finished meanwhile is stored before the next admission
+                        step = run.handled(token) if pool is None else NOTHING
                     elif step is MARK and pool is not None:
                         try:
-                            await pool.mark(token)
+                            pool.mark(token)
                         except Exception as exc:
                             run.handler_error = exc
                             raise

@@ -154,6 +154,15 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         After a resume caused by an error, only the new cursor's first batch is
         consulted. Returns ``None`` on a closed stream.
         """
+        # async-only: begin
+        if (self._on_token is None and self._cleanup is None and not self._close_requested
+                and not self._lock.locked()):
+            # The per-change fast path: nothing awaits between here and the return, and only
+            # the loop's thread runs, so holding the lock would change nothing.
+            document = self._machine.next_buffered()
+            if document is not NOT_BUFFERED:
+                return document  # type: ignore[no-any-return]
+        # async-only: end
         async with self._lock:
             await self._settle()  # async-only
             if self._close_requested:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Coroutine, Hashable
 from typing import Any
 
 from .._lanes import Job, Lanes
@@ -50,6 +50,8 @@ class AsyncWorkers:
         self._room = asyncio.Event()
         """Set when a job ended (room to admit, a failure, or all done)."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._create_task: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
+        """The running loop's ``create_task`` (looked up once: it runs once per idle worker)."""
         self._gave_up = False
         """A :meth:`settle` timed out: calls may still run, nothing more may start."""
         self.failure: BaseException | None = None
@@ -66,14 +68,19 @@ class AsyncWorkers:
                 await self._room.wait()
         self._raise_failure()
 
-    async def submit(self, change: Any, token: Any) -> None:
-        """Hand ``change`` (followed by ``token``) to the tasks (after :meth:`room`)."""
-        key = self._key(change)
-        self._raise_failure()
-        self._lanes.admit(change, key, token)
-        self._start()
+    def submit(self, change: Any, token: Any) -> None:
+        """Hand ``change`` (followed by ``token``) to the tasks (after :meth:`room`).
 
-    async def mark(self, token: Any) -> None:
+        Plain (not a coroutine): it never waits, and it runs once per change.
+        """
+        if self.failure is not None:
+            raise self.failure
+        lanes = self._lanes
+        lanes.admit(change, self._key(change), token)
+        if lanes.ready:
+            self._start()
+
+    def mark(self, token: Any) -> None:
         """A position without a change (an empty batch's token), in stream order."""
         self._raise_failure()
         self._lanes.mark(token)
@@ -130,45 +137,43 @@ class AsyncWorkers:
             raise self.failure
 
     def _start(self) -> None:
-        """A task per job that may start (up to ``workers`` running)."""
+        """A task per job that may start (up to ``workers`` running); a task that finishes
+        its job goes on with the next ready one, so tasks are created only while workers are
+        idle."""
         lanes = self._lanes
-        if not lanes.ready:
-            return
-        create_task = asyncio.get_running_loop().create_task
+        create_task = self._create_task
+        if create_task is None:
+            create_task = self._create_task = asyncio.get_running_loop().create_task
+        tasks = self._tasks
         while (job := lanes.take()) is not None:
-            self._tasks.add(create_task(self._run(job)))  # the task removes itself when done
+            tasks.add(create_task(self._work(job)))  # the task removes itself when done
 
     # -- the handler tasks ----------------------------------------------------------------------
-    async def _run(self, first: Job) -> None:
+    async def _work(self, job: Job | None) -> None:
+        lanes, handler, calls, room = self._lanes, self._handler, self._calls, self._room
+        retrying = calls.retrying
         try:
-            await self._work(first)
+            while job is not None:
+                try:
+                    if retrying:
+                        await call_handler(handler, job.change, calls)
+                    else:  # call_handler inlined: one coroutine less per change
+                        result = handler(job.change)
+                        if inspect.isawaitable(result):
+                            await result
+                except BaseException as exc:
+                    lanes.fail(job)
+                    room.set()
+                    if not isinstance(exc, Exception):
+                        raise
+                    if self.failure is None:
+                        self.failure = exc
+                    return
+                lanes.done(job)
+                if lanes.roomy or lanes.idle:
+                    room.set()
+                job = lanes.take()
+                if job is not None and lanes.ready:
+                    self._start()
         finally:
             self._tasks.discard(asyncio.current_task())
-
-    async def _work(self, first: Job) -> None:
-        lanes, handler, calls = self._lanes, self._handler, self._calls
-        job: Job | None = first
-        while job is not None:
-            try:
-                if calls.retrying:
-                    await call_handler(handler, job.change, calls)
-                else:  # call_handler inlined: one coroutine less per change
-                    result = handler(job.change)
-                    if inspect.isawaitable(result):
-                        await result
-            except BaseException as exc:
-                lanes.fail(job)
-                self._room.set()
-                if not isinstance(exc, Exception):
-                    raise
-                if self.failure is None:
-                    self.failure = exc
-                return
-            lanes.done(job)
-            if lanes.roomy or lanes.idle:
-                self._room.set()
-            if not lanes.ready:
-                return
-            job = lanes.take()
-            if lanes.ready:
-                self._start()

@@ -120,7 +120,7 @@ def test_tasks_keep_per_key_order_and_barriers_under_random_delays() -> None:
         workers = aio_workers.AsyncWorkers(handle, HandlerCalls(None), lanes, keyed)
         for change in stream:
             await workers.room()
-            await workers.submit(change, change[1])
+            workers.submit(change, change[1])
             assert lanes.in_flight <= 100 and lanes.running <= 50
         assert await workers.settle(None)
         assert workers.progress() == (599, 600)
@@ -175,8 +175,8 @@ def test_async_settle_cancels_calls_still_running_after_the_timeout() -> None:
         lanes = Lanes(workers=2, max_in_flight=10)
         workers = aio_workers.AsyncWorkers(lambda change: asyncio.sleep(30), HandlerCalls(None),
                                       lanes, keyed)
-        await workers.submit(("a", 0), 0)
-        await workers.submit(("b", 1), 1)
+        workers.submit(("a", 0), 0)
+        workers.submit(("b", 1), 1)
         await asyncio.sleep(0)
         assert await workers.settle(0.05) is False
         assert workers.progress() == (None, 0) and lanes.running == 0

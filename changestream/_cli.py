@@ -435,7 +435,8 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
     stop = threading.Event()
     status = StatusLine(sys.stderr) if args.status and sys.stderr.isatty() else None
     progress = WatchProgress(stop, status, args.until_idle)
-    for handler in logging.getLogger().handlers:
+    filtered = list(logging.getLogger().handlers)
+    for handler in filtered:
         progress.attach(handler)
         handler.addFilter(_not_dead_end)  # printed once below, as the exit message
     guard = _PrintGuard(store, stop)
@@ -535,6 +536,8 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
     finally:
         for signum, previous_handler in previous.items():
             signal.signal(signum, previous_handler)
+        for handler in filtered:  # the process may go on (the CLI called as a function)
+            handler.removeFilter(_not_dead_end)
         progress.clear()
         client.close()
     if guard.signalled:

@@ -20,7 +20,12 @@ import changestream
 from changestream._pymongo import _with_dict_details
 
 
-@pytest.mark.parametrize("code", [91, 189, 10107, 11600, 13435])
+# The NotPrimary family only: mongod attaches ``topologyVersion`` to those errors, so PyMongo can
+# see that the error is stale and keep the primary. A shutdown error (91, 11600) raised by a
+# failpoint carries none (mongod's service_entry_point_common.cpp adds it to shutdown errors only
+# in quiesce mode), so PyMongo marks the server Unknown and clears its pool by design:
+# test_resume_after_a_shutdown_error_waits_for_the_monitor_only below.
+@pytest.mark.parametrize("code", [189, 10107, 13435])
 def test_resume_after_a_labelled_not_primary_error_does_not_wait_for_a_heartbeat(
     simulator: Any, code: int
 ) -> None:
@@ -41,6 +46,28 @@ def test_resume_after_a_labelled_not_primary_error_does_not_wait_for_a_heartbeat
             elapsed = time.monotonic() - started
         assert change["documentKey"] == {"_id": 1}
         assert elapsed < 3.0, f"resume took {elapsed:.1f}s: the primary was marked Unknown"
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("code", [91, 11600])
+def test_resume_after_a_shutdown_error_waits_for_the_monitor_only(simulator: Any, code: int) -> None:
+    """PyMongo marks the primary Unknown; the resume selects it again after the next check."""
+    client: MongoClient[dict[str, Any]] = MongoClient(simulator.uri)  # default heartbeat: 10 s
+    try:
+        coll = client.db.coll
+        coll.insert_one({"_id": 0})
+        with changestream.watch(coll) as stream:
+            client.admin.command(
+                "configureFailPoint",
+                "failGetMoreAfterCursorCheckout",
+                mode={"times": 1},
+                data={"errorCode": code},
+            )
+            coll.insert_one({"_id": 1})
+            change = stream.next()
+            assert stream.resumes == 1
+        assert change["documentKey"] == {"_id": 1}
     finally:
         client.close()
 

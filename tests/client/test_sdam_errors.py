@@ -20,16 +20,9 @@ import changestream
 from changestream._pymongo import _with_dict_details
 
 
-# The NotPrimary family only: mongod attaches ``topologyVersion`` to those errors, so PyMongo can
-# see that the error is stale and keep the primary. A shutdown error (91, 11600) raised by a
-# failpoint carries none (mongod's service_entry_point_common.cpp adds it to shutdown errors only
-# in quiesce mode), so PyMongo marks the server Unknown and clears its pool by design:
-# test_resume_after_a_shutdown_error_waits_for_the_monitor_only below.
-@pytest.mark.parametrize("code", [189, 10107, 13435])
-def test_resume_after_a_labelled_not_primary_error_does_not_wait_for_a_heartbeat(
-    simulator: Any, code: int
-) -> None:
-    client: MongoClient[dict[str, Any]] = MongoClient(simulator.uri)  # default heartbeat: 10 s
+def _resume_after_get_more_error(uri: str, code: int) -> tuple[Any, float, int]:
+    """The change, the seconds the resume took and the resume count, after one failed getMore."""
+    client: MongoClient[dict[str, Any]] = MongoClient(uri)  # default heartbeat: 10 s
     try:
         coll = client.db.coll
         coll.insert_one({"_id": 0})
@@ -43,33 +36,29 @@ def test_resume_after_a_labelled_not_primary_error_does_not_wait_for_a_heartbeat
             coll.insert_one({"_id": 1})
             started = time.monotonic()
             change = stream.next()
-            elapsed = time.monotonic() - started
-        assert change["documentKey"] == {"_id": 1}
-        assert elapsed < 3.0, f"resume took {elapsed:.1f}s: the primary was marked Unknown"
+            return change, time.monotonic() - started, stream.resumes
     finally:
         client.close()
+
+
+# The NotPrimary family: mongod attaches ``topologyVersion`` to those errors, so PyMongo can see
+# that the error is stale and keep the primary. A shutdown error (91, 11600) raised by a failpoint
+# carries none (mongod's service_entry_point_common.cpp adds it to shutdown errors only in quiesce
+# mode), so PyMongo marks the server Unknown and clears its pool by design, and the resume waits
+# for the monitor's next check.
+@pytest.mark.parametrize("code", [189, 10107, 13435])
+def test_resume_after_a_labelled_not_primary_error_does_not_wait_for_a_heartbeat(
+    simulator: Any, code: int
+) -> None:
+    change, elapsed, _ = _resume_after_get_more_error(simulator.uri, code)
+    assert change["documentKey"] == {"_id": 1}
+    assert elapsed < 3.0, f"resume took {elapsed:.1f}s: the primary was marked Unknown"
 
 
 @pytest.mark.parametrize("code", [91, 11600])
 def test_resume_after_a_shutdown_error_waits_for_the_monitor_only(simulator: Any, code: int) -> None:
-    """PyMongo marks the primary Unknown; the resume selects it again after the next check."""
-    client: MongoClient[dict[str, Any]] = MongoClient(simulator.uri)  # default heartbeat: 10 s
-    try:
-        coll = client.db.coll
-        coll.insert_one({"_id": 0})
-        with changestream.watch(coll) as stream:
-            client.admin.command(
-                "configureFailPoint",
-                "failGetMoreAfterCursorCheckout",
-                mode={"times": 1},
-                data={"errorCode": code},
-            )
-            coll.insert_one({"_id": 1})
-            change = stream.next()
-            assert stream.resumes == 1
-        assert change["documentKey"] == {"_id": 1}
-    finally:
-        client.close()
+    change, _, resumes = _resume_after_get_more_error(simulator.uri, code)
+    assert change["documentKey"] == {"_id": 1} and resumes == 1
 
 
 def test_error_details_become_a_dict_with_code_and_labels() -> None:

@@ -119,7 +119,8 @@ def missing_credentials_message(where: str, store: str) -> str:
     """Unauthorized (13) without authentication: the URI has no user."""
     return (
         "the deployment requires authentication and the client sent no credentials: put the "
-        "user in the connection string (mongodb://USER:PASSWORD@HOST/?authSource=admin), "
+        "user name and password in the connection string (as USER:PASSWORD@ before the host, "
+        "with ?authSource=admin), "
         f"then run again; {store} holds {where}"
     )
 

@@ -139,7 +139,7 @@ def test_no_credentials(secured: ReplicaSet, caplog: pytest.LogCaptureFixture) -
     client.close()
     assert isinstance(error, changestream.NotResumableError)
     assert str(error).startswith("the deployment requires authentication and the client sent "
-                                 "no credentials: put the user in the connection string")
+                                 "no credentials: put the user name and password in the connection string")
 
 
 def test_cli_no_credentials(secured: ReplicaSet) -> None:

@@ -144,8 +144,9 @@ def foreach_batch(
     )
     run = _Run(store)
     with history_lost_as_error(run.token), open_retrying(lambda: open_stream(run.token)) as stream:
-        if run.token is None and stream.resume_token is not None:
-            run.save(stream.resume_token)  # pin the start: a crash must not move it to "now"
+        start = stream.resume_token if run.token is None else None
+        if start is not None:
+            run.save(start)  # pin the start: a crash must not move it to "now"
         cuts = _Cuts(
             max_rows=max_rows,
             max_seconds=max_seconds,
@@ -155,6 +156,7 @@ def foreach_batch(
             # the cluster time of the call: the newest in the reply to the opening aggregate
             # (through mongos, at least that of every write acknowledged before it)
             called_at=stream.position.server_time,
+            start=start,
         )
         pinned = run.token
 
@@ -237,10 +239,20 @@ class _Cuts:
     called_at: Timestamp | None = None
     """``until_idle`` ends at an empty getMore whose postBatchResumeToken has reached this
     cluster time (``None``: at the first empty getMore)."""
+    start: Any = None
+    """A new stream's first postBatchResumeToken: a high-water mark one tick *past* the
+    cluster time the server had read (events at its own time are still to come), unlike the
+    marks of a scan, which are at or behind it. It never ends an ``until_idle`` run: stored as
+    the run's idle position, a write made at exactly that time and acknowledged before the
+    next call would look delivered to that call's first empty getMore."""
 
     def caught_up(self, token: Any) -> bool:
         """Whether ``token`` is at or past the cluster time of the call: no event written
         before the call can come after it."""
+        if token is not None and self.start is not None and (
+            ResumeToken.maybe(token) == ResumeToken.maybe(self.start)
+        ):
+            return False
         if self.called_at is None:
             return True
         at = token_cluster_time(token) if token is not None else None

@@ -156,3 +156,32 @@ def test_history_lost_fails_with_recovery_steps(spark: Any, tmp_path: Path) -> N
             foreach_batch(spark, open_stream, lambda df, i: None, store, until_idle=True)
         assert "code 286" in str(caught.value)
         assert caught.value.token == store.load().token  # type: ignore[union-attr]
+
+
+def test_until_idle_never_ends_on_a_new_streams_start_token() -> None:
+    """A new stream's first postBatchResumeToken is a high-water mark one tick past the
+    server's time: a write made at exactly that time comes after it. Stored as the idle
+    position, it made the next call end at its first empty getMore without that write."""
+    import uuid
+
+    from bson import Timestamp
+
+    from changestream.spark_adapter._batches import _Cuts
+    from changestream.testing.changestreams.resume_token import (
+        encode_event_token,
+        encode_token,
+        high_water_mark,
+    )
+
+    at = Timestamp(1_800_000_000, 22)
+    start = encode_token(high_water_mark(at, 2))
+    write = encode_event_token(at, 2, 0, uuid.uuid4(), "insert", {"_id": 0}, None)
+    later = encode_token(high_water_mark(Timestamp(at.time, at.inc + 1), 2))
+    cuts = _Cuts(max_rows=10, max_seconds=1.0, idle_seconds=60.0, until_idle=True,
+                 stop_event=None, called_at=at, start=start)
+    assert not cuts.caught_up(start), "the start token is a promise, not a scan"
+    assert cuts.caught_up(write) and cuts.caught_up(later)
+    resumed = _Cuts(max_rows=10, max_seconds=1.0, idle_seconds=60.0, until_idle=True,
+                    stop_event=None, called_at=at)
+    assert resumed.caught_up(start), "a scanned mark at the call's time is caught up"
+    assert not resumed.caught_up(encode_token(high_water_mark(Timestamp(at.time, 21), 2)))

@@ -322,3 +322,31 @@ def test_documents_nested_deeper_than_180_levels_are_not_stored(rs: ReplicaSet) 
         assert coll.count_documents({}) == 1
     finally:
         client.close()
+
+
+def test_a_pool_that_grew_for_a_burst_shrinks_while_light_traffic_goes_on() -> None:
+    """After a burst of waiting operations, the surplus workers exit although quick
+    requests keep coming: each goes to the worker idle the shortest time. (A FIFO hand-out
+    gave every idle worker a task now and then, and a pool kept hundreds of threads
+    for as long as any client polled.)"""
+    pool = transport.WorkerPool("test-pool", idle_seconds=0.5)
+    release = threading.Event()
+    try:
+        for _ in range(40):  # forty operations that wait, as getMores do
+            pool.submit(lambda: release.wait(BOUND) and None)
+        deadline = time.monotonic() + BOUND
+        while pool.busy < 40:
+            pool.retry()
+            assert time.monotonic() < deadline, f"{pool.busy} of 40 waiting operations started"
+            time.sleep(0.005)
+        release.set()
+        done = threading.Semaphore(0)
+        trickle_until = time.monotonic() + 2.0  # four idle periods of light traffic
+        while time.monotonic() < trickle_until:
+            pool.submit(done.release)
+            assert done.acquire(timeout=BOUND), "a quick request was not served"
+            time.sleep(0.01)
+        assert pool.threads <= 4, f"{pool.threads} workers kept for one request at a time"
+    finally:
+        release.set()
+        assert pool.stop(time.monotonic() + BOUND) == []

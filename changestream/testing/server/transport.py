@@ -32,7 +32,6 @@ import contextlib
 import errno
 import itertools
 import logging
-import queue
 import resource
 import select
 import selectors
@@ -179,6 +178,16 @@ def raise_descriptor_limit() -> tuple[int, int]:
     return soft, hard
 
 
+class _Slot:
+    """An idle worker's mailbox: the pool puts one task (or ``None``: exit) and wakes it."""
+
+    __slots__ = ("ready", "task")
+
+    def __init__(self) -> None:
+        self.task: Callable[[], None] | None = None
+        self.ready = threading.Event()
+
+
 class WorkerPool:
     """Threads started on demand for blocking work; idle ones exit after a while.
 
@@ -192,6 +201,12 @@ class WorkerPool:
     thread per operation in flight. When a thread
     cannot be started, the work waits in the queue and :meth:`retry` (called
     by the I/O thread) tries again.
+
+    Work goes to the worker that went idle last (a stack, as the cached pools
+    of Java and Go do), so the surplus after a burst stays untouched and exits
+    after ``idle_seconds``. A shared FIFO queue would hand each idle worker a
+    task now and then, and a pool that once grew to hundreds of threads would
+    keep them for as long as any traffic went on.
     """
 
     def __init__(
@@ -206,13 +221,15 @@ class WorkerPool:
         self.min_threads = min_threads
         self.spawn_delay = spawn_delay
         self.idle_seconds = idle_seconds
-        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
-        """One permit per idle worker not yet promised to queued work."""
         self._lock = threading.Lock()
+        self._queue: deque[Callable[[], None]] = deque()
+        """Work no idle worker could take at once."""
+        self._idle: list[_Slot] = []
+        """Idle workers, the one idle longest first."""
         self._threads: set[threading.Thread] = set()
         self._names = itertools.count(1)
         self._starved = False
+        self._stopping = False
         self._last_take = time.monotonic()
         self._task_started: dict[int, float] = {}
         """When each busy worker (by thread id) started its current task."""
@@ -226,34 +243,39 @@ class WorkerPool:
     @property
     def backlogged(self) -> bool:
         """Work is queued (the I/O thread then calls :meth:`retry` often)."""
-        return not self._queue.empty()
+        return bool(self._queue)
 
     def submit(self, task: Callable[[], None]) -> None:
-        self._queue.put(task)
-        if self._idle.acquire(blocking=False):
-            return
-        # Workers busy for longer than spawn_delay are waiting (a hello, a getMore):
-        # only those still running quick requests count against min_threads.
-        now = time.monotonic()
         with self._lock:
+            if self._idle:
+                slot = self._idle.pop()
+                slot.task = task
+                slot.ready.set()
+                return
+            self._queue.append(task)
+            # Workers busy for longer than spawn_delay are waiting (a hello, a getMore):
+            # only those still running quick requests count against min_threads.
+            now = time.monotonic()
             quick = sum(1 for t in self._task_started.values() if now - t < self.spawn_delay)
         if quick < self.min_threads:
             self._spawn()
 
     def retry(self) -> None:
         """Add a thread when queued work has waited too long (or none could be started)."""
-        if self._queue.empty() or time.monotonic() - self._last_take < self.spawn_delay:
-            return
-        if not self._idle.acquire(blocking=False):
-            self._spawn()
+        with self._lock:
+            if not self._queue or time.monotonic() - self._last_take < self.spawn_delay:
+                return
             self._last_take = time.monotonic()
+        self._spawn()
 
     def stop(self, deadline: float) -> list[str]:
         """End idle workers, wait for busy ones until ``deadline``; return those still running."""
         with self._lock:
+            self._stopping = True
             threads = list(self._threads)
-        for _ in threads:
-            self._queue.put(None)
+            idle, self._idle = self._idle, []
+        for slot in idle:
+            slot.ready.set()  # no task: exit
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         return [t.name for t in threads if t.is_alive()]
@@ -263,6 +285,8 @@ class WorkerPool:
             target=self._run, name=f"{self.name}-{next(self._names)}", daemon=True
         )
         with self._lock:
+            if self._stopping:
+                return
             self._threads.add(thread)
         try:
             thread.start()
@@ -283,20 +307,30 @@ class WorkerPool:
             self._starved = False
             log.warning("%s: threads can be started again", self.name)
 
+    def _take(self) -> Callable[[], None] | None:
+        """The next task: queued work, else wait idle (``None``: exit)."""
+        with self._lock:
+            if self._queue:
+                self._last_take = time.monotonic()
+                return self._queue.popleft()
+            if self._stopping:
+                return None
+            slot = _Slot()
+            self._idle.append(slot)
+        if not slot.ready.wait(self.idle_seconds):
+            with self._lock:
+                if slot.task is None:  # still idle, nothing promised: leave
+                    with contextlib.suppress(ValueError):
+                        self._idle.remove(slot)
+                    return None
+        self._last_take = time.monotonic()
+        return slot.task
+
     def _run(self) -> None:
         me = threading.current_thread()
+        ident = me.ident or 0
         try:
-            while True:
-                try:
-                    task = self._queue.get(timeout=self.idle_seconds)
-                except queue.Empty:
-                    if self._idle.acquire(blocking=False):
-                        return  # nobody counted on this worker: leave
-                    continue  # work was promised to it: it is on its way
-                self._last_take = time.monotonic()
-                if task is None:
-                    return
-                ident = me.ident or 0
+            while (task := self._take()) is not None:
                 with self._lock:
                     self.busy += 1
                     self._task_started[ident] = time.monotonic()
@@ -308,7 +342,6 @@ class WorkerPool:
                     with self._lock:
                         self.busy -= 1
                         self._task_started.pop(ident, None)
-                self._idle.release()
         finally:
             with self._lock:
                 self._threads.discard(me)

@@ -19,10 +19,12 @@ from typing import Any
 import pyarrow as pa
 from deltalake import Schema
 
+from .errors import ChangeStreamError
+
 __all__ = ["SchemaTextError", "arrow_schema", "ddl_to_json"]
 
 
-class SchemaTextError(ValueError):
+class SchemaTextError(ChangeStreamError, ValueError):
     """A schema given as text (DDL or JSON) cannot be read; the message names where."""
 
 

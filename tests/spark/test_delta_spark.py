@@ -27,7 +27,6 @@ from changestream.spark_adapter import (
     stage_into,
     stream_opener,
 )
-from changestream.spark_adapter._merge import _merge_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings(PANDAS_WARNING)]
 
@@ -116,8 +115,7 @@ def test_merge_ready_dataframe_takes_the_last_change_in_token_order(
     sink = DeltaSink(str(tmp_path / 't'), app_id="direct")
     with pytest.raises(changestream.MissingDocumentError, match="full_document='updateLookup'"):
         merge_into(sink)(df, 0)
-    assert DeltaSink(str(tmp_path / 't'), app_id="direct", full_document="updateLookup").write(
-        _merge_table(df, "updateLookup")[0], 0)
+    merge_into(DeltaSink(str(tmp_path / 't'), app_id="direct", full_document="updateLookup"))(df, 0)
     assert table_state(str(tmp_path / 't')) == {0: {"_id": 0, "v": "late"},
                                               1: {"_id": 1, "v": "again"}}
 

@@ -124,8 +124,9 @@ def foreach_batch(
     whose postBatchResumeToken has reached the cluster time of the call (the
     newest in the reply to the opening aggregate): every event written before
     the call is delivered, also those a mongos holds back until its idle
-    shards' periodic no-ops (10 s apart by default) let it release them;
-    ``idle_seconds`` plays no part in it. Stops then, after ``max_batches``
+    shards' periodic no-ops (10 s apart by default) let it release them (a
+    first run, without a stored token, also waits for the stream to move past
+    its start); ``idle_seconds`` plays no part in it. Stops then, after ``max_batches``
     calls, when ``stop_event`` is set (after the
     batches already cut), or after an ``invalidate``. Opening the stream, and
     reopening it after the last event read when it fails later, retries

@@ -211,7 +211,7 @@ def raw_token_bytes(raw: bytes | memoryview) -> bytes | None:
     return bytes(raw[9:end]) if end else None
 
 
-def token_in_raw_event(raw: bytes) -> bool:
+def token_in_raw_event(raw: bytes | memoryview) -> bool:
     """Whether a raw event's token can be sliced out later, as the server sends it.
 
     ``_id`` is the first field, a document whose first field is a ``_data``
@@ -219,6 +219,8 @@ def token_in_raw_event(raw: bytes) -> bool:
     when an event arrives and copies the token (:func:`raw_event_token`) only
     when it is used, so most events never pay for the copy.
     """
+    if type(raw) is not bytes:  # PyMongo hands large replies' events over as memoryviews
+        raw = bytes(raw)
     return raw.startswith(_RAW_DATA_PREFIX, 13) and raw_token_end(raw) > 0
 
 

@@ -60,7 +60,7 @@ from ._event_types import (
     _Deferrable,
     _ReadOnlyMapping,
 )
-from ._token import raw_token_end
+from ._token import RAW_ID_PREFIX
 
 __all__ = ["EventParser", "parse_event"]
 
@@ -531,8 +531,10 @@ class EventParser:
     def parse(self, doc: Mapping[str, Any]) -> ChangeEvent | Mapping[str, Any]:
         """The typed event of ``doc``, filled on first read; ``doc`` itself if not an event."""
         fill_raw = self._fill_raw
-        if fill_raw is not None and isinstance(doc, RawBSONDocument):
-            cls = _class_in_bytes(bytes(doc.raw))
+        if fill_raw is not None and (type(doc) is RawBSONDocument
+                                     or isinstance(doc, RawBSONDocument)):
+            raw = doc.raw
+            cls = _class_in_bytes(raw if type(raw) is bytes else bytes(raw))
             if cls is None:  # not laid out as the server writes events: read it now
                 document = self._decoded(doc)
                 return parse_event(document)
@@ -573,8 +575,11 @@ def _class_in_bytes(raw: bytes) -> type[ChangeEvent] | None:
     ``None`` for any other layout or a name this version does not model (the
     caller then reads the whole event, which also handles unknown types).
     """
-    at = raw_token_end(raw)
-    if not at or not raw.startswith(_OPERATION_TYPE, at):
+    # raw_token_end inline (this runs once per event).
+    if not raw.startswith(RAW_ID_PREFIX, 4):
+        return None
+    at = 9 + int.from_bytes(raw[9:13], "little")
+    if not (14 <= at < len(raw) and raw[at - 1] == 0 and raw.startswith(_OPERATION_TYPE, at)):
         return None
     size = int.from_bytes(raw[at + 15:at + 19], "little")
     return _CLASS_BY_NAME.get(raw[at + 19:at + 18 + size])

@@ -446,7 +446,9 @@ class ChangeStreamMachine:
         event = batch[0]
         decode = self._decode
         try:
-            if type(event) is dict:  # _event_token's usual case, inline: this runs per event
+            if type(event) is RawBSONDocument and token_in_raw_event(event.raw):
+                token = _IN_EVENT  # _event_token's usual case, inline: this runs per event
+            elif type(event) is dict:
                 token = event["_id"]
                 if type(token) is not dict or type(token.get("_data")) is not str:
                     return NOT_BUFFERED

@@ -236,7 +236,8 @@ def event_decoder(
         parse = importlib.import_module("changestream.events").EventParser(codec).parse
 
         def typed_event(event: Mapping[str, Any]) -> Any:
-            if not isinstance(event, RawBSONDocument):  # a merged split event
+            if type(event) is not RawBSONDocument and not isinstance(event, RawBSONDocument):
+                # a merged split event
                 event = RawBSONDocument(bson.encode(event))
             return parse(event)
 

@@ -33,6 +33,7 @@ from bson.timestamp import Timestamp
 from .errors import InvalidResumeTokenError
 
 __all__ = [
+    "RAW_ID_PREFIX",
     "ResumeToken",
     "check_resume_token",
     "describe",
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 _KEYSTRING_TIMESTAMP = 0x82
-_RAW_ID_PREFIX = b"\x03_id\x00"
+RAW_ID_PREFIX = b"\x03_id\x00"
 """BSON of an embedded-document field named ``_id``: where a raw event's token starts."""
 _RAW_DATA_PREFIX = b"\x02_data\x00"
 """BSON of a string field named ``_data``: how a raw resume token starts (at byte 13)."""
@@ -221,7 +222,11 @@ def token_in_raw_event(raw: bytes | memoryview) -> bool:
     """
     if type(raw) is not bytes:  # PyMongo hands large replies' events over as memoryviews
         raw = bytes(raw)
-    return raw.startswith(_RAW_DATA_PREFIX, 13) and raw_token_end(raw) > 0
+    # raw_token_end inline (this runs once per event): _id first, a _data string first in it.
+    if not (raw.startswith(RAW_ID_PREFIX, 4) and raw.startswith(_RAW_DATA_PREFIX, 13)):
+        return False
+    end = 9 + int.from_bytes(raw[9:13], "little")
+    return 14 <= end < len(raw) and raw[end - 1] == 0
 
 
 def raw_token_end(raw: bytes | memoryview) -> int:
@@ -230,7 +235,7 @@ def raw_token_end(raw: bytes | memoryview) -> int:
     Framed as ``RawBSONDocument`` checks it: at least 5 bytes, inside the event,
     ending with a NUL.
     """
-    if raw[4:9] != _RAW_ID_PREFIX:
+    if raw[4:9] != RAW_ID_PREFIX:
         return 0
     end = 9 + int.from_bytes(raw[9:13], "little")
     return end if 14 <= end < len(raw) and raw[end - 1] == 0 else 0

@@ -157,6 +157,11 @@ class Lanes:
         return self._jobs_after_watermark
 
     @property
+    def free(self) -> int:
+        """Changes that may be admitted now before :attr:`full`."""
+        return self.max_in_flight - self._jobs_after_watermark
+
+    @property
     def running(self) -> int:
         """Jobs taken and not yet done."""
         return len(self._running)

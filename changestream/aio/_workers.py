@@ -31,7 +31,7 @@ class AsyncWorkers:
 
     Same surface as the thread version: the consuming coroutine calls
     :meth:`room` (waits while ``max_in_flight`` changes are in flight), :meth:`submit`,
-    :meth:`mark`, :meth:`progress`, :meth:`settle` and :meth:`restart`; a task
+    :meth:`submit_many`, :meth:`mark`, :meth:`progress`, :meth:`settle` and :meth:`restart`; a task
     whose call returns finishes its job and goes on with the next one that
     may start.
     """
@@ -79,6 +79,23 @@ class AsyncWorkers:
         lanes.admit(change, self._key(change), token)
         if lanes.ready:
             self._start()
+
+    def submit_many(self, batch: list[tuple[Any, Any]]) -> None:
+        """:meth:`submit` for each ``(change, token)`` of ``batch`` (at most :attr:`free`), in
+        order: the rest of a buffered batch, admitted and started in one call."""
+        if self.failure is not None:
+            raise self.failure
+        lanes, key = self._lanes, self._key
+        admit = lanes.admit
+        for change, token in batch:
+            admit(change, key(change), token)
+        if lanes.ready:
+            self._start()
+
+    @property
+    def free(self) -> int:
+        """Changes :meth:`submit_many` may admit now (``max_in_flight`` minus those in flight)."""
+        return self._lanes.free
 
     def mark(self, token: Any) -> None:
         """A position without a change (an empty batch's token), in stream order."""

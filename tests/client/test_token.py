@@ -139,3 +139,17 @@ def test_resume_token_present_gives_the_users_mapping() -> None:
     son = SON([("_data", V2_HWM)])
     assert type(ResumeToken.present(son, CodecOptions(document_class=SON))) is SON
     assert ResumeToken.present(None, CodecOptions()) is None
+
+
+def test_token_in_raw_event_reads_bytes_and_memoryviews() -> None:
+    """PyMongo hands the events of large (split-event) replies over as memoryviews."""
+    from changestream._token import token_in_raw_event
+
+    event = bson.encode({"_id": {"_data": V2_HWM}, "operationType": "insert"})
+    assert token_in_raw_event(event)
+    assert token_in_raw_event(memoryview(event))
+    assert not token_in_raw_event(bson.encode({"_id": V2_HWM, "operationType": "insert"}))
+    assert not token_in_raw_event(bson.encode({"_id": {"x": V2_HWM}, "operationType": "insert"}))
+    cut = bytearray(event)
+    cut[9] = 200  # _id claims to run past the event
+    assert not token_in_raw_event(bytes(cut))

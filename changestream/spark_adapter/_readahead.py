@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import struct
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -37,7 +38,7 @@ from ._errors import invalidated
 from ._offsets import offset_watch_option, token_data
 from ._prefetch import Prefetcher, open_retrying
 
-__all__ = ["PART_BYTES", "ReadAhead", "Taken", "pack", "unpack"]
+__all__ = ["PART_BYTES", "ReadAhead", "Taken", "pack", "unpack", "unpack_chunks"]
 
 PART_BYTES = 2 * 1024 * 1024
 """Raw BSON per partition. Compressed (change events compress several times over) a
@@ -45,7 +46,10 @@ partition stays under the 1000 KiB task size Spark warns about; a larger batch b
 several partitions, converted in parallel."""
 
 _CODEC = next((c for c in ("zstd", "lz4") if pa.Codec.is_available(c)), None)
-_HEADER = 9  # one byte: compressed or not; eight: the raw size
+_HEADER = struct.Struct("<BQI")
+"""A partition's header: compressed or not, the size of the rest uncompressed, the number of
+events. The rest is the events' lengths (``<I`` each), then the events: an executor finds
+its chunks' bounds without a Python step per event."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,37 +98,50 @@ def pack(events: list[bytes]) -> list[bytes]:
         group.append(event)
         size += len(event)
         if size >= share:
-            packed.append(_compress(b"".join(group)))
+            packed.append(_compress(group))
             group, size = [], 0.0
     if group:
-        packed.append(_compress(b"".join(group)))
+        packed.append(_compress(group))
     return packed
 
 
-def _compress(data: bytes) -> bytes:
-    header = len(data).to_bytes(8, "little")
+def _compress(events: list[bytes]) -> bytes:
+    data = struct.pack(f"<{len(events)}I", *map(len, events)) + b"".join(events)
     if _CODEC is None:
-        return b"\x00" + header + data
+        return _HEADER.pack(0, len(data), len(events)) + data
     compressed: bytes = pa.Codec(_CODEC).compress(data, asbytes=True)
-    return b"\x01" + header + compressed
+    return _HEADER.pack(1, len(data), len(events)) + compressed
+
+
+def _bounds(data: bytes) -> tuple[bytes, list[int]]:
+    """A partition's events back to back, and where each starts (and the last ends)."""
+    compressed, size, count = _HEADER.unpack_from(data)
+    if compressed:
+        if _CODEC is None:
+            raise RuntimeError("this partition is compressed, but pyarrow here has no zstd or lz4")
+        raw = pa.Codec(_CODEC).decompress(
+            data[_HEADER.size :], decompressed_size=size, asbytes=True
+        )
+    else:
+        raw = data[_HEADER.size :]
+    lengths = struct.unpack_from(f"<{count}I", raw)
+    return raw, list(itertools.accumulate(lengths, initial=4 * count))
 
 
 def unpack(data: bytes) -> list[bytes]:
     """The events of one :func:`pack` partition, as raw BSON documents."""
-    size = int.from_bytes(data[1:_HEADER], "little")
-    if data[0]:
-        if _CODEC is None:
-            raise RuntimeError("this partition is compressed, but pyarrow here has no zstd or lz4")
-        raw = pa.Codec(_CODEC).decompress(data[_HEADER:], decompressed_size=size, asbytes=True)
-    else:
-        raw = data[_HEADER:]
-    events: list[bytes] = []
-    position = 0
-    while position < size:
-        length = int.from_bytes(raw[position : position + 4], "little")
-        events.append(raw[position : position + length])
-        position += length
-    return events
+    raw, starts = _bounds(data)
+    return [raw[a:b] for a, b in itertools.pairwise(starts)]
+
+
+def unpack_chunks(data: bytes, size: int) -> list[bytes]:
+    """The events of one :func:`pack` partition, ``size`` at a time, each group as one
+    ``bytes`` of BSON documents back to back (what ``bson.decode_all`` reads)."""
+    raw, starts = _bounds(data)
+    edges = starts[::size]
+    if edges[-1] != starts[-1]:
+        edges.append(starts[-1])
+    return [raw[a:b] for a, b in itertools.pairwise(edges)]
 
 
 def _data(event: bytes) -> str:

@@ -40,10 +40,15 @@ from ._prefetch import Prefetcher, open_retrying
 
 __all__ = ["PART_BYTES", "ReadAhead", "Taken", "pack", "unpack", "unpack_chunks"]
 
-PART_BYTES = 2 * 1024 * 1024
-"""Raw BSON per partition. Compressed (change events compress several times over) a
-partition stays under the 1000 KiB task size Spark warns about; a larger batch becomes
-several partitions, converted in parallel."""
+PART_BYTES = 8 * 1024 * 1024
+"""Raw BSON per partition (~20,000 events of 400 B: a few tenths of a second of conversion).
+A larger batch becomes several partitions, converted in parallel. Each Python task has a
+fixed cost, so fewer, longer tasks are faster: on the 2-core machine 8 MiB partitions took
+a 50,000-event batch from ~3.7 s to ~1.9 s against 2 MiB ones (``/work/notes/sparkperf2.md``)."""
+TASK_BYTES = 900 * 1024
+"""Compressed bytes per partition at most: a partition that compresses to more is split, so
+a task stays under the 1000 KiB task size Spark warns about (change events usually compress
+tens of times over, so this binds only for incompressible documents)."""
 
 _CODEC = next((c for c in ("zstd", "lz4") if pa.Codec.is_available(c)), None)
 _HEADER = struct.Struct("<BQI")
@@ -85,7 +90,8 @@ def pack(events: list[bytes]) -> list[bytes]:
     """The events in partitions of at most about :data:`PART_BYTES` of BSON, compressed.
 
     The partitions are about equal in size: their conversions run in parallel,
-    and the batch waits for the largest.
+    and the batch waits for the largest. One that compresses to more than
+    :data:`TASK_BYTES` is split in two until it fits (or holds one event).
     """
     total = sum(map(len, events))
     if not total:
@@ -98,11 +104,20 @@ def pack(events: list[bytes]) -> list[bytes]:
         group.append(event)
         size += len(event)
         if size >= share:
-            packed.append(_compress(group))
+            packed += _compress_fitting(group)
             group, size = [], 0.0
     if group:
-        packed.append(_compress(group))
+        packed += _compress_fitting(group)
     return packed
+
+
+def _compress_fitting(events: list[bytes]) -> list[bytes]:
+    """``events`` compressed as one partition, or as several of at most :data:`TASK_BYTES`."""
+    packed = _compress(events)
+    if len(packed) <= TASK_BYTES or len(events) == 1:
+        return [packed]
+    half = len(events) // 2
+    return _compress_fitting(events[:half]) + _compress_fitting(events[half:])
 
 
 def _compress(events: list[bytes]) -> bytes:

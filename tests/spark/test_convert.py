@@ -183,20 +183,24 @@ def test_option_parsing() -> None:
 
 
 def test_packed_partitions_return_every_event_in_order_and_stay_small() -> None:
+    import random
+
     import bson
 
     from changestream.spark_adapter import _readahead as readahead
 
-    events = [
-        bson.encode(
-            {"_id": {"_data": f"82{i:08X}"}, "operationType": "insert", "pad": "x" * (i % 700)}
-        )
-        for i in range(12_000)
-    ]
-    parts = readahead.pack(events)
-    assert len(parts) > 1  # ~4 MB of BSON: more than one partition, converted in parallel
-    assert all(len(part) < 1000 * 1024 for part in parts)  # under Spark's task-size warning
-    assert [event for part in parts for event in readahead.unpack(part)] == events
+    noise = random.Random(7)
+    for pad in (lambda i: "x" * (i % 700), lambda i: noise.randbytes(i % 700)):
+        events = [
+            bson.encode({"_id": {"_data": f"82{i:08X}"}, "operationType": "insert", "p": pad(i)})
+            for i in range(48_000)
+        ]
+        parts = readahead.pack(events)
+        # ~17 MB of BSON: several partitions converted in parallel, each under Spark's
+        # task-size warning however well the events compress
+        assert len(parts) > 2
+        assert all(len(part) < 1000 * 1024 for part in parts)
+        assert [event for part in parts for event in readahead.unpack(part)] == events
     assert readahead.pack([]) == []
 
 

@@ -15,6 +15,9 @@ Events are inserts of new documents by default; ``--updates`` makes them updates
   per commit (the command adds only its status line).
 * (f) ``foreach_batch`` + ``stage_into(sink)`` with the sink as token store
   (``--spark``): Spark ``local[2]``, ``max_rows=--batch``.
+* (d) the same, but ``func`` gets a DataFrame and collects it back to Arrow (what
+  ``stage_into`` did before ``foreach_batch`` handed it the Arrow batch, and what the
+  data source's ``foreachBatch`` + ``merge_into`` still does).
 * (r) one batch merged as a new version vs. the same batch replayed (skipped by
   its application transaction): the cost of the skip is reading the table's
   latest txn version.
@@ -86,7 +89,9 @@ def mirror_rate(uri: str, events: int, keys: int, batch: int, path: str,
 
 
 def foreach_batch_rate(uri: str, events: int, keys: int, batch: int, path: str,
-                       updates: bool) -> float:
+                       updates: bool, dataframe: bool = False) -> float:
+    """``foreach_batch`` + ``stage_into``: the Arrow batch straight to the sink, or (with
+    ``dataframe``) through a DataFrame, as a ``func`` without ``arrow_batch`` gets it."""
     from pyspark.sql import SparkSession
 
     from changestream.spark_adapter import foreach_batch, stage_into, stream_opener
@@ -98,11 +103,12 @@ def foreach_batch_rate(uri: str, events: int, keys: int, batch: int, path: str,
     coll = client.bench[f"f{time.monotonic_ns()}"]
     sink = DeltaSink(path, app_id="bench", full_document="updateLookup")
     opener = stream_opener(coll, full_document="updateLookup", max_await_time_ms=100)
-    foreach_batch(spark, opener, stage_into(sink), sink, until_idle=True)
+    stage = stage_into(sink)
+    func = (lambda df, batch_id: stage(df, batch_id)) if dataframe else stage
+    foreach_batch(spark, opener, func, sink, until_idle=True)
     write(coll, keys, events, updates)
     started = time.perf_counter()
-    result = foreach_batch(spark, opener, stage_into(sink), sink, max_rows=batch,
-                           until_idle=True)
+    result = foreach_batch(spark, opener, func, sink, max_rows=batch, until_idle=True)
     elapsed = time.perf_counter() - started
     client.close()
     return result.rows / elapsed
@@ -148,6 +154,10 @@ def main() -> None:
                 rate = foreach_batch_rate(uri, args.events, args.keys, args.batch, f"{work}/f",
                                           args.updates)
                 print(f"(f) foreach_batch + stage_into, max_rows {args.batch}: {rate:,.0f} events/s")
+                rate = foreach_batch_rate(uri, args.events, args.keys, args.batch, f"{work}/d",
+                                          args.updates, dataframe=True)
+                print(f"(d) the same through a DataFrame (Arrow -> Spark -> Arrow): "
+                      f"{rate:,.0f} events/s")
         for rows in (1_000, args.batch):
             new, skipped = replay_cost(f"{work}/r{rows}", rows, 5)
             print(f"(r) {rows}-row batch: merge {new * 1000:.1f} ms, replay skipped in "

@@ -369,6 +369,13 @@ def stalled(stream: Any) -> bool:
     return bool(getattr(machine, "idle_resumes", 0))
 
 
+def take_buffered(stream: Any, limit: int) -> list[tuple[Any, Any]]:
+    """Up to ``limit`` changes ``stream`` answers from its buffer, with the token after each
+    (``[]`` from a stream without ``take_buffered``, such as the initial-snapshot wrapper)."""
+    take = getattr(stream, "take_buffered", None)
+    return [] if take is None or limit < 1 else take(limit)
+
+
 @contextlib.contextmanager
 def signals_stop(enabled: bool, set_stop: Callable[[], object]) -> Iterator[None]:
     """With ``enabled``, SIGTERM and SIGINT call ``set_stop`` instead of killing the process.
@@ -513,6 +520,16 @@ class Run:
         if is_invalidate(change):
             raise invalidated(change, progress.token, token)
         return HANDLE
+
+    def polled_buffered(self, batch: list[tuple[Any, Any]]) -> int:
+        """With workers: ``batch`` came from the stream's buffer after a :data:`HANDLE`
+        (no poll, no I/O); how many of its changes to admit: all but an invalidate and what
+        follows it (after admitting them, :meth:`polled` the invalidate: it raises)."""
+        self.stats.poll(self.progress.handled, self.opened - 1)
+        for index, (change, _) in enumerate(batch):
+            if is_invalidate(change):
+                return index
+        return len(batch)
 
     def handled(self, token: Any) -> str:
         """The handler returned for the change that left ``token``."""

@@ -157,6 +157,11 @@ class Lanes:
         return self._jobs_after_watermark
 
     @property
+    def free(self) -> int:
+        """Changes that may be admitted now before :attr:`full`."""
+        return self.max_in_flight - self._jobs_after_watermark
+
+    @property
     def running(self) -> int:
         """Jobs taken and not yet done."""
         return len(self._running)
@@ -203,7 +208,7 @@ class Lanes:
 
     def take(self) -> Job | None:
         """The next job to start (``None``: none may start now); it counts as running."""
-        if self.running >= self.workers or not self._ready:
+        if len(self._running) >= self.workers or not self._ready:
             return None
         job = self._ready.popleft()
         self._running.add(job)
@@ -211,9 +216,10 @@ class Lanes:
 
     def done(self, job: Job) -> bool:
         """A taken job finished; ``True``: the watermark moved."""
-        if job not in self._running:
-            raise LanesError(f"done({job!r}): not running (never taken, or finished twice)")
-        self._running.remove(job)
+        try:
+            self._running.remove(job)
+        except KeyError:
+            raise LanesError(f"done({job!r}): not running (never taken, or finished twice)") from None
         job.done = True
         job.change = None  # the change is no longer needed: free it while it waits in order
         self.handled += 1

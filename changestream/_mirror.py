@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
         help="Extended JSON of the document column (default %(default)s)",
     )
     parser.add_argument(
+        "--schema", metavar="SCHEMA",
+        help="store these document fields as typed columns instead of one JSON column: a Spark "
+        "DDL ('name STRING, qty INT, tags ARRAY<STRING>') or Spark's/Delta's schema JSON; "
+        "@FILE reads it from FILE",
+    )
+    parser.add_argument(
         "--batch", type=_positive_int, default=10_000, metavar="N",
         help="commit after N changes at most (default %(default)s)",
     )
@@ -102,17 +108,34 @@ def main(argv: list[str]) -> int:
     if "://" not in args.to and Path(args.to).exists() and not Path(args.to).is_dir():
         parser.error(f"--to: {args.to} is not a directory")
     try:
-        from .delta import DeltaSink
+        from .delta import DeltaSink, SchemaTextError
     except ImportError as exc:
         _say(str(exc))
         return 1
+    schema = None
+    if args.schema is not None:
+        try:
+            schema = _schema_text(args.schema)
+            DeltaSink(args.to, schema=schema)  # reads it: a mistake is named before connecting
+        except (OSError, SchemaTextError, ValueError) as exc:
+            parser.error(f"--schema: {exc}")
     try:
         client: MongoClient[dict[str, Any]] = MongoClient(args.uri, connect=False)
     except (PyMongoError, ValueError, TypeError) as exc:
         parser.error(f"invalid URI: {_redact(describe_error(exc), args.uri)}")
     sink = DeltaSink(args.to, app_id=args.app_id, full_document=args.full_document,
-                     json_mode=args.json_mode)
+                     json_mode=args.json_mode, schema=schema)
     return _mirror(args, client, sink)
+
+
+def _schema_text(value: str) -> str:
+    """``--schema``'s text: as given, or the contents of the file named after ``@``."""
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise OSError(f"cannot read {value[1:]}: {exc.strerror or exc}") from exc
 
 
 def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink: Any) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 import pymongo
 from bson.codec_options import CodecOptions
 
-from ._machine import ChangeStreamMachine, ErrorInfo, StreamSpec
+from ._machine import NOT_BUFFERED, ChangeStreamMachine, ErrorInfo, StreamSpec
 from ._options import (
     ChangeStreamOptions,
     Target,
@@ -150,6 +150,17 @@ class StreamShell(Progress):
         ``None`` until the stream has one (no start option and no batch yet).
         """
         return ResumeToken.present(self._machine.resume_token, self._codec)
+
+    def _take_buffered(self, limit: int) -> list[tuple[Any, Any]]:
+        """:meth:`take_buffered` of both shells, under their lock (or on the loop's thread)."""
+        machine, codec, present = self._machine, self._codec, ResumeToken.present
+        taken: list[tuple[Any, Any]] = []
+        while len(taken) < limit:
+            document = machine.next_buffered()
+            if document is NOT_BUFFERED:
+                break
+            taken.append((document, present(machine.resume_token, codec)))
+        return taken
 
     def get_resume_token(self) -> Any:
         """Same as :attr:`resume_token` (the spec's ``getResumeToken()``)."""

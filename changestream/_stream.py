@@ -140,6 +140,18 @@ class ChangeStream(StreamShell, Generic[_T]):
                 self._machine.begin_try_next()
                 return self._run(interruptible=True)  # type: ignore[no-any-return]
 
+    def take_buffered(self, limit: int) -> list[tuple[_T, Any]]:
+        """Up to ``limit`` buffered changes, each with the resume token after it; no I/O.
+
+        For consumers that hand a whole batch on at once (``consume(workers=N)``):
+        the same changes and tokens as ``try_next`` and ``resume_token`` one at a
+        time, in one call per batch instead of one per change. Takes only what the
+        buffer answers without a command (never the last change of a batch); ``[]``
+        when there is nothing such, or while another call or a close is under way.
+        """
+        with self._lock:
+            return [] if self._close_requested else self._take_buffered(limit)
+
     def close(self) -> None:
         """Kill the server cursor and end the stream's implicit session (idempotent).
 

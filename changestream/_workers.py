@@ -77,6 +77,23 @@ class ThreadWorkers:
             self._lanes.admit(change, key, token)
             self._start()
 
+    def submit_many(self, batch: list[tuple[Any, Any]]) -> None:
+        """:meth:`submit` for each ``(change, token)`` of ``batch`` (at most :attr:`free`), in
+        order, under one lock."""
+        keyed = [(change, self._key(change), token) for change, token in batch]
+        with self._lock:
+            self._raise_failure()
+            admit = self._lanes.admit
+            for change, key, token in keyed:
+                admit(change, key, token)
+            self._start()
+
+    @property
+    def free(self) -> int:
+        """Changes :meth:`submit_many` may admit now (only grows until the next admission)."""
+        with self._lock:
+            return self._lanes.free
+
     def mark(self, token: Any) -> None:
         """A position without a change (an empty batch's token), in stream order."""
         with self._lock:

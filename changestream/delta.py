@@ -37,12 +37,16 @@ from bson import json_util
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
 
+from ._delta_schema import SchemaTextError, arrow_schema
 from ._merge import CANONICAL, RELAXED, MergeBatch, merge_ready
 from ._token import ResumeToken
 from .errors import ChangeStreamError
 from .stores import StoredToken
 
-__all__ = ["KEY", "OP", "DeltaSink", "DeltaSinkError", "DocumentSchemaError", "merge_table"]
+__all__ = [
+    "KEY", "OP", "DeltaSink", "DeltaSinkError", "DocumentSchemaError", "SchemaTextError",
+    "merge_table",
+]
 
 KEY = "_key"
 """The merge key column: the document's ``_id`` as compact Extended JSON."""
@@ -77,8 +81,7 @@ def table_schema(schema: pa.Schema | None) -> pa.Schema:
     """The Delta table's columns: the key, then the document (JSON) or ``schema``'s fields."""
     if schema is None:
         return pa.schema([(KEY, pa.string()), (DOCUMENT, pa.string())])
-    if not isinstance(schema, pa.Schema):
-        raise TypeError(f"schema must be a pyarrow.Schema, not {type(schema).__name__}")
+    schema = arrow_schema(schema)
     taken = {KEY, OP} & set(schema.names)
     if taken:
         raise ValueError(f"schema must not have a column named {sorted(taken)[0]!r} (the sink's own)")
@@ -123,35 +126,87 @@ def merge_table(
     """
     json_options = _json_options(json_mode)
     rows = batch.rows
+    keys = [row.key_json for row in rows]
     columns: dict[str, pa.Array] = {
-        KEY: pa.array([row.key_json for row in rows], pa.string()),
+        KEY: pa.array(keys, pa.string()),
         OP: pa.array([row.op for row in rows], pa.string()),
     }
+    documents = [row.document for row in rows]
     if schema is None:
         columns[DOCUMENT] = pa.array(
-            [None if row.document is None else json_util.dumps(row.document, json_options=json_options)
-             for row in rows],
+            [None if doc is None else json_util.dumps(doc, json_options=json_options)
+             for doc in documents],
             pa.string(),
         )
         return pa.table(columns)
-    for field in table_schema(schema).remove(0):
+    columns.update(document_columns(keys, documents, schema, json_options))
+    return pa.table(columns)
+
+
+def _misfit(field: pa.Field, key: str, value: str, exc: BaseException) -> DocumentSchemaError:
+    return DocumentSchemaError(
+        f"field {field.name!r} of the document with _id {key} does not fit the column type "
+        f"{field.type}: {value[:80]} ({exc}); nothing of this batch was written: widen the "
+        "schema (a string column takes any value as JSON) and run again"
+    )
+
+
+def document_columns(
+    keys: Sequence[str],
+    documents: Sequence[Mapping[str, Any] | None],
+    schema: pa.Schema,
+    json_options: json_util.JSONOptions = RELAXED,
+) -> dict[str, pa.Array]:
+    """The columns of ``schema`` from documents (``None``: a deleted row, all null).
+
+    Each field takes the document's field of that name (missing: null;
+    fields not in the schema are not stored); a value that does not fit
+    raises :class:`DocumentSchemaError` naming the field, the ``_id`` and the value.
+    """
+    columns: dict[str, pa.Array] = {}
+    for field in schema:
         values = []
-        for row in rows:
-            value = None if row.document is None else row.document.get(field.name)
+        for key, document in zip(keys, documents, strict=True):
+            value = None if document is None else document.get(field.name)
             try:
                 cell = _cell(value, field.type, json_options)
                 if cell is not None:
                     pa.array([cell], field.type)
             except (TypeError, ValueError, OverflowError, pa.ArrowException) as exc:
-                raise DocumentSchemaError(
-                    f"field {field.name!r} of the document with _id {row.key_json} does not fit "
-                    f"the column type {field.type}: {json_util.dumps(value)[:80]} ({exc}); "
-                    "nothing of this batch was written: widen the schema (a string column takes "
-                    "any value as JSON) and run again"
-                ) from exc
+                raise _misfit(field, key, json_util.dumps(value), exc) from exc
             values.append(cell)
         columns[field.name] = pa.array(values, field.type)
-    return pa.table(columns)
+    return columns
+
+
+def struct_columns(
+    keys: Sequence[str], documents: pa.StructArray, schema: pa.Schema
+) -> dict[str, pa.Array]:
+    """The columns of ``schema`` from typed documents (Spark's ``full_document_schema``).
+
+    A field the documents have is cast to its column's type (safe casts only:
+    no overflow, no truncation); one they lack is null. A value that does not
+    fit raises :class:`DocumentSchemaError`, as from plain Python.
+    """
+    import pyarrow.compute as pc
+
+    names = [documents.type.field(i).name for i in range(documents.type.num_fields)]
+    columns: dict[str, pa.Array] = {}
+    for field in schema:
+        if field.name not in names:
+            columns[field.name] = pa.nulls(len(documents), field.type)
+            continue
+        values = pc.struct_field(documents, [names.index(field.name)])
+        try:
+            columns[field.name] = pc.cast(values, field.type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            for key, value in zip(keys, values, strict=True):  # the first row that does not fit
+                try:
+                    pc.cast(pa.array([value.as_py()], values.type), field.type, safe=True)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as row_exc:
+                    raise _misfit(field, key, repr(value.as_py()), row_exc) from exc
+            raise _misfit(field, "?", "?", exc) from exc
+    return columns
 
 
 class DeltaSink:
@@ -160,9 +215,15 @@ class DeltaSink:
     ``path`` is the table's location (a directory, or a URI with
     ``storage_options``); the table is created on the first write. ``app_id``
     names the writer in the table's application transactions: one per
-    source, so two sources can write one table. ``schema`` (a
-    ``pyarrow.Schema``) stores the documents' fields as columns instead of
-    one JSON column; ``json_mode`` picks relaxed (default) or canonical
+    source, so two sources can write one table. ``schema`` stores the
+    documents' fields as columns instead of one JSON column: a
+    ``pyarrow.Schema``, a Spark ``StructType`` (converted by pyspark's
+    ``to_arrow_schema``), or a Spark DDL string (``"name STRING, qty INT"``)
+    or Spark's / Delta's schema JSON (``StructType.json()``), both read
+    without a JVM (:class:`SchemaTextError` names a mistake in the text).
+    A value that does not fit its column fails the batch with
+    :class:`DocumentSchemaError`: nothing is written and the position does
+    not move. ``json_mode`` picks relaxed (default) or canonical
     Extended JSON. ``full_document`` is what the stream was opened with (see
     :func:`changestream.merge_ready`). Token-only commits (an idle stream's
     position) are made at most every ``idle_commit_seconds``.
@@ -173,7 +234,7 @@ class DeltaSink:
         path: str | os.PathLike[str],
         *,
         app_id: str = "changestream",
-        schema: pa.Schema | None = None,
+        schema: pa.Schema | str | Any | None = None,
         json_mode: Literal["relaxed", "canonical"] = "relaxed",
         full_document: str | None = None,
         storage_options: dict[str, str] | None = None,
@@ -183,10 +244,11 @@ class DeltaSink:
             raise ValueError(f"app_id must be a non-empty string, not {app_id!r}")
         self.path = os.fspath(path)
         self.app_id = app_id
-        self.schema = schema
+        self.schema: pa.Schema | None = None if schema is None else arrow_schema(schema)
+        """The document columns as Arrow (``None``: one JSON column)."""
         self.json_mode = json_mode
         self._json_options = _json_options(json_mode)
-        self._table_schema = table_schema(schema)
+        self._table_schema = table_schema(self.schema)
         self.full_document = full_document
         self._storage_options = storage_options
         self.idle_commit_seconds = idle_commit_seconds

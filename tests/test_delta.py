@@ -204,11 +204,45 @@ def test_mirror_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
     for args in (["mongodb://x", "--db", "d", "--coll", "c"],
                  ["http://x", "--db", "d", "--coll", "c", "--to", str(tmp_path / "t")],
                  ["mongodb://x", "--db", "d", "--coll", "c", "--to", "/no/such/dir/t"],
-                 ["mongodb://x", "--db", "d", "--coll", "c", "--to", "t", "--batch", "0"]):
+                 ["mongodb://x", "--db", "d", "--coll", "c", "--to", "t", "--batch", "0"],
+                 ["mongodb://x", "--db", "d", "--coll", "c", "--to", "t", "--schema", "qty INTT"],
+                 ["mongodb://x", "--db", "d", "--coll", "c", "--to", "t", "--schema", "@/no/f"]):
         proc = subprocess.run([sys.executable, "-m", "changestream", "mirror", *args],
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_mirror_schema_gives_typed_columns_and_a_misfit_stops_with_nothing_written(
+    coll: Any, rs: ReplicaSet, tmp_path: Path
+) -> None:
+    coll.insert_many([{"_id": 1, "name": "pen", "qty": 3, "tags": ["a", "b"], "x": 0},
+                      {"_id": 2, "name": "cup", "qty": 1.0}])
+    target = str(tmp_path / "t")
+    ddl = "_id BIGINT, name STRING, qty INT, tags ARRAY<STRING>"
+    args = [rs.uri, "--db", coll.database.name, "--coll", coll.name, "--to", target,
+            "--schema", ddl, "--until-idle", "1"]
+    first = subprocess.run([sys.executable, "-m", "changestream", "mirror", *args, "--no-status"],
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    table = deltalake.DeltaTable(target)
+    assert pa.schema(table.schema().to_arrow()) == pa.schema([
+        ("_key", pa.string()), ("_id", pa.int64()), ("name", pa.string()), ("qty", pa.int32()),
+        ("tags", pa.list_(pa.field("element", pa.string()))),
+    ])
+    rows = table.to_pyarrow_table().sort_by("_id").to_pylist()
+    assert rows == [{"_key": "1", "_id": 1, "name": "pen", "qty": 3, "tags": ["a", "b"]},
+                    {"_key": "2", "_id": 2, "name": "cup", "qty": 1, "tags": None}]
+    position = DeltaSink(target, app_id="changestream-mirror", schema=ddl)
+    before = position.load()
+    coll.insert_many([{"_id": 3, "qty": 4}, {"_id": 4, "qty": "many"}])
+    second = subprocess.run([sys.executable, "-m", "changestream", "mirror", *args, "--no-status"],
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1, second.stderr
+    last = second.stderr.strip().splitlines()[-1]
+    assert last.startswith("changestream: DocumentSchemaError: field 'qty' of the document with _id 4 "), last
+    assert deltalake.DeltaTable(target).to_pyarrow_table().sort_by("_id").to_pylist() == rows
+    assert position.load() == before  # the position did not move: a wider schema resumes here
 
 
 def test_mirror_survives_kill_9_mid_batch(coll: Any, rs: ReplicaSet, tmp_path: Path) -> None:

@@ -126,7 +126,7 @@ def test_cli_watch_restarts_against_the_other_mongos_from_its_token_file(
     token_file = tmp_path / "token.json"
     writer = pymongo.MongoClient(cluster.mongos_uri(1), directConnection=True)
     args = ("--db", "e2e", "--coll", "c", "--token-file", str(token_file), "--max-await-ms", "100")
-    first, out, _ = _cli("watch", cluster.mongos_uri(0), *args)
+    first, out, first_err = _cli("watch", cluster.mongos_uri(0), *args)
     try:
         writer.e2e.c.insert_many([{"_id": i} for i in range(4)])
         events = _lines(out, 4)
@@ -140,7 +140,7 @@ def test_cli_watch_restarts_against_the_other_mongos_from_its_token_file(
             time.sleep(0.02)
     finally:
         first.send_signal(signal.SIGINT)
-        assert first.wait(30) == 0
+        assert first.wait(30) == 0, "".join(first_err)
     final = FileTokenStore(token_file).load()
     assert final is not None
     cluster.kill_mongos(0)

@@ -35,6 +35,7 @@ from .._consume_run import (
     log,
     signals_stop,
     stalled,
+    take_buffered,
 )
 from .._lanes import KeyFunction
 from .._metrics import StatsCallback, StatsReporter
@@ -229,6 +230,15 @@ async def consume(
                                 if run.advanced_to(*pool.progress()) is SAVE:
                                     await save()
                                 pool.submit(change, token)
+                                # the rest of the buffered batch in one call, no I/O: what ends
+                                # meanwhile only frees room, so the stored token still bounds it
+                                batch = [] if stop.is_set() else take_buffered(stream, pool.free)
+                                if batch:
+                                    admitted = run.polled_buffered(batch)
+                                    pool.submit_many(batch[:admitted] if admitted < len(batch)
+                                                     else batch)
+                                    if admitted < len(batch):  # an invalidate: raises
+                                        run.polled(*batch[admitted], stream.alive)
                         except Exception as exc:
                             run.handler_error = exc
                             raise

@@ -174,6 +174,26 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
                 self._machine.begin_try_next()
                 return await self._run(interruptible=True)  # type: ignore[no-any-return]
 
+    def take_buffered(self, limit: int) -> list[tuple[_T, Any]]:
+        """Up to ``limit`` buffered changes, each with the resume token after it; no I/O.
+
+        For consumers that hand a whole batch on at once (``consume(workers=N)``):
+        the same changes and tokens as ``try_next`` and ``resume_token`` one at a
+        time, in one call per batch instead of one per change. Takes only what the
+        buffer answers without a command (never the last change of a batch); ``[]``
+        when there is nothing such, or while another call or a close is under way.
+        """
+        # async-only: begin
+        if (self._on_token is not None or self._cleanup is not None or self._close_requested
+                or self._lock.locked()):
+            return []
+        return self._take_buffered(limit)
+        # async-only: end
+        # sync-only: begin
+        # with self._lock:
+        #     return [] if self._close_requested else self._take_buffered(limit)
+        # sync-only: end
+
     async def close(self) -> None:
         """Kill the server cursor and end the stream's implicit session (idempotent).
 

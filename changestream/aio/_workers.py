@@ -31,7 +31,7 @@ class AsyncWorkers:
 
     Same surface as the thread version: the consuming coroutine calls
     :meth:`room` (waits while ``max_in_flight`` changes are in flight), :meth:`submit`,
-    :meth:`mark`, :meth:`progress`, :meth:`settle` and :meth:`restart`; a task
+    :meth:`submit_many`, :meth:`mark`, :meth:`progress`, :meth:`settle` and :meth:`restart`; a task
     whose call returns finishes its job and goes on with the next one that
     may start.
     """
@@ -48,7 +48,11 @@ class AsyncWorkers:
         self._lanes = lanes
         self._key = key
         self._room = asyncio.Event()
-        """Set when a job ended (room to admit, a failure, or all done)."""
+        """Set when a job ended (room to admit, a failure, or all done), while :attr:`_waiting`."""
+        self._waiting = False
+        """:meth:`room` or :meth:`settle` waits for :attr:`_room` (else a job's end sets nothing)."""
+        self._coroutine_handler = inspect.iscoroutinefunction(handler)
+        """Each call returns a coroutine: await it without asking (runs once per change)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._create_task: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
         """The running loop's ``create_task`` (looked up once: it runs once per idle worker)."""
@@ -65,7 +69,11 @@ class AsyncWorkers:
         if lanes.full:
             while not lanes.roomy and self.failure is None:
                 self._room.clear()
-                await self._room.wait()
+                self._waiting = True
+                try:
+                    await self._room.wait()
+                finally:
+                    self._waiting = False
         self._raise_failure()
 
     def submit(self, change: Any, token: Any) -> None:
@@ -79,6 +87,23 @@ class AsyncWorkers:
         lanes.admit(change, self._key(change), token)
         if lanes.ready:
             self._start()
+
+    def submit_many(self, batch: list[tuple[Any, Any]]) -> None:
+        """:meth:`submit` for each ``(change, token)`` of ``batch`` (at most :attr:`free`), in
+        order: the rest of a buffered batch, admitted and started in one call."""
+        if self.failure is not None:
+            raise self.failure
+        lanes, key = self._lanes, self._key
+        admit = lanes.admit
+        for change, token in batch:
+            admit(change, key(change), token)
+        if lanes.ready:
+            self._start()
+
+    @property
+    def free(self) -> int:
+        """Changes :meth:`submit_many` may admit now (``max_in_flight`` minus those in flight)."""
+        return self._lanes.free
 
     def mark(self, token: Any) -> None:
         """A position without a change (an empty batch's token), in stream order."""
@@ -113,8 +138,12 @@ class AsyncWorkers:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 return False
             self._room.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._room.wait(), remaining)
+            self._waiting = True
+            try:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), remaining)
+            finally:
+                self._waiting = False
         return True
 
     async def restart(self) -> BaseException | None:
@@ -151,13 +180,15 @@ class AsyncWorkers:
     # -- the handler tasks ----------------------------------------------------------------------
     async def _work(self, job: Job | None) -> None:
         lanes, handler, calls, room = self._lanes, self._handler, self._calls, self._room
-        retrying = calls.retrying
+        retrying, coroutine_handler = calls.retrying, self._coroutine_handler
         try:
             while job is not None:
                 try:
                     if retrying:
                         await call_handler(handler, job.change, calls)
-                    else:  # call_handler inlined: one coroutine less per change
+                    elif coroutine_handler:  # call_handler inlined: one coroutine less per change
+                        await handler(job.change)
+                    else:
                         result = handler(job.change)
                         if inspect.isawaitable(result):
                             await result
@@ -170,7 +201,7 @@ class AsyncWorkers:
                         self.failure = exc
                     return
                 lanes.done(job)
-                if lanes.roomy or lanes.idle:
+                if self._waiting and (lanes.roomy or lanes.idle):
                     room.set()
                 job = lanes.take()
                 if job is not None and lanes.ready:

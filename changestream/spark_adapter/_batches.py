@@ -114,16 +114,19 @@ def foreach_batch(
     first run; see :func:`stream_opener`). Batches hold at most ``max_rows``
     events and are cut ``max_seconds`` after their first event; ``df`` has
     the schema of :func:`changestream.spark_adapter.event_ddl` (for the same
-    ``full_document_schema`` / ``publish_full_document_only``). Batches
-    without rows are not passed to ``func``. Once no event has come for
+    ``full_document_schema`` / ``publish_full_document_only``); a ``func``
+    that has an ``arrow_batch(table, batch_id)`` method (:func:`stage_into`'s)
+    is given the batch's ``pyarrow.Table`` of those columns there instead,
+    skipping the DataFrame. Batches without rows are not passed to ``func``. Once no event has come for
     ``idle_seconds``, the stream's postBatchResumeToken is stored (and again
     every ``idle_seconds`` while it stays idle) so a restart stays inside the
     oplog window. With ``until_idle`` the run ends at the first empty getMore
     whose postBatchResumeToken has reached the cluster time of the call (the
     newest in the reply to the opening aggregate): every event written before
     the call is delivered, also those a mongos holds back until its idle
-    shards' periodic no-ops (10 s apart by default) let it release them;
-    ``idle_seconds`` plays no part in it. Stops then, after ``max_batches``
+    shards' periodic no-ops (10 s apart by default) let it release them (a
+    first run, without a stored token, also waits for the stream to move past
+    its start); ``idle_seconds`` plays no part in it. Stops then, after ``max_batches``
     calls, when ``stop_event`` is set (after the
     batches already cut), or after an ``invalidate``. Opening the stream, and
     reopening it after the last event read when it fails later, retries
@@ -142,6 +145,9 @@ def foreach_batch(
         to_arrow_schema(spark_schema, timezone="UTC"),
         publish_full_document_only=publish_full_document_only,
     )
+    # A func with an ``arrow_batch(table, batch_id)`` method (``stage_into``'s) takes the
+    # batch as it is built, Arrow: no round trip through the JVM to a DataFrame and back.
+    arrow_batch = getattr(func, "arrow_batch", None)
     run = _Run(store)
     with history_lost_as_error(run.token), open_retrying(lambda: open_stream(run.token)) as stream:
         start = stream.resume_token if run.token is None else None
@@ -170,7 +176,11 @@ def foreach_batch(
                 if isinstance(item, _Batch):
                     if item.table.num_rows:
                         run.batch_id = (run.batch_id if run.batch_id is not None else -1) + 1
-                        func(spark.createDataFrame(item.table, schema=spark_schema), run.batch_id)
+                        if arrow_batch is not None:
+                            arrow_batch(item.table, run.batch_id)
+                        else:
+                            func(spark.createDataFrame(item.table, schema=spark_schema),
+                                 run.batch_id)
                         run.batches += 1
                         run.rows += item.table.num_rows
                     run.save(item.token)

@@ -1,9 +1,9 @@
 """Merge-ready batches in Spark, and the Delta sink from both Spark paths.
 
 :func:`merge_ready` is :func:`changestream.merge_ready` over a DataFrame of
-change rows (either path's, :func:`event_ddl`'s envelope with the JSON
-``full_document``): one row per (database, collection, ``_id``), the last
-change in token order (``resume_token`` is the token's hex ``_data``, which
+change rows (either path's, :func:`event_ddl`'s envelope; ``full_document``
+as JSON or typed by ``full_document_schema``): one row per (database,
+collection, ``_id``), the last change in token order (``resume_token`` is the token's hex ``_data``, which
 sorts in stream order; snapshot rows, ``"snapshot"``, come first). The key is
 the ``_id`` from ``document_key`` as compact relaxed Extended JSON, the same
 text :class:`changestream.delta.DeltaSink` writes from plain Python.
@@ -11,7 +11,10 @@ text :class:`changestream.delta.DeltaSink` writes from plain Python.
 :func:`merge_into` is the data source's ``foreachBatch`` (version = Spark's
 batch id: a replayed batch is skipped); :func:`stage_into` is
 ``foreach_batch``'s ``func`` when the sink is also its token store, so the
-batch and its token land in one commit.
+batch and its token land in one commit. A sink with a schema
+(``DeltaSink(schema=...)``) gets columns from both: a typed document's
+fields are cast to it, a JSON document is parsed into it; a value that does
+not fit fails the batch with :class:`changestream.delta.DocumentSchemaError`.
 """
 
 from __future__ import annotations
@@ -57,13 +60,15 @@ def merge_ready(df: DataFrame, *, full_document: str | None = None) -> DataFrame
     raise): :func:`merge_into` and :func:`stage_into` refuse such a batch with
     :class:`changestream.MissingDocumentError` (read with ``full_document``
     ``updateLookup`` or ``required``). Rows before a ``drop``, ``rename`` or
-    ``dropDatabase`` of their database are left out. ``full_document`` must be
-    the JSON column (no ``full_document_schema``).
+    ``dropDatabase`` of their database are left out. ``document`` has the
+    type of ``full_document``: the JSON string, or the ``STRUCT`` of
+    ``full_document_schema``.
     """
-    if dict(df.dtypes).get("full_document") != "string":
+    kind = dict(df.dtypes).get("full_document", "")
+    if kind != "string" and not kind.startswith("struct<"):
         raise ValueError(
-            "merge_ready needs the JSON full_document column: read without "
-            "full_document_schema and publish_full_document_only"
+            "merge_ready needs the change event columns (full_document among them): read "
+            "without publish_full_document_only"
         )
     id_json = F.udf(_id_json, StringType())
     keyed = df.where(F.col("document_key").isNotNull()).withColumn(
@@ -102,56 +107,98 @@ def _missing(operation: str, key: str, token: str) -> changestream.MissingDocume
     )
 
 
-def _merge_table(df: DataFrame, full_document: str | None) -> tuple[Any, bool]:
-    """The sink's merge table (``_key``, ``_op``, ``document``) and whether the batch cleared.
+_RELAXED = json_util.RELAXED_JSON_OPTIONS
 
-    The batch goes to the driver anyway (delta-rs writes from there), so it is
-    collected once, as Arrow, and collapsed there as :func:`merge_ready` does
-    in Spark: one Spark job per batch instead of several.
+_COLUMNS = ("resume_token", "operation_type", "database", "collection", "document_key",
+            "full_document")
+
+
+def _change_rows(batch: DataFrame | Any) -> Any:
+    """The columns the writers need as Arrow: a DataFrame collected once to the driver."""
+    names = batch.columns if isinstance(batch, DataFrame) else batch.column_names
+    missing = [name for name in _COLUMNS if name not in names]
+    if missing:
+        raise ValueError(
+            f"the Delta writers need the change event columns (missing {missing[0]!r}): read "
+            "without publish_full_document_only"
+        )
+    if isinstance(batch, DataFrame):
+        return batch.select(*_COLUMNS).toArrow()
+    return batch.select(list(_COLUMNS))
+
+
+def _merge_table(changes: Any, sink: Any) -> tuple[Any, bool]:
+    """The sink's merge table (``_key``, ``_op``, the data columns) and whether the batch cleared.
+
+    ``changes`` is the batch as Arrow (the change event columns). The batch
+    goes to the driver anyway (delta-rs writes from there), so it is
+    collapsed there as :func:`merge_ready` does in Spark. The data columns:
+    the JSON ``full_document`` as it is, or parsed into ``sink.schema``; a
+    typed (``full_document_schema``) document's fields cast to ``sink.schema``.
     """
     import pyarrow as pa
 
-    from changestream.delta import DOCUMENT, KEY, OP
+    from changestream.delta import DOCUMENT, KEY, OP, document_columns, struct_columns
 
-    rows = df.select("resume_token", "operation_type", "database", "collection",
-                     "document_key", "full_document").toArrow().to_pylist()
-    rows.sort(key=lambda r: (r["resume_token"] != _SNAPSHOT, r["resume_token"] or ""))
-    last: dict[str, dict[str, Any]] = {}
+    full_document = sink.full_document
+    envelope = changes.select(list(_COLUMNS[:-1])).to_pydict()
+    tokens = envelope["resume_token"]
+    order = sorted(range(changes.num_rows),
+                   key=lambda i: (tokens[i] != _SNAPSHOT, tokens[i] or ""))
+    last: dict[str, int] = {}
     cleared = False
     namespace = None
-    for row in rows:
-        here = (row["database"], row["collection"])
-        if row["collection"] is not None:
+    for i in order:
+        here = (envelope["database"][i], envelope["collection"][i])
+        if here[1] is not None:
             if namespace is None:
                 namespace = here
             elif here != namespace:
                 raise ValueError("a Delta sink mirrors one collection; filter the batch by "
                                  "database and collection first")
-        if row["operation_type"] in _CLEARS:
+        if envelope["operation_type"][i] in _CLEARS:
             cleared = True
             last.clear()
             continue
-        key = _id_json(row["document_key"])
+        key = _id_json(envelope["document_key"][i])
         if key is not None:
             last.pop(key, None)
-            last[key] = row
-    keys, ops, documents = [], [], []
-    for key, row in last.items():
-        operation, document = row["operation_type"], row["full_document"]
+            last[key] = i
+    documents = changes.column("full_document").combine_chunks()
+    present = documents.is_valid().to_pylist()
+    keys: list[str] = []
+    ops: list[str] = []
+    rows: list[int | None] = []  # the row of each upsert's document (None: a delete's)
+    for key, i in last.items():
+        operation = envelope["operation_type"][i]
         if operation == "delete" or (
-            document is None and operation == "update" and full_document == "updateLookup"
+            not present[i] and operation == "update" and full_document == "updateLookup"
         ):
-            op, document = "delete", None
-        elif document is not None:
+            op = "delete"
+        elif present[i]:
             op = "upsert"
         else:
-            raise _missing(operation, key, row["resume_token"])
+            raise _missing(operation, key, tokens[i])
         keys.append(key)
         ops.append(op)
-        documents.append(document)
-    table = pa.table({KEY: pa.array(keys, pa.string()), OP: pa.array(ops, pa.string()),
-                      DOCUMENT: pa.array(documents, pa.string())})
-    return table, cleared
+        rows.append(i if op == "upsert" else None)
+    picked = documents.take(pa.array(rows, pa.int64()))
+    columns: dict[str, Any] = {KEY: pa.array(keys, pa.string()), OP: pa.array(ops, pa.string())}
+    typed = pa.types.is_struct(picked.type)
+    if sink.schema is None:
+        if typed:
+            raise ValueError(
+                "the batch has typed documents (full_document_schema): give the sink a schema "
+                "(DeltaSink(schema=...), e.g. the same DDL) to store them as columns"
+            )
+        columns[DOCUMENT] = picked.cast(pa.string())
+    elif typed:
+        columns.update(struct_columns(keys, picked, sink.schema))
+    else:
+        parsed = [None if doc is None else json_util.loads(doc, json_options=_RELAXED)
+                  for doc in picked.to_pylist()]
+        columns.update(document_columns(keys, parsed, sink.schema))
+    return pa.table(columns), cleared
 
 
 def merge_into(sink: Any) -> Callable[[DataFrame, int], None]:
@@ -162,7 +209,7 @@ def merge_into(sink: Any) -> Callable[[DataFrame, int], None]:
     """
 
     def func(df: DataFrame, batch_id: int) -> None:
-        table, cleared = _merge_table(df, sink.full_document)
+        table, cleared = _merge_table(_change_rows(df), sink)
         sink.write(table, int(batch_id), cleared=cleared)
 
     return func
@@ -174,11 +221,22 @@ def stage_into(sink: Any) -> Callable[[DataFrame, int], None]:
     ``foreach_batch`` calls ``func`` and then saves the batch's token and id
     in the store; with the sink as the store both go into one Delta commit,
     so a batch that was re-cut after a crash (more or fewer events) is
-    applied whole, once.
+    applied whole, once. ``foreach_batch`` hands it the batch's Arrow table
+    (its ``arrow_batch``): the rows go to the sink without a DataFrame.
     """
+    return _StageInto(sink)
 
-    def func(df: DataFrame, batch_id: int) -> None:
-        table, cleared = _merge_table(df, sink.full_document)
-        sink.stage(table, cleared=cleared)
 
-    return func
+class _StageInto:
+    """:func:`stage_into`'s function: a DataFrame, or (from ``foreach_batch``) Arrow."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        self.arrow_batch(_change_rows(df), batch_id)
+
+    def arrow_batch(self, batch: Any, batch_id: int) -> None:
+        """Stage the batch given as the Arrow table of its change rows."""
+        table, cleared = _merge_table(_change_rows(batch), self.sink)
+        self.sink.stage(table, cleared=cleared)

@@ -107,7 +107,7 @@ class AsyncBridge:
             # As entities.await_discovery for sync clients: discovery is not the test's.
             deadline = asyncio.get_running_loop().time() + DISCOVERY_WAIT_SECONDS
             while not twin.topology_description.has_writable_server():
-                if asyncio.get_running_loop().time() > deadline:
+                if asyncio.get_running_loop().time() > deadline or _unreachable(twin):
                     break
                 await asyncio.sleep(0.002)
             return twin
@@ -180,6 +180,12 @@ class AsyncBridge:
         else:
             self._loop.close()
         return problems
+
+
+def _unreachable(client: AsyncMongoClient[Any]) -> bool:
+    """Every server was checked and failed: waiting for discovery would only wait."""
+    servers = client.topology_description.server_descriptions().values()
+    return bool(servers) and all(sd.error is not None for sd in servers)
 
 
 async def _cancel_leftovers() -> list[str]:

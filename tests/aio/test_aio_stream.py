@@ -654,3 +654,35 @@ def test_a_dropped_stream_kills_its_cursor_and_returns_its_session(run: Run) -> 
             assert ctx.recorder.commands("aggregate")[-1]["lsid"] == lsid
 
     run(scenario)
+
+
+def test_take_buffered_gives_the_changes_and_tokens_of_try_next(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, **FAST) as start:
+            start_token = start.resume_token
+        ctx.writer.insert_many([{"_id": i} for i in range(10)])
+        expected = []
+        async with await watch(ctx.coll, resume_after=start_token, **FAST) as one_by_one:
+            while len(expected) < 10:
+                change = await one_by_one.try_next()
+                if change is not None:
+                    expected.append((change, one_by_one.resume_token))
+        batched = await watch(ctx.coll, resume_after=start_token, **FAST)
+        taken: list[tuple[Any, Any]] = []
+        while not taken:
+            first = await batched.try_next()
+            if first is not None:
+                taken = [(first, batched.resume_token)]
+        async with batched._lock:  # another call under way: nothing taken
+            assert batched.take_buffered(3) == []
+        taken += batched.take_buffered(3)
+        assert len(taken) == 4, "the 10 inserts came in one batch: 3 taken from its buffer"
+        while len(taken) < 10:  # the rest: the buffer (never its last change), then a poll
+            more = batched.take_buffered(100)
+            change = None if more else await batched.try_next()
+            taken += more if more else [] if change is None else [(change, batched.resume_token)]
+        await batched.close()
+        assert taken == expected
+        assert batched.take_buffered(100) == []  # closed
+
+    run(scenario)

@@ -555,3 +555,33 @@ def test_a_dropped_stream_kills_its_cursor_and_returns_its_session(
     # The implicit session went back to PyMongo's pool: the next stream reuses it.
     with changestream.watch(coll, **FAST):
         assert recorder.commands("aggregate")[-1]["lsid"] == lsid
+
+
+def test_take_buffered_gives_the_changes_and_tokens_of_try_next(coll: Any, writer: Any) -> None:
+    start = changestream.watch(coll, **FAST)
+    start_token = start.resume_token
+    start.close()
+    writer.insert_many([{"_id": i} for i in range(10)])
+    one_by_one = changestream.watch(coll, resume_after=start_token, **FAST)
+    expected = []
+    while len(expected) < 10:
+        change = one_by_one.try_next()
+        if change is not None:
+            expected.append((change, one_by_one.resume_token))
+    one_by_one.close()
+    batched = changestream.watch(coll, resume_after=start_token, **FAST)
+    taken: list[tuple[Any, Any]] = []
+    while not taken:
+        first = batched.try_next()
+        if first is not None:
+            taken = [(first, batched.resume_token)]
+    taken += batched.take_buffered(3)
+    assert len(taken) == 4, "the 10 inserts came in one batch: 3 taken from its buffer"
+    while len(taken) < 10:  # the rest: the buffer (never its last change), then a poll
+        more = batched.take_buffered(100)
+        change = None if more else batched.try_next()
+        taken += more if more else [] if change is None else [(change, batched.resume_token)]
+    assert batched.take_buffered(100) == []
+    batched.close()
+    assert taken == expected
+    assert batched.take_buffered(100) == []  # closed

@@ -19,7 +19,7 @@ pytest.importorskip("deltalake", reason="needs the 'delta' extra (deltalake)")
 from delta_support import assert_mirrors, committed_versions, table_state, write_mix
 
 import changestream
-from changestream.delta import DeltaSink
+from changestream.delta import DeltaSink, DocumentSchemaError
 from changestream.spark_adapter import (
     foreach_batch,
     merge_into,
@@ -27,7 +27,6 @@ from changestream.spark_adapter import (
     stage_into,
     stream_opener,
 )
-from changestream.spark_adapter._merge import _merge_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings(PANDAS_WARNING)]
 
@@ -116,11 +115,90 @@ def test_merge_ready_dataframe_takes_the_last_change_in_token_order(
     sink = DeltaSink(str(tmp_path / 't'), app_id="direct")
     with pytest.raises(changestream.MissingDocumentError, match="full_document='updateLookup'"):
         merge_into(sink)(df, 0)
-    assert DeltaSink(str(tmp_path / 't'), app_id="direct", full_document="updateLookup").write(
-        _merge_table(df, "updateLookup")[0], 0)
+    merge_into(DeltaSink(str(tmp_path / 't'), app_id="direct", full_document="updateLookup"))(df, 0)
     assert table_state(str(tmp_path / 't')) == {0: {"_id": 0, "v": "late"},
                                               1: {"_id": 1, "v": "again"}}
 
+
+
+# -- typed columns: DeltaSink(schema=...) from both Spark paths -----------------------------
+DDL = "_id BIGINT, name STRING, qty INT, tags ARRAY<STRING>"
+
+
+def typed_rows(path: Path) -> list[dict[str, Any]]:
+    import deltalake
+
+    return deltalake.DeltaTable(str(path)).to_pyarrow_table().sort_by("_id").to_pylist()
+
+
+def test_typed_columns_from_the_data_source_and_from_foreach_batch(
+    spark: Any, mongodb_uri: str, coll: Any, tmp_path: Path
+) -> None:
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import DataType
+
+    # The DDL read without a JVM is what Spark's parser and to_arrow_schema make of it.
+    wide = DDL + ", m MAP<STRING, DOUBLE>, s STRUCT<a: DECIMAL(12,2), b: TIMESTAMP>, d DATE"
+    assert DeltaSink(tmp_path / "x", schema=wide).schema == to_arrow_schema(
+        DataType.fromDDL(wide), timezone="UTC")
+
+    coll.insert_many([{"_id": 1, "name": "pen", "qty": 3, "tags": ["a"], "x": 0},
+                      {"_id": 2, "name": "cup", "qty": 1}])
+    # The data source with typed documents (STRUCT columns) into a sink with a StructType.
+    source_sink = DeltaSink(tmp_path / "s", app_id="q", full_document="updateLookup",
+                            schema=DataType.fromDDL(DDL))
+    query = (spark.readStream.format("changestream").option("uri", mongodb_uri)
+             .option("database", coll.database.name).option("collection", coll.name)
+             .option("full_document", "updateLookup").option("startup_mode", "snapshot")
+             .option("full_document_schema", DDL).load()
+             .writeStream.foreachBatch(merge_into(source_sink))
+             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True)
+             .start())
+    assert query.awaitTermination(240)
+    assert query.exception() is None
+    assert typed_rows(tmp_path / "s") == [
+        {"_key": "1", "_id": 1, "name": "pen", "qty": 3, "tags": ["a"]},
+        {"_key": "2", "_id": 2, "name": "cup", "qty": 1, "tags": None},
+    ]
+    # foreach_batch with the JSON full_document, parsed into a DDL schema.
+    sink = DeltaSink(tmp_path / "f", app_id="h", full_document="updateLookup", schema=DDL)
+    opener = stream_opener(coll, full_document="updateLookup", max_await_time_ms=50)
+    foreach_batch(spark, opener, stage_into(sink), sink, until_idle=True)  # pins the start
+    coll.update_one({"_id": 1}, {"$set": {"qty": 5.0}})
+    coll.delete_one({"_id": 2})
+    coll.insert_one({"_id": 3, "name": "ink", "tags": ["b", "c"]})
+    foreach_batch(spark, opener, stage_into(sink), sink, until_idle=True)
+    assert typed_rows(tmp_path / "f") == [
+        {"_key": "1", "_id": 1, "name": "pen", "qty": 5, "tags": ["a"]},
+        {"_key": "3", "_id": 3, "name": "ink", "qty": None, "tags": ["b", "c"]},
+    ]
+    # A value that does not fit: the batch fails, nothing is written, the position stays.
+    before, position = typed_rows(tmp_path / "f"), sink.load()
+    coll.insert_many([{"_id": 4, "qty": 7}, {"_id": 5, "qty": "many"}])
+    with pytest.raises(DocumentSchemaError, match=r"field 'qty' of the document with _id 5 "):
+        foreach_batch(spark, opener, stage_into(sink), sink, until_idle=True)
+    assert typed_rows(tmp_path / "f") == before
+    assert DeltaSink(tmp_path / "f", app_id="h", schema=DDL).load() == position
+
+
+def test_a_typed_document_that_does_not_fit_the_sink_schema_fails_the_batch(
+    spark: Any, tmp_path: Path
+) -> None:
+    ddl = "resume_token STRING, operation_type STRING, database STRING, collection STRING, " \
+        "document_key STRING, full_document STRUCT<_id: BIGINT, qty: STRING>"
+    df = spark.createDataFrame([
+        ("82AA01", "insert", "db", "c", '{"_id": 1}', (1, "12")),
+        ("82AA02", "insert", "db", "c", '{"_id": 2}', (2, "many")),
+    ], ddl)
+    sink = DeltaSink(tmp_path / "t", app_id="q", schema="_id BIGINT, qty INT")
+    with pytest.raises(DocumentSchemaError, match=r"field 'qty' of the document with _id 2 .*"
+                                                  r"int32: 'many'"):
+        merge_into(sink)(df, 0)
+    assert sink.table() is None  # nothing written
+    merge_into(sink)(df.where("resume_token = '82AA01'"), 0)
+    assert typed_rows(tmp_path / "t") == [{"_key": "1", "_id": 1, "qty": 12}]
+    with pytest.raises(ValueError, match="give the sink a schema"):
+        merge_into(DeltaSink(tmp_path / "j", app_id="q"))(df, 0)
 
 
 @pytest.mark.parametrize("mode", ["helper", "source"])

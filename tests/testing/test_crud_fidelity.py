@@ -110,12 +110,15 @@ def test_tailing_the_oplog(client: Client, db: Any) -> None:
     cursor.close()
 
 
-def test_injected_shutdown_errors_carry_no_topology_version(client: Client, db: Any) -> None:
+def test_injected_shutdown_errors_carry_no_topology_version(rs: ReplicaSet, db: Any) -> None:
     # mongod (service_entry_point_common.cpp, appendErrorLabelsAndTopologyVersion):
     # NotPrimary errors always carry topologyVersion; shutdown errors (91, 11600) only
     # while the server is in quiesce mode. One injected by failCommand has none, so
     # PyMongo takes it as current and clears its pool
-    # (jstests/replsets/notprimary_errors_return_topology_version.js).
+    # (jstests/replsets/notprimary_errors_return_topology_version.js). PyMongo then waits
+    # for its monitor's next check (heartbeatFrequencyMS) before the next command.
+    client: Client = MongoClient(rs.uri, heartbeatFrequencyMS=500)
+    db = client[db.name]
     db.create_collection("s")
     for code, has_version in ((91, False), (11600, False), (10107, True), (13435, True)):
         client.admin.command(
@@ -127,6 +130,7 @@ def test_injected_shutdown_errors_carry_no_topology_version(client: Client, db: 
         reply = _raw_find(db)
         assert reply["code"] == code
         assert ("topologyVersion" in reply) == has_version, code
+    client.close()
 
 
 def _raw_find(db: Any) -> dict[str, Any]:

@@ -157,6 +157,8 @@ def test_a_cursor_that_outlives_the_window_fails(sim: tuple[ReplicaSet, Client])
         deadline = time.monotonic() + 30
         while rs.deployment.history.oldest() <= t:
             assert time.monotonic() < deadline, "the window never moved past the read time"
+            # the latest write stays readable: a newer one (the next second) moves the window
+            db.command({"insert": "other", "documents": [{}]})
             time.sleep(0.1)
         with pytest.raises(OperationFailure) as exc:
             db.command(more, session=session)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,12 +92,41 @@ def server_cpu() -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed(run: Callable[[], int]) -> tuple[int, float, float | None]:
-    """``(events, seconds, simulator CPU seconds)`` of one run."""
-    cpu, started = server_cpu(), time.perf_counter()
+def tree_cpu() -> float:
+    """CPU seconds used so far by this process and every process under it (the JVM, Spark's
+    Python workers, the simulator), counting reaped children in their parent's total."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        pid = int(entry)
+        children.setdefault(int(fields[1]), []).append(pid)
+        times[pid] = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo += children.get(pid, [])
+    return total
+
+
+Result = tuple[int, float, float | None, float | None]
+"""``(events, seconds, simulator CPU seconds, CPU seconds of the whole process tree)``."""
+
+
+def timed(run: Callable[[], int]) -> Result:
+    """One run, measured (see :data:`Result`)."""
+    cpu, tree, started = server_cpu(), tree_cpu(), time.perf_counter()
     events = run()
     seconds, after = time.perf_counter() - started, server_cpu()
-    return events, seconds, None if cpu is None or after is None else after - cpu
+    server = None if cpu is None or after is None else after - cpu
+    return events, seconds, server, tree_cpu() - tree
 
 
 class ReplayStream:
@@ -175,6 +205,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--batch-rows", type=int, default=20_000, help="rows per micro-batch")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="run rows 7 and 9 this many times, one after the other; the "
+                             "ratio 7b / 9b is printed per run and its median")
+    parser.add_argument("--quick", action="store_true",
+                        help="only what rows 7 and 9 need (skips 1, 2b, 4, 5, 6 and 8)")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark workers: this venv, loopback
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -182,7 +217,8 @@ def main() -> None:
     uri, server = serve()
     if server is not None:
         _SERVER_PID.append(server.pid)
-    results: list[tuple[str, int, float, float | None]] = []
+    results: list[tuple[str, int, float, float | None, float | None]] = []
+    breakdown: list[str] = []  # Spark's phases of the batches after the first, per row
     try:
         client: MongoClient[dict[str, Any]] = MongoClient(uri)
         coll = client[f"bench_{os.getpid()}"]["events"]
@@ -215,7 +251,8 @@ def main() -> None:
             database.command({"killCursors": coll.name, "cursors": [cursor["id"]]})
             return seen
 
-        results.append(("1 simulator alone (raw getMore loop)", *timed(raw_get_more)))
+        if not args.quick:
+            results.append(("1 simulator alone (raw getMore loop)", *timed(raw_get_more)))
 
         events: list[Any] = []
 
@@ -244,7 +281,8 @@ def main() -> None:
                     seen += stream.try_next() is not None
             return seen
 
-        results.append(("2b token-only scan (the old driver side)", *timed(token_scan)))
+        if not args.quick:
+            results.append(("2b token-only scan (the old driver side)", *timed(token_scan)))
 
         from pyspark.sql import SparkSession
 
@@ -289,7 +327,8 @@ def main() -> None:
 
         helper(lambda token: ReplayStream(events[:rows]), count)  # warm up Spark
         opener = stream_opener(coll, start_after=start, batch_size=10_000, max_await_time_ms=100)
-        for name, open_stream in (("4 from memory", from_memory), ("5 end to end", opener)):
+        openers = (("4 from memory", from_memory), ("5 end to end", opener))
+        for name, open_stream in () if args.quick else openers:
             for label, func in (("no-op", noop), ("df.count()", count)):
                 results.append(
                     (
@@ -328,24 +367,36 @@ def main() -> None:
         def later_batches(name: str) -> None:
             """Spark's own durations of the batches after the first (no query start-up)."""
             later = [p for p in progress if p["batchId"] > 0 and p["numInputRows"]]
+            phases: dict[str, float] = {}
+            for p in later:
+                for phase, ms in p["durationMs"].items():
+                    phases[phase] = phases.get(phase, 0) + ms
+            if later:
+                breakdown.append(
+                    f"{name.split()[0]}: ms per batch of "
+                    f"{sum(p['numInputRows'] for p in later) / len(later):,.0f} rows: "
+                    + ", ".join(f"{k} {v / len(later):.0f}" for k, v in phases.items())
+                )
             results.append(
                 (
                     name,
                     sum(p["numInputRows"] for p in later),
                     sum(p["durationMs"]["triggerExecution"] for p in later) / 1000,
                     None,
+                    None,
                 )
             )
 
         progress: list[Any] = []
-        results.append(
-            ("6 data source end to end (availableNow)", *timed(lambda: data_source(rows)))
-        )
-        later_batches("6b data source, batches after the first")
-        results.append(
-            ("6c data source, 2nd query (warm session)", *timed(lambda: data_source(rows)))
-        )
-        later_batches("6d 2nd query, batches after the first")
+        if not args.quick:
+            results.append(
+                ("6 data source end to end (availableNow)", *timed(lambda: data_source(rows)))
+            )
+            later_batches("6b data source, batches after the first")
+            results.append(
+                ("6c data source, 2nd query (warm session)", *timed(lambda: data_source(rows)))
+            )
+            later_batches("6d 2nd query, batches after the first")
         results.append(("7 data source, no max_rows_per_batch", *timed(lambda: data_source(None))))
         later_batches("7b no row limit, batches after the first")
 
@@ -378,7 +429,8 @@ def main() -> None:
                 reader.stop()
             return seen
 
-        results.append(("8 data source, driver side alone", *timed(driver_side)))
+        if not args.quick:
+            results.append(("8 data source, driver side alone", *timed(driver_side)))
 
         with tempfile.TemporaryDirectory() as packed:
             batches = 0
@@ -409,6 +461,14 @@ def main() -> None:
 
             results.append(("9 Spark floor: prepacked Arrow source", *timed(floor)))
             later_batches("9b Spark floor, batches after the first")
+            for run in range(2, args.runs + 1):  # alternate, so load changes hit both alike
+                results.append(
+                    (f"7 data source, no max_rows_per_batch, run {run}",
+                     *timed(lambda: data_source(None)))
+                )
+                later_batches(f"7b no row limit, batches after the first, run {run}")
+                results.append((f"9 Spark floor, run {run}", *timed(floor)))
+                later_batches(f"9b Spark floor, batches after the first, run {run}")
         spark.stop()
         client.drop_database(coll.database.name)
     finally:
@@ -416,16 +476,26 @@ def main() -> None:
             server.terminate()
             server.wait()
     print(f"\n{total} insert events, {rows} rows per micro-batch, pyarrow {pa.__version__}")
-    print(f"{'measurement':48} {'events':>9} {'seconds':>8} {'events/s':>10} {'server µs/ev':>13}")
-    for name, count_, seconds, cpu in results:
+    print(f"{'measurement':48} {'events':>9} {'seconds':>8} {'events/s':>10} {'server µs/ev':>13}"
+          f" {'all µs/ev':>10} {'cores':>6}")
+    for name, count_, seconds, cpu, tree in results:
         rate = f"{count_ / seconds:>10,.0f}" if seconds else f"{'-':>10}"
         per_event = f"{cpu / count_ * 1e6:>13.1f}" if cpu is not None and count_ else f"{'':>13}"
-        print(f"{name:48} {count_:>9} {seconds:>8.2f} {rate} {per_event}")
-    rates = {name.split()[0]: n / sec for name, n, sec, _ in results if sec}
+        whole = (f"{tree / count_ * 1e6:>10.1f} {tree / seconds:>6.2f}"
+                 if tree is not None and count_ and seconds else "")
+        print(f"{name:48} {count_:>9} {seconds:>8.2f} {rate} {per_event} {whole}")
+    print("\n".join(breakdown))
+    rates: dict[str, list[float]] = {}
+    for name, n, sec, _, _ in results:
+        if sec:
+            rates.setdefault(name.split()[0], []).append(n / sec)
     for row, what in (("7b", "default batches"), ("6d", f"{rows:,}-row batches, warm")):
         if row in rates and "9b" in rates:
+            pairs = zip(rates[row], rates["9b"], strict=False)  # 6d: one run, the first 9b
+            ratios = [mine / floor_ for mine, floor_ in pairs]
+            each = f" (runs: {', '.join(f'{r:.0%}' for r in ratios)})" if len(ratios) > 1 else ""
             print(f"data source ({row}, {what}) / Spark's floor (9b): "
-                  f"{rates[row] / rates['9b']:.0%}")
+                  f"{statistics.median(ratios):.0%}{each}")
 
 
 if __name__ == "__main__":

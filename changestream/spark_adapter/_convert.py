@@ -43,7 +43,7 @@ import decimal
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import bson
@@ -219,17 +219,27 @@ Extract = Callable[[Docs], list[Any]]
 
 
 class _Column:
-    """One column: values gathered chunk by chunk, then one Arrow array built in C."""
+    """One column: values gathered chunk by chunk, then one Arrow array built in C.
 
-    __slots__ = ("arrow_type", "extract", "values")
+    ``field`` is the top-level field of the change document the column reads
+    (``None``: several); a chunk in which no document has it adds nulls without
+    looking at the documents (most envelope columns are absent from most events).
+    """
 
-    def __init__(self, arrow_type: pa.DataType, extract: Extract) -> None:
+    __slots__ = ("arrow_type", "extract", "field", "values")
+
+    def __init__(self, arrow_type: pa.DataType, extract: Extract, field: str | None) -> None:
         self.arrow_type = arrow_type
         self.extract = extract
+        self.field = field
         self.values: list[Any] = []
 
-    def add(self, docs: Docs) -> None:
-        self.values += self.extract(docs)
+    def add(self, docs: Docs, fields: set[str]) -> None:
+        """Append the column's values for ``docs``, whose top-level fields are ``fields``."""
+        if self.field is None or self.field in fields:
+            self.values += self.extract(docs)
+        else:
+            self.values += [None] * len(docs)
 
     def finish(self) -> pa.Array:
         values = self.values
@@ -244,11 +254,11 @@ class _ClusterTime(_Column):
     __slots__ = ("increments", "missing")
 
     def __init__(self, arrow_type: pa.DataType) -> None:
-        super().__init__(arrow_type, _values("clusterTime"))
+        super().__init__(arrow_type, _values("clusterTime"), "clusterTime")
         self.increments: list[int | None] = []
         self.missing = False
 
-    def add(self, docs: Docs) -> None:
+    def add(self, docs: Docs, fields: set[str]) -> None:
         times = [d.get("clusterTime") for d in docs]
         if None in times:
             self.missing = True
@@ -370,30 +380,35 @@ def _document_values(key: str | None, field: str | None, convert: Convert) -> Ex
     return extract
 
 
-def _column(arrow_type: pa.DataType, extract: Extract) -> ColumnFactory:
-    return lambda: _Column(arrow_type, extract)
+def _column(arrow_type: pa.DataType, extract: Extract, field: str | None) -> ColumnFactory:
+    return lambda: _Column(arrow_type, extract, field)
 
 
 def _document(
     key: str | None, field: str | None, arrow_type: pa.DataType, path: str
 ) -> ColumnFactory:
-    return _column(arrow_type, _document_values(key, field, _compile(arrow_type, path)))
+    extract = _document_values(key, field, _compile(arrow_type, path))
+    return _column(arrow_type, extract, key or "fullDocument")
 
 
 _ENVELOPE: dict[str, Callable[[pa.DataType], ColumnFactory]] = {
-    "resume_token": lambda t: _column(t, _subvalues("_id", "_data")),
-    "operation_type": lambda t: _column(t, _values("operationType")),
-    "database": lambda t: _column(t, _subvalues("ns", "db")),
-    "collection": lambda t: _column(t, _subvalues("ns", "coll")),
-    "document_key": lambda t: _column(t, _document_keys),
+    "resume_token": lambda t: _column(t, _subvalues("_id", "_data"), "_id"),
+    "operation_type": lambda t: _column(t, _values("operationType"), "operationType"),
+    "database": lambda t: _column(t, _subvalues("ns", "db"), "ns"),
+    "collection": lambda t: _column(t, _subvalues("ns", "coll"), "ns"),
+    "document_key": lambda t: _column(t, _document_keys, "documentKey"),
     "cluster_time": lambda t: lambda: _ClusterTime(t),
-    "wall_time": lambda t: _column(t, _values("wallTime")),
-    "update_description": lambda t: _column(t, _json_values("updateDescription")),
-    "operation_description": lambda t: _column(t, _json_values("operationDescription")),
-    "to_database": lambda t: _column(t, _subvalues("to", "db")),
-    "to_collection": lambda t: _column(t, _subvalues("to", "coll")),
-    "txn_number": lambda t: _column(t, _values("txnNumber")),
-    "lsid": lambda t: _column(t, _json_values("lsid")),
+    "wall_time": lambda t: _column(t, _values("wallTime"), "wallTime"),
+    "update_description": lambda t: _column(
+        t, _json_values("updateDescription"), "updateDescription"
+    ),
+    "operation_description": lambda t: _column(
+        t, _json_values("operationDescription"), "operationDescription"
+    ),
+    "to_database": lambda t: _column(t, _subvalues("to", "db"), "to"),
+    "to_collection": lambda t: _column(t, _subvalues("to", "coll"), "to"),
+    "txn_number": lambda t: _column(t, _values("txnNumber"), "txnNumber"),
+    "lsid": lambda t: _column(t, _json_values("lsid"), "lsid"),
 }
 _DOCUMENTS = {
     "full_document": "fullDocument",
@@ -486,7 +501,7 @@ class EventConverter:
     def _plan(self) -> list[ColumnFactory]:
         if self.publish_full_document_only:
             if self.schema.names == ["full_document"] and pa.types.is_string(self.schema[0].type):
-                return [_column(self.schema[0].type, _json_values("fullDocument"))]
+                return [_column(self.schema[0].type, _json_values("fullDocument"), None)]
             return [_document(None, f.name, f.type, f.name) for f in self.schema]
         columns = []
         for field in self.schema:
@@ -494,29 +509,48 @@ class EventConverter:
             if key is not None and pa.types.is_struct(field.type):
                 columns.append(_document(key, None, field.type, key))
             elif key is not None:
-                columns.append(_column(field.type, _json_values(key)))
+                columns.append(_column(field.type, _json_values(key), key))
             elif field.name in _ENVELOPE:
                 columns.append(_ENVELOPE[field.name](field.type))
             else:
                 raise ValueError(f"unknown change-event column {field.name!r}")
         return columns
 
-    def convert(self, events: Sequence[Event]) -> pa.RecordBatch:
+    def convert(self, events: Sequence[Event], *, share_gil: bool = True) -> pa.RecordBatch:
         """One record batch for ``events`` (dicts, ``RawBSONDocument``s or raw BSON bytes, in
         stream order).
 
         With ``publish_full_document_only`` events without a full document
         (deletes, DDL, updates without a lookup) produce no row. Raw events
-        are decoded :data:`DECODE_CHUNK` at a time.
+        are decoded :data:`DECODE_CHUNK` at a time. ``share_gil``: offer the
+        GIL to other threads now and then (a driver converting beside py4j's
+        threads); an executor's worker has no other thread to wait for.
         """
+        chunks = (
+            _decoded(events[start : start + DECODE_CHUNK])
+            for start in range(0, len(events), DECODE_CHUNK)
+        )
+        return self._convert(chunks, share_gil)
+
+    def convert_joined(self, chunks: Sequence[bytes]) -> pa.RecordBatch:
+        """One record batch for raw events given as groups of BSON documents back to back
+        (:func:`._readahead.unpack_chunks`, best :data:`DECODE_CHUNK` a group), on an
+        executor: each group is decoded in one call, no step per event before it."""
+        decoded: Iterable[Docs] = map(bson.decode_all, chunks)  # type: ignore[arg-type]
+        return self._convert(decoded, share_gil=False)
+
+    def _convert(self, chunks: Iterable[Docs], share_gil: bool) -> pa.RecordBatch:
         columns = [make() for make in self._columns]
         publish = self.publish_full_document_only
-        for start in range(0, len(events), DECODE_CHUNK):
-            if start and not start % _YIELD_EVERY:
+        done = 0
+        for docs in chunks:
+            if share_gil and done >= _YIELD_EVERY:
                 time.sleep(0)  # let a thread waiting for the GIL (a py4j reply) in at once
-            docs = _decoded(events[start : start + DECODE_CHUNK])
+                done = 0
+            done += len(docs)
             if publish:
                 docs = [d for d in docs if isinstance(d.get("fullDocument"), Mapping)]
+            fields: set[str] = set().union(*docs)
             for column in columns:
-                column.add(docs)
+                column.add(docs, fields)
         return pa.RecordBatch.from_arrays([c.finish() for c in columns], schema=self.schema)

@@ -164,7 +164,7 @@ def read_snapshot_range(
             while True:
                 pending.extend(raw_bytes(doc) for doc in batch)
                 while len(pending) >= config.arrow_batch_rows:
-                    yield converter.convert(pending[: config.arrow_batch_rows])
+                    yield converter.convert(pending[: config.arrow_batch_rows], share_gil=False)
                     pending = pending[config.arrow_batch_rows :]
                 cid = cursor["id"]
                 if not cid:
@@ -178,4 +178,4 @@ def read_snapshot_range(
         except OperationFailure as exc:
             raise _snapshot_error(exc, part.at) from exc
         if pending:
-            yield converter.convert(pending)
+            yield converter.convert(pending, share_gil=False)

@@ -44,7 +44,7 @@ from .. import ChangeStream, watch
 from .._snapshot import stream_start
 from ..errors import ChangeStreamError
 from ._config import SourceConfig, session_settings
-from ._convert import EventConverter, event_token, raw_bytes
+from ._convert import DECODE_CHUNK, EventConverter, event_token, raw_bytes
 from ._errors import history_lost_as_error
 from ._infer import sample_ddl
 from ._offsets import (
@@ -55,7 +55,7 @@ from ._offsets import (
     token_data,
     token_passed,
 )
-from ._readahead import ReadAhead, Taken, unpack
+from ._readahead import ReadAhead, Taken, unpack_chunks
 from ._schema import event_ddl
 from ._snapshot import SnapshotPlan, SnapshotRange, plan_snapshot, read_snapshot_range
 
@@ -339,13 +339,17 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not isinstance(partition, TokenRange):
             raise TypeError(f"expected a TokenRange partition, not {type(partition).__name__}")
         if partition.data is not None:
-            return self._convert(unpack(partition.data))
+            return self._convert(partition.data)
         return read_range(self._config, self._converter, partition)
 
-    def _convert(self, events: list[bytes]) -> Iterator[pa.RecordBatch]:
+    def _convert(self, data: bytes) -> Iterator[pa.RecordBatch]:
+        """The events the driver shipped, as record batches of at most ``arrow_batch_rows``."""
         rows = self._config.arrow_batch_rows
-        for first in range(0, len(events), rows):
-            yield self._converter.convert(events[first : first + rows])
+        size = min(rows, DECODE_CHUNK)
+        chunks = unpack_chunks(data, size)
+        step = rows // size
+        for first in range(0, len(chunks), step):
+            yield self._converter.convert_joined(chunks[first : first + step])
 
 
 def read_range(
@@ -367,10 +371,10 @@ def read_range(
             for event in _events_until(stream, end):
                 pending.append(event)
                 if len(pending) >= config.arrow_batch_rows:
-                    yield converter.convert(pending)
+                    yield converter.convert(pending, share_gil=False)
                     pending = []
             if pending:
-                yield converter.convert(pending)
+                yield converter.convert(pending, share_gil=False)
 
 
 def _events_until(stream: ChangeStream[Any], end: Mapping[str, Any]) -> Iterator[Any]:

@@ -8,11 +8,12 @@ import json
 import pickle
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from bson import Binary, Decimal128, Int64, ObjectId, Timestamp, json_util
 from bson.raw_bson import RawBSONDocument
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import DataType
+from pyspark.sql.types import DataType, StructType
 from spark_support import PANDAS_WARNING
 
 from changestream.spark_adapter import SchemaMismatchError, event_ddl
@@ -182,20 +183,24 @@ def test_option_parsing() -> None:
 
 
 def test_packed_partitions_return_every_event_in_order_and_stay_small() -> None:
+    import random
+
     import bson
 
     from changestream.spark_adapter import _readahead as readahead
 
-    events = [
-        bson.encode(
-            {"_id": {"_data": f"82{i:08X}"}, "operationType": "insert", "pad": "x" * (i % 700)}
-        )
-        for i in range(12_000)
-    ]
-    parts = readahead.pack(events)
-    assert len(parts) > 1  # ~4 MB of BSON: more than one partition, converted in parallel
-    assert all(len(part) < 1000 * 1024 for part in parts)  # under Spark's task-size warning
-    assert [event for part in parts for event in readahead.unpack(part)] == events
+    noise = random.Random(7)
+    for pad in (lambda i: "x" * (i % 700), lambda i: noise.randbytes(i % 700)):
+        events = [
+            bson.encode({"_id": {"_data": f"82{i:08X}"}, "operationType": "insert", "p": pad(i)})
+            for i in range(48_000)
+        ]
+        parts = readahead.pack(events)
+        # ~17 MB of BSON: several partitions converted in parallel, each under Spark's
+        # task-size warning however well the events compress
+        assert len(parts) > 2
+        assert all(len(part) < 1000 * 1024 for part in parts)
+        assert [event for part in parts for event in readahead.unpack(part)] == events
     assert readahead.pack([]) == []
 
 
@@ -222,3 +227,42 @@ def test_json_columns_encoded_together_read_as_each_alone(spark: Any) -> None:
     assert _converter(spark).convert(events[:1] + events[4:]).column(
         "full_document"
     ).to_pylist() == [expected[0], expected[4]]
+
+
+def test_shipped_partitions_give_the_rows_of_the_events_in_bounded_batches(spark: Any) -> None:
+    """An executor reading a packed partition (groups of raw events, decoded group by group)
+    gives exactly the rows of converting the events one list at a time; a field that only
+    later events carry (past the first decode chunks) is filled in for them alone."""
+    import bson
+
+    from changestream.spark_adapter import _readahead as readahead
+    from changestream.spark_adapter._source import ChangeStreamReader, TokenRange
+
+    def insert(i: int) -> dict[str, Any]:
+        return {**_update_event(), "operationType": "insert", "documentKey": {"_id": i},
+                "fullDocument": {"_id": i, "s": "x" * (i % 50)}, "updateDescription": None}
+
+    documents = [insert(i) for i in range(700)] + [_update_event() for _ in range(300)]
+    for document in documents[:700]:
+        del document["updateDescription"], document["lsid"], document["txnNumber"]
+    events = [bson.encode(document) for document in documents]
+    config = SourceConfig.from_options(
+        {"uri": "mongodb://127.0.0.1:9", "collection": "c", "database": "d",
+         "arrow_batch_rows": "300"}  # not a multiple of the decode chunk
+    )
+    schema = DataType.fromDDL(event_ddl())
+    assert isinstance(schema, StructType)
+    reader = pickle.loads(pickle.dumps(ChangeStreamReader(config, schema)))  # as executors get it
+    parts = readahead.pack(events)
+    assert [b"".join(readahead.unpack_chunks(part, 128)) for part in parts] == [
+        b"".join(readahead.unpack(part)) for part in parts
+    ]
+    start, end = make_offset(TOKEN), make_offset(TOKEN)
+    batches = [batch for part in parts for batch in reader.read(TokenRange(start, end, part))]
+    assert all(batch.num_rows <= 300 for batch in batches)
+
+    expected = _converter(spark).convert(documents)
+    assert pa.Table.from_batches(batches).equals(pa.Table.from_batches([expected]))
+    updates = expected.column("update_description").to_pylist()
+    assert updates[:700] == [None] * 700
+    assert updates[700:] == [relaxed_json(documents[-1]["updateDescription"])] * 300

@@ -236,8 +236,7 @@ def event_decoder(
         parse = importlib.import_module("changestream.events").EventParser(codec).parse
 
         def typed_event(event: Mapping[str, Any]) -> Any:
-            if type(event) is not RawBSONDocument and not isinstance(event, RawBSONDocument):
-                # a merged split event
+            if not isinstance(event, RawBSONDocument):  # a merged split event
                 event = RawBSONDocument(bson.encode(event))
             return parse(event)
 
@@ -247,9 +246,7 @@ def event_decoder(
         decode_bytes = bson.decode
 
         def decode(event: Mapping[str, Any]) -> Any:
-            if type(event) is RawBSONDocument:  # each event as the transport delivers it
-                return decode_bytes(event.raw, codec)
-            if isinstance(event, RawBSONDocument):
+            if isinstance(event, RawBSONDocument):  # each event as the transport delivers it
                 return decode_bytes(event.raw, codec)
             return decode_bytes(bson.encode(event), codec)  # a merged split event
 

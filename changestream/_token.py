@@ -222,11 +222,7 @@ def token_in_raw_event(raw: bytes | memoryview) -> bool:
     """
     if type(raw) is not bytes:  # PyMongo hands large replies' events over as memoryviews
         raw = bytes(raw)
-    # raw_token_end inline (this runs once per event): _id first, a _data string first in it.
-    if not (raw.startswith(RAW_ID_PREFIX, 4) and raw.startswith(_RAW_DATA_PREFIX, 13)):
-        return False
-    end = 9 + int.from_bytes(raw[9:13], "little")
-    return 14 <= end < len(raw) and raw[end - 1] == 0
+    return raw.startswith(_RAW_DATA_PREFIX, 13) and raw_token_end(raw) > 0
 
 
 def raw_token_end(raw: bytes | memoryview) -> int:

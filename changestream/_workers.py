@@ -105,6 +105,14 @@ class ThreadWorkers:
         with self._lock:
             return self._lanes.watermark, self._lanes.handled
 
+    def window(self) -> tuple[Any, int, int]:
+        """:meth:`progress` and :attr:`free`, read together: once that watermark is stored,
+        admitting at most ``free`` changes keeps what a crash re-delivers within
+        ``max_in_flight``, however many calls end while the store writes."""
+        with self._lock:
+            lanes = self._lanes
+            return lanes.watermark, lanes.handled, lanes.free
+
     def settle(self, timeout: float | None) -> bool:
         """Let every admitted change finish, for up to ``timeout`` s; ``True``: all did.
 

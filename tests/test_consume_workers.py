@@ -585,3 +585,51 @@ class RecordingStore(MemoryTokenStore):
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
         super().save(token, batch_id=batch_id)
         self.tokens.append(token)
+
+
+class SlowSavingStore(MemoryTokenStore):
+    """Saves slowly (handlers end meanwhile) and records which change each save stored."""
+
+    def __init__(self, start: Any, order: list[bytes], lock: threading.Lock) -> None:
+        super().__init__(StoredToken(start, None, changestream.stores._now()))
+        self.order = order
+        self.lock = lock
+        self.stored = -1
+        """Index in ``order`` of the stored change (-1: the start token)."""
+
+    def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        time.sleep(0.005)
+        super().save(token, batch_id=batch_id)
+        encoded = bson.encode(token)
+        with self.lock:
+            if encoded in self.order:
+                self.stored = max(self.stored, self.order.index(encoded))
+
+
+def test_a_crash_redelivers_at_most_max_in_flight_even_while_saves_are_slow(coll: Any) -> None:
+    """The window counts from the stored token: calls that end while the store writes
+    must not make room for more than ``max_in_flight`` changes past it."""
+    start = start_token(coll)
+    total, max_in_flight = 400, 8
+    coll.insert_many([{"_id": i} for i in range(total)])
+    order = tokens_in_order(coll, start, total)
+    lock = threading.Lock()
+    store = SlowSavingStore(start, order, lock)
+    stop = threading.Event()
+    widest = 0
+
+    def handle(change: Any) -> None:
+        nonlocal widest
+        with lock:
+            # handled past the stored token: what a crash now would deliver again
+            widest = max(widest, order.index(bson.encode(change["_id"])) - store.stored)
+        time.sleep(0.0005)
+        if change["documentKey"]["_id"] == total - 1:
+            stop.set()
+
+    result = changestream.consume(
+        lambda token: changestream.watch(coll, resume_after=token, **FAST), handle, store,
+        stop=stop, workers=4, max_in_flight=max_in_flight,
+    )
+    assert result.handled == total
+    assert 1 < widest <= max_in_flight, widest

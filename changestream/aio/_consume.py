@@ -227,12 +227,14 @@ async def consume(
                                 await call_handler(handler, change, run.calls)
                             else:  # the stored token never trails the window: store first
                                 await pool.room()
-                                if run.advanced_to(*pool.progress()) is SAVE:
+                                # room counts from the watermark about to be stored, not from
+                                # one that moves on while the store writes
+                                watermark, handled, free = pool.window()
+                                if run.advanced_to(watermark, handled) is SAVE:
                                     await save()
                                 pool.submit(change, token)
-                                # the rest of the buffered batch in one call, no I/O: what ends
-                                # meanwhile only frees room, so the stored token still bounds it
-                                batch = [] if stop.is_set() else take_buffered(stream, pool.free)
+                                # the rest of the buffered batch in one call, no I/O
+                                batch = [] if stop.is_set() else take_buffered(stream, free - 1)
                                 if batch:
                                     admitted = run.polled_buffered(batch)
                                     pool.submit_many(batch[:admitted] if admitted < len(batch)

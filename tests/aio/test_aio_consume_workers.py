@@ -268,3 +268,49 @@ def test_cancelling_the_task_lets_admitted_changes_finish_then_stores_the_waterm
         assert nxt["documentKey"]["_id"] == len(handled)  # resumes right after them
 
     run(scenario)
+
+
+def test_a_crash_redelivers_at_most_max_in_flight_even_while_saves_are_slow(run: Run) -> None:
+    """The async twin: tasks that end while an async store writes make no extra room."""
+
+    async def scenario(ctx: Ctx) -> None:
+        start = await start_token(ctx.coll)
+        total, max_in_flight = 400, 8
+        ctx.writer.insert_many([{"_id": i} for i in range(total)])
+        order: list[bytes] = []
+        stream = await watch(ctx.coll, resume_after=start, **FAST)
+        while len(order) < total:
+            change = await stream.try_next()
+            if change is not None:
+                order.append(bson.encode(change["_id"]))
+        await stream.close()
+        stored = -1
+        widest = 0
+        stop = asyncio.Event()
+
+        class SlowStore(MemoryTokenStore):
+            async def save(  # type: ignore[override]
+                    self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+                nonlocal stored
+                await asyncio.sleep(0.005)
+                MemoryTokenStore.save(self, token, batch_id=batch_id)
+                encoded = bson.encode(token)
+                if encoded in order:
+                    stored = max(stored, order.index(encoded))
+
+        async def handle(change: Any) -> None:
+            nonlocal widest
+            widest = max(widest, order.index(bson.encode(change["_id"])) - stored)
+            await asyncio.sleep(0.0005)
+            if change["documentKey"]["_id"] == total - 1:
+                stop.set()
+
+        store = SlowStore(StoredToken(start, None, changestream.stores._now()))
+        result = await consume(
+            lambda token: watch(ctx.coll, resume_after=token, **FAST), handle, store,
+            stop=stop, workers=4, max_in_flight=max_in_flight,
+        )
+        assert result.handled == total
+        assert 1 < widest <= max_in_flight, widest
+
+    run(scenario)

@@ -221,6 +221,9 @@ class Progress:
     _last_save: float = dataclasses.field(default_factory=time.monotonic, init=False)
     _watermark: Any = dataclasses.field(default=None, init=False)
     """The workers' watermark at the last :meth:`on_watermark` (moved or not)."""
+    present: Callable[[Any], Any] | None = dataclasses.field(default=None, init=False)
+    """The stream's token presentation: workers get raw tokens (most are never stored),
+    and the one taken as :attr:`token` is given the stream's document class here."""
 
     def start(self, token: Any) -> None:
         """The token loaded from the store."""
@@ -251,7 +254,7 @@ class Progress:
         moved, self._watermark = token is not self._watermark, token
         if token is None or not moved or (not newly and _key(token) == _key(self.token)):
             return False  # (a watermark past newly handled changes is a new token: no compare)
-        self.token = token
+        self.token = token if self.present is None else self.present(token)
         if not newly and not self._unsaved:
             # Only an empty batch's token moved: saved at once, as without workers.
             self.advanced = self.advanced or healthy
@@ -370,10 +373,11 @@ def stalled(stream: Any) -> bool:
 
 
 def take_buffered(stream: Any, limit: int) -> list[tuple[Any, Any]]:
-    """Up to ``limit`` changes ``stream`` answers from its buffer, with the token after each
-    (``[]`` from a stream without ``take_buffered``, such as the initial-snapshot wrapper)."""
+    """Up to ``limit`` changes ``stream`` answers from its buffer, with the raw token after
+    each (:attr:`Progress.present` presents the one stored); ``[]`` from a stream without
+    ``take_buffered``, such as the initial-snapshot wrapper."""
     take = getattr(stream, "take_buffered", None)
-    return [] if take is None or limit < 1 else take(limit)
+    return [] if take is None or limit < 1 else take(limit, raw_tokens=True)
 
 
 @contextlib.contextmanager
@@ -488,6 +492,8 @@ class Run:
     def started(self, stream: Any) -> str:
         """``stream`` opened: :data:`SAVE` if its token moved the position."""
         self.stats.on_stream(stream)
+        # the shells present tokens with the stream's codec (the same for every reopen)
+        self.progress.present = getattr(stream, "_present_token", None)
         if self.opened > 1:
             log.info("reopened the change stream (reopen %d)", self.opened - 1)
         due = self.progress.on_idle(stream.resume_token)

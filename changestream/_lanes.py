@@ -130,8 +130,9 @@ class Lanes:
         self._jobs_after_watermark = 0
         self._ready: collections.deque[Job] = collections.deque()
         """Jobs that may start now, in stream order of becoming ready."""
-        self._lanes: dict[Hashable, collections.deque[Job]] = {}
-        """Keys owning a ready or running job -> their later jobs, waiting their turn."""
+        self._lanes: dict[Hashable, collections.deque[Job] | None] = {}
+        """Keys owning a ready or running job -> their later jobs, waiting their turn (``None``
+        until a second job of the key comes: most keys never need a queue)."""
         self._routed = 0
         """Jobs routed (ready, running or waiting in a lane) and not done."""
         self._barrier: Job | None = None
@@ -256,7 +257,7 @@ class Lanes:
                    if isinstance(job, Job) and not job.done and job not in running]
         self._ready.clear()
         self._held.clear()
-        self._lanes = {job.key: collections.deque() for job in running if job.key is not BARRIER}
+        self._lanes = {job.key: None for job in running if job.key is not BARRIER}
         self._barrier = next((job for job in running if job.key is BARRIER), None)
         self._routed = len(running)
         return dropped
@@ -276,12 +277,16 @@ class Lanes:
             if self._routed == 1:
                 self._ready.append(job)
             return
-        lane = self._lanes.get(key)
-        if lane is None:
-            self._lanes[key] = collections.deque()
+        lanes = self._lanes
+        if key not in lanes:
+            lanes[key] = None
             self._ready.append(job)
         else:
-            lane.append(job)
+            lane = lanes[key]
+            if lane is None:
+                lanes[key] = collections.deque((job,))
+            else:
+                lane.append(job)
 
     def _release_held(self) -> None:
         held = self._held

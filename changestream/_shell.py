@@ -18,6 +18,7 @@ from typing import Any
 
 import pymongo
 from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
 
 from ._machine import NOT_BUFFERED, ChangeStreamMachine, ErrorInfo, StreamSpec
 from ._options import (
@@ -139,6 +140,7 @@ class StreamShell(Progress):
         """``transport(client, session, reply_codec)`` builds the shell's transport."""
         self._setup = stream_setup(target, options)
         self._codec = self._setup.codec
+        self._present_token = ResumeToken.presenter(self._codec)
         self._transport = transport(target.client, options.session, self._setup.wire)
         self._machine = ChangeStreamMachine(self._setup.spec)
         self._close_requested = False
@@ -149,17 +151,20 @@ class StreamShell(Progress):
 
         ``None`` until the stream has one (no start option and no batch yet).
         """
-        return ResumeToken.present(self._machine.resume_token, self._codec)
+        return self._present_token(self._machine.resume_token)
 
-    def _take_buffered(self, limit: int) -> list[tuple[Any, Any]]:
+    def _take_buffered(self, limit: int, raw_tokens: bool = False) -> list[tuple[Any, Any]]:
         """:meth:`take_buffered` of both shells, under their lock (or on the loop's thread)."""
-        machine, codec, present = self._machine, self._codec, ResumeToken.present
+        machine, present = self._machine, self._present_token
         taken: list[tuple[Any, Any]] = []
         while len(taken) < limit:
             document = machine.next_buffered()
             if document is NOT_BUFFERED:
                 break
-            taken.append((document, present(machine.resume_token, codec)))
+            token = machine.resume_token
+            if not raw_tokens or type(token) is not RawBSONDocument:
+                token = present(token)  # (a token the machine holds as a dict is copied)
+            taken.append((document, token))
         return taken
 
     def get_resume_token(self) -> Any:

@@ -140,7 +140,7 @@ class ChangeStream(StreamShell, Generic[_T]):
                 self._machine.begin_try_next()
                 return self._run(interruptible=True)  # type: ignore[no-any-return]
 
-    def take_buffered(self, limit: int) -> list[tuple[_T, Any]]:
+    def take_buffered(self, limit: int, *, raw_tokens: bool = False) -> list[tuple[_T, Any]]:
         """Up to ``limit`` buffered changes, each with the resume token after it; no I/O.
 
         For consumers that hand a whole batch on at once (``consume(workers=N)``):
@@ -148,9 +148,13 @@ class ChangeStream(StreamShell, Generic[_T]):
         time, in one call per batch instead of one per change. Takes only what the
         buffer answers without a command (never the last change of a batch); ``[]``
         when there is nothing such, or while another call or a close is under way.
+
+        ``raw_tokens``: each token as the server's bytes (a ``RawBSONDocument``,
+        valid as ``resume_after``) instead of the stream's document class: cheaper
+        when most of them are never stored.
         """
         with self._lock:
-            return [] if self._close_requested else self._take_buffered(limit)
+            return [] if self._close_requested else self._take_buffered(limit, raw_tokens)
 
     def close(self) -> None:
         """Kill the server cursor and end the stream's implicit session (idempotent).

@@ -153,6 +153,7 @@ def test_workers_keep_per_key_order_and_never_store_past_an_unhandled_change(col
     assert tracker.concurrent_max > 1, "the handlers never overlapped"
     stored = store.load()
     assert stored is not None and same(stored.token, result.token)
+    assert type(result.token) is dict and type(stored.token) is dict  # as without workers
     assert bson.encode(result.token) == store.order[-1] or store.order[-1] in tracker.finished
 
 

@@ -174,7 +174,7 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
                 self._machine.begin_try_next()
                 return await self._run(interruptible=True)  # type: ignore[no-any-return]
 
-    def take_buffered(self, limit: int) -> list[tuple[_T, Any]]:
+    def take_buffered(self, limit: int, *, raw_tokens: bool = False) -> list[tuple[_T, Any]]:
         """Up to ``limit`` buffered changes, each with the resume token after it; no I/O.
 
         For consumers that hand a whole batch on at once (``consume(workers=N)``):
@@ -182,16 +182,20 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         time, in one call per batch instead of one per change. Takes only what the
         buffer answers without a command (never the last change of a batch); ``[]``
         when there is nothing such, or while another call or a close is under way.
+
+        ``raw_tokens``: each token as the server's bytes (a ``RawBSONDocument``,
+        valid as ``resume_after``) instead of the stream's document class: cheaper
+        when most of them are never stored.
         """
         # async-only: begin
         if (self._on_token is not None or self._cleanup is not None or self._close_requested
                 or self._lock.locked()):
             return []
-        return self._take_buffered(limit)
+        return self._take_buffered(limit, raw_tokens)
         # async-only: end
         # sync-only: begin
         # with self._lock:
-        #     return [] if self._close_requested else self._take_buffered(limit)
+        #     return [] if self._close_requested else self._take_buffered(limit, raw_tokens)
         # sync-only: end
 
     async def close(self) -> None:

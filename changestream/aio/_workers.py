@@ -54,8 +54,11 @@ class AsyncWorkers:
         self._coroutine_handler = inspect.iscoroutinefunction(handler)
         """Each call returns a coroutine: await it without asking (runs once per change)."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._parked: list[asyncio.Future[Job | None]] = []
+        """Tasks with nothing to do wait on these (the last parked first): handing a job to
+        one costs a future, where a task per job costs a task and its coroutine."""
         self._create_task: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
-        """The running loop's ``create_task`` (looked up once: it runs once per idle worker)."""
+        """The running loop's ``create_task`` (looked up once: it runs once per new worker)."""
         self._gave_up = False
         """A :meth:`settle` timed out: calls may still run, nothing more may start."""
         self.failure: BaseException | None = None
@@ -173,10 +176,18 @@ class AsyncWorkers:
             raise self.failure
 
     def _start(self) -> None:
-        """A task per job that may start (up to ``workers`` running); a task that finishes
-        its job goes on with the next ready one, so tasks are created only while workers are
-        idle."""
-        lanes = self._lanes
+        """Hand each job that may start (up to ``workers`` running) to a parked task, or to a
+        new one while fewer than ``workers`` exist; tasks live until :meth:`close`."""
+        lanes, parked = self._lanes, self._parked
+        while parked:
+            waiter = parked.pop()
+            if waiter.done():  # its task was cancelled while parked
+                continue
+            job = lanes.take()
+            if job is None:
+                parked.append(waiter)
+                return
+            waiter.set_result(job)
         create_task = self._create_task
         if create_task is None:
             create_task = self._create_task = asyncio.get_running_loop().create_task
@@ -187,6 +198,7 @@ class AsyncWorkers:
     # -- the handler tasks ----------------------------------------------------------------------
     async def _work(self, job: Job | None) -> None:
         lanes, handler, calls, room = self._lanes, self._handler, self._calls, self._room
+        parked, loop = self._parked, asyncio.get_running_loop()
         retrying, coroutine_handler = calls.retrying, self._coroutine_handler
         try:
             while job is not None:
@@ -211,7 +223,11 @@ class AsyncWorkers:
                 if self._waiting and (lanes.roomy or lanes.idle):
                     room.set()
                 job = lanes.take()
-                if job is not None and lanes.ready:
+                if job is None:  # park until _start hands over a job (or close cancels)
+                    waiter = loop.create_future()
+                    parked.append(waiter)
+                    job = await waiter
+                elif lanes.ready:
                     self._start()
         finally:
             self._tasks.discard(asyncio.current_task())

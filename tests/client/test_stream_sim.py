@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import bson
 import pytest
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient, ReadPreference, monitoring
@@ -585,3 +586,24 @@ def test_take_buffered_gives_the_changes_and_tokens_of_try_next(coll: Any, write
     batched.close()
     assert taken == expected
     assert batched.take_buffered(100) == []  # closed
+    assert all(type(token) is dict for _, token in taken)
+
+
+def test_take_buffered_raw_tokens_are_the_servers_bytes_and_resume_there(
+        coll: Any, writer: Any) -> None:
+    with changestream.watch(coll, **FAST) as start:
+        start_token = start.resume_token
+    writer.insert_many([{"_id": i} for i in range(6)])
+    with changestream.watch(coll, resume_after=start_token, **FAST) as stream:
+        first = None
+        while first is None:
+            first = stream.try_next()
+        taken = stream.take_buffered(3, raw_tokens=True)
+        assert [c["documentKey"]["_id"] for c, _ in taken] == [1, 2, 3]
+        assert all(type(token) is RawBSONDocument for _, token in taken)
+        assert bson.encode(taken[-1][1]) == bson.encode(stream.resume_token)
+    with changestream.watch(coll, resume_after=taken[0][1], **FAST) as resumed:
+        after = None
+        while after is None:
+            after = resumed.try_next()
+        assert after["documentKey"]["_id"] == 2

@@ -18,6 +18,11 @@ The overhead rows run a handler that does nothing: CPU per change of
 ``workers=1`` in this tree and, with ``--baseline TREE``, in another checkout
 (e.g. the ``main`` branch before the workers existed), each in a child
 process with ``PYTHONPATH=TREE``, interleaved, median of ``--overhead-runs``.
+
+``--compare TREE`` (or ``--compare gc-freeze``) instead runs 1,000 asyncio workers on
+small events in child processes, this tree against TREE (or against itself with
+``gc.freeze()`` after start-up), interleaved ``--runs`` times; each child warms up
+1 s first. A/B pairs in fresh processes show a change through this VM's speed swings.
 """
 
 from __future__ import annotations
@@ -194,6 +199,41 @@ def overhead_child(uri: str, seconds: float) -> None:
                       "per_second": result.handled / elapsed}))
 
 
+def tasks_child(uri: str, seconds: float, freeze: bool) -> None:
+    """One ``--compare`` run: 1,000 asyncio workers, after a 1 s warm-up."""
+    import gc
+
+    run_tasks(uri, 1000, 1.0, 0.005)
+    if freeze:
+        gc.freeze()
+    print(json.dumps(run_tasks(uri, 1000, seconds, 0.005)))
+
+
+def compare(uri: str, other: str, seconds: float, runs: int) -> dict[str, list[dict[str, Any]]]:
+    """``--compare``: this tree against ``other`` (a tree, or ``gc-freeze``), interleaved."""
+    here = os.getcwd()
+    sides = {"this tree": (here, False)}
+    sides.update({"gc.freeze()": (here, True)} if other == "gc-freeze" else {"other": (other, False)})
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+    for _ in range(runs):
+        for name, (tree, freeze) in sides.items():
+            output = subprocess.run(
+                [sys.executable, "-c", "from benchmarks.workers_bench import tasks_child; "
+                 f"tasks_child({uri!r}, {seconds}, {freeze})"],
+                env={**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{here}"},
+                capture_output=True, text=True, check=True, cwd=here,
+            ).stdout
+            results[name].append(json.loads(output.strip().splitlines()[-1]))
+    print(f"\n1,000 asyncio workers, small events, {runs} interleaved child processes "
+          f"(median; each run)")
+    for name, rows in results.items():
+        rates = [r["per_second"] for r in rows]
+        cpu_us = [r["cpu_us"] for r in rows]
+        print(f"  {name:12} {statistics.median(rates):>8,.0f}/s {statistics.median(cpu_us):6.1f} "
+              f"µs/chg  ({', '.join(f'{r:,.0f}' for r in rates)})")
+    return results
+
+
 def overhead(uri: str, tree: str, seconds: float) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": tree}
     output = subprocess.run(
@@ -220,8 +260,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="small {_id, v} inserts, the canned realistic orders (~490 bytes), "
                         "or both (default)")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--compare", metavar="TREE|gc-freeze",
+                        help="only an A/B of 1,000 asyncio workers: this tree against TREE, "
+                        "or against gc.freeze() after start-up")
     args = parser.parse_args(argv)
     sleep = args.sleep_ms / 1000
+    if args.compare:
+        if args.compare != "gc-freeze" and not os.path.isdir(args.compare):
+            parser.error(f"--compare: {args.compare!r} is neither a directory nor gc-freeze")
+        with server("small") as (uri, _):
+            results = compare(uri, args.compare, args.seconds, args.runs)
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(results, out, indent=1)
+        return 0
     rows: list[dict[str, Any]] = []
     print(f"# {platform.python_implementation()} {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; handler sleeps "

@@ -182,7 +182,7 @@ def consume(
         if stop.is_set():
             return False
         try:
-            with pymongo.timeout(run.call_timeout):
+            with pymongo.timeout(run.open_timeout()):
                 stream = open_stream(run.opening())
         except Exception as exc:
             if run.history_lost(exc):

@@ -84,6 +84,8 @@ log = logging.getLogger("changestream.consume")
 DEAD_END_MARK = "changestream_dead_end"
 """Set on the log record of the error a run stops with (the CLI prints it itself)."""
 DEFAULT_CALL_TIMEOUT = 60.0
+_LAST_TRY = 1.0
+"""Seconds an open may take when ``retry_for`` is (nearly) spent: the last attempt."""
 """Seconds each stream call (open, poll, close) of :func:`consume` may take by default."""
 
 
@@ -474,6 +476,8 @@ class Run:
         self._stalled = False
         self.gap: HistoryGap | None = None
         """The lost interval to report (after :data:`GAP`)."""
+        self._retries_began = time.monotonic()
+        """When the current run of attempts (one ``tenacity`` call) began."""
 
     def loaded(self, stored: StoredToken | None) -> None:
         """What the store held when the run began."""
@@ -488,6 +492,16 @@ class Run:
         """A stream is about to open: the token to open it from."""
         self.opened += 1
         return self.history.opening(self.progress.token)
+
+    def open_timeout(self) -> float:
+        """The bound of one open: ``call_timeout``, cut to what is left of ``retry_for``
+        (at least :data:`_LAST_TRY` s), so waiting to select a server (30 s by default)
+        cannot stretch ``retry_for=3`` to half a minute."""
+        retry_for = self.policy.retry_for
+        if retry_for is None:
+            return self.call_timeout
+        left = retry_for - (time.monotonic() - self._retries_began)
+        return min(self.call_timeout, max(left, _LAST_TRY))
 
     def started(self, stream: Any) -> str:
         """``stream`` opened: :data:`SAVE` if its token moved the position."""
@@ -575,7 +589,9 @@ class Run:
         return False
 
     def retrying(self) -> dict[str, Any]:
-        """Keyword arguments for ``tenacity.Retrying`` / ``AsyncRetrying`` (plus ``sleep``)."""
+        """Keyword arguments for ``tenacity.Retrying`` / ``AsyncRetrying`` (plus ``sleep``);
+        a new run of attempts begins (``retry_for`` counts from here)."""
+        self._retries_began = time.monotonic()
         return self.policy.arguments()
 
     def dead_end(self, exc: BaseException) -> ConsumeError | None:

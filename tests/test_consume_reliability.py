@@ -293,3 +293,37 @@ def test_describe_error_and_one_line() -> None:
     )
     plain = ValueError("x")
     assert changestream.one_line(plain) is plain
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_retry_for_bounds_the_wait_to_select_a_server(mode: str) -> None:
+    """PyMongo waits 30 s (serverSelectionTimeoutMS) for a server by default; each open is
+    cut to what is left of ``retry_for``, so ``retry_for=1.5`` gives up in seconds."""
+    uri = f"mongodb://127.0.0.1:{_closed_port()}/?directConnection=true"
+    started = time.monotonic()
+    with pytest.raises(changestream.RetriesExhaustedError, match=r"kept failing for 1\.5 s"):
+        if mode == "sync":
+            coll = MongoClient(uri)["db"]["c"]
+            changestream.consume(lambda token: changestream.watch(coll, resume_after=token),
+                                 lambda change: None, MemoryTokenStore(), retry_for=1.5)
+        else:
+            async def run() -> None:
+                client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+                coll = client["db"]["c"]
+                try:
+                    await changestream.aio.consume(
+                        lambda token: changestream.aio.watch(coll, resume_after=token),
+                        lambda change: None, MemoryTokenStore(), retry_for=1.5)
+                finally:
+                    await client.close()
+
+            asyncio.run(run())
+    assert time.monotonic() - started < 10  # was 30-60 s: one server selection per attempt

@@ -202,7 +202,7 @@ async def consume(
         if stop.is_set():
             return False
         try:
-            with pymongo.timeout(run.call_timeout):
+            with pymongo.timeout(run.open_timeout()):
                 stream = await open_stream(run.opening())
         except Exception as exc:
             if run.history_lost(exc):

@@ -13,16 +13,15 @@ variables): ``--spec-versions`` (SPEC_TESTS_VERSIONS), ``--spec-files``
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
 
 from spec_tests.runner import RunnerError, SpecFailure, SpecSkip
 from spec_tests.runner.adapter import CLIENTS, DEFAULT_CLIENTS
+from spec_tests.runner.gc_pauses import no_gc_pauses
 from spec_tests.runner.loader import missing_reason, spec_required
 from spec_tests.runner.matrix import Case, build_cases, execute_case
 from spec_tests.runner.targets import TargetPool
@@ -30,29 +29,6 @@ from spec_tests.runner.targets import TargetPool
 _POOL = pytest.StashKey[TargetPool]()
 CSOT_RETRIES = pytest.StashKey[list[str]]()
 """CSOT cases run again after a timeout (see ``runner.matrix.CSOT_RUNS``), listed at the end."""
-
-
-@contextlib.contextmanager
-def no_gc_pauses() -> Iterator[None]:
-    """Run one spec test without a garbage collection in the middle of it.
-
-    The CSOT tests leave 20-50 ms between ``blockTimeMS`` (plus mongod's 1 s
-    await) and ``timeoutMS``. A full collection of this process (the whole
-    collected suite, the simulators, the clients) takes ~90 ms on a loaded
-    2-core machine and used to land inside that window now and then: a
-    NetworkTimeout that had nothing to do with the client. So the young
-    generations are collected between tests, never during one (a test
-    allocates little), and everything alive after collection is frozen out
-    of later full collections (``pytest_collection_finish`` in conftest).
-    """
-    enabled = gc.isenabled()
-    gc.collect(1)
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def option(config: pytest.Config, name: str, env: str, default: str | None = None) -> str | None:

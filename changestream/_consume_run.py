@@ -84,9 +84,9 @@ log = logging.getLogger("changestream.consume")
 DEAD_END_MARK = "changestream_dead_end"
 """Set on the log record of the error a run stops with (the CLI prints it itself)."""
 DEFAULT_CALL_TIMEOUT = 60.0
+"""Seconds each stream call (open, poll, close) of :func:`consume` may take by default."""
 _LAST_TRY = 1.0
 """Seconds an open may take when ``retry_for`` is (nearly) spent: the last attempt."""
-"""Seconds each stream call (open, poll, close) of :func:`consume` may take by default."""
 
 
 @dataclasses.dataclass(frozen=True)

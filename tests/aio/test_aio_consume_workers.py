@@ -40,6 +40,18 @@ def stored_at(token: Any) -> MemoryTokenStore:
     return MemoryTokenStore(StoredToken(token, None, changestream.stores._now()))
 
 
+async def tokens_in_order(coll: Any, start: Any, count: int) -> list[bytes]:
+    """The BSON of the first ``count`` change tokens after ``start``, in stream order."""
+    order: list[bytes] = []
+    stream = await watch(coll, resume_after=start, **FAST)
+    while len(order) < count:
+        change = await stream.try_next()
+        if change is not None:
+            order.append(bson.encode(change["_id"]))
+    await stream.close()
+    return order
+
+
 class CheckingStore(MemoryTokenStore):
     """Fails the test if a saved token has an unhandled change at or before it."""
 
@@ -68,13 +80,7 @@ def test_tasks_keep_per_key_order_and_the_watermark(run: Run) -> None:
             for i in range(documents):
                 ctx.writer.update_one({"_id": i}, {"$set": {"v": version}})
         total = documents * (updates + 1)
-        order: list[bytes] = []
-        stream = await watch(ctx.coll, resume_after=start, **FAST)
-        while len(order) < total:
-            change = await stream.try_next()
-            if change is not None:
-                order.append(bson.encode(change["_id"]))
-        await stream.close()
+        order = await tokens_in_order(ctx.coll, start, total)
         finished: set[bytes] = set()
         store = CheckingStore(order, finished)
         store.save(start)
@@ -277,13 +283,7 @@ def test_a_crash_redelivers_at_most_max_in_flight_even_while_saves_are_slow(run:
         start = await start_token(ctx.coll)
         total, max_in_flight = 400, 8
         ctx.writer.insert_many([{"_id": i} for i in range(total)])
-        order: list[bytes] = []
-        stream = await watch(ctx.coll, resume_after=start, **FAST)
-        while len(order) < total:
-            change = await stream.try_next()
-            if change is not None:
-                order.append(bson.encode(change["_id"]))
-        await stream.close()
+        order = await tokens_in_order(ctx.coll, start, total)
         stored = -1
         widest = 0
         stop = asyncio.Event()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib.util
 import json
 import os
@@ -201,8 +202,6 @@ def overhead_child(uri: str, seconds: float) -> None:
 
 def tasks_child(uri: str, seconds: float, freeze: bool) -> None:
     """One ``--compare`` run: 1,000 asyncio workers, after a 1 s warm-up."""
-    import gc
-
     run_tasks(uri, 1000, 1.0, 0.005)
     if freeze:
         gc.freeze()

@@ -78,8 +78,8 @@ class ThreadWorkers:
             self._start()
 
     def submit_many(self, batch: list[tuple[Any, Any]]) -> None:
-        """:meth:`submit` for each ``(change, token)`` of ``batch`` (at most :attr:`free`), in
-        order, under one lock."""
+        """:meth:`submit` for each ``(change, token)`` of ``batch`` (at most the
+        room :meth:`window` gave), in order, under one lock."""
         keyed = [(change, self._key(change), token) for change, token in batch]
         with self._lock:
             self._raise_failure()
@@ -87,12 +87,6 @@ class ThreadWorkers:
             for change, key, token in keyed:
                 admit(change, key, token)
             self._start()
-
-    @property
-    def free(self) -> int:
-        """Changes :meth:`submit_many` may admit now (only grows until the next admission)."""
-        with self._lock:
-            return self._lanes.free
 
     def mark(self, token: Any) -> None:
         """A position without a change (an empty batch's token), in stream order."""
@@ -106,9 +100,10 @@ class ThreadWorkers:
             return self._lanes.watermark, self._lanes.handled
 
     def window(self) -> tuple[Any, int, int]:
-        """:meth:`progress` and :attr:`free`, read together: once that watermark is stored,
-        admitting at most ``free`` changes keeps what a crash re-delivers within
-        ``max_in_flight``, however many calls end while the store writes."""
+        """:meth:`progress` and the free room (``max_in_flight`` minus the changes after the
+        watermark), read together: once that watermark is stored, admitting at most that
+        many keeps what a crash re-delivers within ``max_in_flight``, however many calls
+        end while the store writes."""
         with self._lock:
             lanes = self._lanes
             return lanes.watermark, lanes.handled, lanes.free

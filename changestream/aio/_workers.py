@@ -92,8 +92,9 @@ class AsyncWorkers:
             self._start()
 
     def submit_many(self, batch: list[tuple[Any, Any]]) -> None:
-        """:meth:`submit` for each ``(change, token)`` of ``batch`` (at most :attr:`free`), in
-        order: the rest of a buffered batch, admitted and started in one call."""
+        """:meth:`submit` for each ``(change, token)`` of ``batch`` (at most the
+        room :meth:`window` gave), in order: the rest of a buffered batch, admitted and
+        started in one call."""
         if self.failure is not None:
             raise self.failure
         lanes, key = self._lanes, self._key
@@ -102,11 +103,6 @@ class AsyncWorkers:
             admit(change, key(change), token)
         if lanes.ready:
             self._start()
-
-    @property
-    def free(self) -> int:
-        """Changes :meth:`submit_many` may admit now (``max_in_flight`` minus those in flight)."""
-        return self._lanes.free
 
     def mark(self, token: Any) -> None:
         """A position without a change (an empty batch's token), in stream order."""
@@ -118,9 +114,10 @@ class AsyncWorkers:
         return self._lanes.watermark, self._lanes.handled
 
     def window(self) -> tuple[Any, int, int]:
-        """:meth:`progress` and :attr:`free`, read together: once that watermark is stored,
-        admitting at most ``free`` changes keeps what a crash re-delivers within
-        ``max_in_flight``, however many calls end while the store writes."""
+        """:meth:`progress` and the free room (``max_in_flight`` minus the changes after the
+        watermark), read together: once that watermark is stored, admitting at most that
+        many keeps what a crash re-delivers within ``max_in_flight``, however many calls
+        end while the store writes."""
         lanes = self._lanes
         return lanes.watermark, lanes.handled, lanes.free
 

@@ -12,7 +12,13 @@ installed). Each configuration runs for
 (process time: the server is elsewhere), the server's CPU time per change (it
 must stay far below the client's, else the server is the limit) and the RSS at
 the end; ratios are
-against the sequential loop (``workers=1``) measured in the same run.
+against the sequential loop (``workers=1``) measured in the same run. Every
+handler reads a field of the change (``fullDocument._id``).
+
+The ``floor`` rows are what asyncio and the decode cost alone (:func:`run_floor`): a
+hand-written consumer with the largest ``--tasks`` count, raw ``getMore`` replies
+decoded to dicts and put on an ``asyncio.Queue`` that the tasks take from, with no
+per-key order, no checkpoint and no resume.
 
 The overhead rows run a handler that does nothing: CPU per change of
 ``workers=1`` in this tree and, with ``--baseline TREE``, in another checkout
@@ -20,7 +26,7 @@ The overhead rows run a handler that does nothing: CPU per change of
 process with ``PYTHONPATH=TREE``, interleaved, median of ``--overhead-runs``.
 
 ``--compare TREE`` (or ``--compare gc-freeze``) instead runs 1,000 asyncio workers on
-small events in child processes, this tree against TREE (or against itself with
+small events (or ``--events realistic``) in child processes, this tree against TREE (or against itself with
 ``gc.freeze()`` after start-up), interleaved ``--runs`` times; each child warms up
 1 s first. A/B pairs in fresh processes show a change through this VM's speed swings.
 """
@@ -44,6 +50,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import bson
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from pymongo import AsyncMongoClient, MongoClient
 
@@ -138,6 +147,7 @@ def run_threads(uri: str, workers: int, seconds: float, sleep: float) -> dict[st
     stop = threading.Event()
 
     def handle(change: Any) -> None:
+        change["fullDocument"]["_id"]  # a consumer that uses the change
         if sleep:
             time.sleep(sleep)
 
@@ -163,6 +173,7 @@ def run_tasks(uri: str, workers: int, seconds: float, sleep: float,
         loop = asyncio.get_running_loop()
 
         async def handle(change: Any) -> None:
+            change["fullDocument"]["_id"]  # a consumer that uses the change
             if sleep:
                 await asyncio.sleep(sleep)
 
@@ -177,6 +188,55 @@ def run_tasks(uri: str, workers: int, seconds: float, sleep: float,
         return {"mode": loop_name, "workers": workers, "handled": result.handled,
                 "per_second": result.handled / elapsed,
                 "cpu_us": 1e6 * used / max(result.handled, 1), "rss_mb": rss_mb()}
+
+    if loop_name == "uvloop":
+        import uvloop
+
+        return uvloop.run(main())
+    return asyncio.run(main())
+
+
+def run_floor(uri: str, workers: int, seconds: float, sleep: float,
+              loop_name: str = "asyncio") -> dict[str, Any]:
+    """The hand-written floor: ``aggregate``/``getMore`` through ``Database.command``, each
+    event decoded to a dict and put on an ``asyncio.Queue`` (as many places as
+    ``consume``'s default ``max_in_flight``) that ``workers`` tasks take from. No
+    per-key order, no checkpoint, no resume: what asyncio and the decode cost alone."""
+    raw = CodecOptions(document_class=RawBSONDocument)
+
+    async def main() -> dict[str, Any]:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+        db = client[DATABASE]
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(max(64, 4 * workers))
+        handled = 0
+
+        async def work() -> None:
+            nonlocal handled
+            while True:
+                change = await queue.get()
+                change["fullDocument"]["_id"]
+                if sleep:
+                    await asyncio.sleep(sleep)
+                handled += 1
+
+        tasks = [asyncio.create_task(work()) for _ in range(workers)]
+        reply = await db.command({"aggregate": COLLECTION, "pipeline": [{"$changeStream": {}}],
+                                  "cursor": {}}, codec_options=raw)
+        cursor_id = reply["cursor"]["id"]
+        started_cpu, started = cpu(), time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            reply = await db.command({"getMore": cursor_id, "collection": COLLECTION},
+                                     codec_options=raw)
+            for event in reply["cursor"]["nextBatch"]:
+                await queue.put(bson.decode(event.raw))
+        elapsed, used = time.perf_counter() - started, cpu() - started_cpu
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+        return {"mode": f"{loop_name} floor", "workers": workers, "handled": handled,
+                "per_second": handled / elapsed, "cpu_us": 1e6 * used / max(handled, 1),
+                "rss_mb": rss_mb()}
 
     if loop_name == "uvloop":
         import uvloop
@@ -208,7 +268,8 @@ def tasks_child(uri: str, seconds: float, freeze: bool) -> None:
     print(json.dumps(run_tasks(uri, 1000, seconds, 0.005)))
 
 
-def compare(uri: str, other: str, seconds: float, runs: int) -> dict[str, list[dict[str, Any]]]:
+def compare(uri: str, other: str, seconds: float, runs: int,
+            kind: str = "small") -> dict[str, list[dict[str, Any]]]:
     """``--compare``: this tree against ``other`` (a tree, or ``gc-freeze``), interleaved."""
     here = os.getcwd()
     sides = {"this tree": (here, False)}
@@ -223,7 +284,7 @@ def compare(uri: str, other: str, seconds: float, runs: int) -> dict[str, list[d
                 capture_output=True, text=True, check=True, cwd=here,
             ).stdout
             results[name].append(json.loads(output.strip().splitlines()[-1]))
-    print(f"\n1,000 asyncio workers, small events, {runs} interleaved child processes "
+    print(f"\n1,000 asyncio workers, {kind} events, {runs} interleaved child processes "
           f"(median; each run)")
     for name, rows in results.items():
         rates = [r["per_second"] for r in rows]
@@ -267,8 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         if args.compare != "gc-freeze" and not os.path.isdir(args.compare):
             parser.error(f"--compare: {args.compare!r} is neither a directory nor gc-freeze")
-        with server("small") as (uri, _):
-            results = compare(uri, args.compare, args.seconds, args.runs)
+        kind = "realistic" if args.events == "realistic" else "small"
+        with server(kind) as (uri, _):
+            results = compare(uri, args.compare, args.seconds, args.runs, kind)
         if args.json:
             with open(args.json, "w") as out:
                 json.dump(results, out, indent=1)
@@ -290,12 +352,18 @@ def main(argv: list[str] | None = None) -> int:
                 ("threads", w) for w in map(int, args.threads.split(","))]
             configs += [(loop_name, w) for loop_name in loops
                         for w in map(int, args.tasks.split(","))]
+            floor_workers = max(map(int, args.tasks.split(",")))
+            configs += [(f"{loop_name} floor", floor_workers) for loop_name in loops]
             runs: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
             for _ in range(args.runs):  # interleaved: load changes hit every configuration
                 for mode, workers in configs:
                     server_cpu = process_cpu(server_pid)
-                    run = (run_threads(uri, workers, args.seconds, sleep) if mode == "threads"
-                           else run_tasks(uri, workers, args.seconds, sleep, mode))
+                    if mode == "threads":
+                        run = run_threads(uri, workers, args.seconds, sleep)
+                    elif mode.endswith(" floor"):
+                        run = run_floor(uri, workers, args.seconds, sleep, mode.split()[0])
+                    else:
+                        run = run_tasks(uri, workers, args.seconds, sleep, mode)
                     run["server_us"] = (1e6 * (process_cpu(server_pid) - server_cpu)
                                         / max(run["handled"], 1))
                     runs[(mode, workers)].append(run)
@@ -310,12 +378,12 @@ def main(argv: list[str] | None = None) -> int:
             sequential = next(row["per_second"] for row in table
                               if row["mode"] == "threads" and row["workers"] == 1)
             print(f"\n{kind} events (median of {args.runs}; best in parentheses)")
-            print(f"{'mode':8} {'workers':>7} {'changes/s':>18} {'x seq':>7} "
+            print(f"{'mode':13} {'workers':>7} {'changes/s':>18} {'x seq':>7} "
                   f"{'CPU us/chg':>10} {'RSS MB':>7} {'server us/chg':>13}")
             for row in table:
                 row["ratio"] = row["per_second"] / sequential
                 rate = f"{row['per_second']:,.0f} ({row['best']:,.0f})"
-                print(f"{row['mode']:8} {row['workers']:>7} {rate:>18} "
+                print(f"{row['mode']:13} {row['workers']:>7} {rate:>18} "
                       f"{row['ratio']:>7.1f} {row['cpu_us']:>10.1f} {row['rss_mb']:>7.0f} "
                       f"{row['server_us']:>13.1f}",
                       flush=True)

@@ -220,7 +220,9 @@ def consume(
                                     pool.submit_many(batch[:admitted] if admitted < len(batch)
                                                      else batch)
                                     if admitted < len(batch):  # an invalidate: raises
-                                        run.polled(*batch[admitted], stream.alive)
+                                        invalidate, carried = batch[admitted]
+                                        run.polled(invalidate, run.present(carried),
+                                                   stream.alive)
                         except Exception as exc:
                             run.handler_error = exc
                             raise

@@ -176,7 +176,7 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
 
 
 def _operation_type(change: Any) -> Any:
-    if isinstance(change, Mapping):
+    if type(change) is dict or isinstance(change, Mapping):  # (dict: no ABC check per change)
         return change.get("operationType")
     return getattr(change, "operation_type", None)
 
@@ -224,8 +224,9 @@ class Progress:
     _watermark: Any = dataclasses.field(default=None, init=False)
     """The workers' watermark at the last :meth:`on_watermark` (moved or not)."""
     present: Callable[[Any], Any] | None = dataclasses.field(default=None, init=False)
-    """The stream's token presentation: workers get raw tokens (most are never stored),
-    and the one taken as :attr:`token` is given the stream's document class here."""
+    """The stream's token presentation: workers get raw tokens or the raw events holding
+    them (most are never stored), and the one taken as :attr:`token` becomes a token
+    in the stream's document class here."""
 
     def start(self, token: Any) -> None:
         """The token loaded from the store."""
@@ -254,9 +255,13 @@ class Progress:
         # Only a watermark that moved since the last call counts: after a reopen the workers
         # still hold the previous stream's (e.g. before a lost history), never to be stored.
         moved, self._watermark = token is not self._watermark, token
-        if token is None or not moved or (not newly and _key(token) == _key(self.token)):
+        if token is None or not moved:
+            return False
+        if self.present is not None:
+            token = self.present(token)
+        if not newly and _key(token) == _key(self.token):
             return False  # (a watermark past newly handled changes is a new token: no compare)
-        self.token = token if self.present is None else self.present(token)
+        self.token = token
         if not newly and not self._unsaved:
             # Only an empty batch's token moved: saved at once, as without workers.
             self.advanced = self.advanced or healthy
@@ -375,11 +380,11 @@ def stalled(stream: Any) -> bool:
 
 
 def take_buffered(stream: Any, limit: int) -> list[tuple[Any, Any]]:
-    """Up to ``limit`` changes ``stream`` answers from its buffer, with the raw token after
-    each (:attr:`Progress.present` presents the one stored); ``[]`` from a stream without
-    ``take_buffered``, such as the initial-snapshot wrapper."""
-    take = getattr(stream, "take_buffered", None)
-    return [] if take is None or limit < 1 else take(limit, raw_tokens=True)
+    """Up to ``limit`` changes ``stream`` answers from its buffer, each with where its token
+    is (the raw event's bytes, or a raw token: :attr:`Progress.present` presents the one
+    stored); ``[]`` from a stream without it, such as the initial-snapshot wrapper."""
+    take = getattr(stream, "_take_guarded", None)
+    return [] if take is None or limit < 1 else take(limit, True, event_bytes=True)
 
 
 @contextlib.contextmanager
@@ -507,7 +512,7 @@ class Run:
         """``stream`` opened: :data:`SAVE` if its token moved the position."""
         self.stats.on_stream(stream)
         # the shells present tokens with the stream's codec (the same for every reopen)
-        self.progress.present = getattr(stream, "_present_token", None)
+        self.progress.present = getattr(stream, "_present_carried", None)
         if self.opened > 1:
             log.info("reopened the change stream (reopen %d)", self.opened - 1)
         due = self.progress.on_idle(stream.resume_token)
@@ -547,9 +552,17 @@ class Run:
         follows it (after admitting them, :meth:`polled` the invalidate: it raises)."""
         self.stats.poll(self.progress.handled, self.opened - 1)
         for index, (change, _) in enumerate(batch):
-            if is_invalidate(change):
+            if type(change) is dict:  # (is_invalidate inline for dicts: this runs per change)
+                if change.get("operationType") == "invalidate":
+                    return index
+            elif is_invalidate(change):
                 return index
         return len(batch)
+
+    def present(self, carried: Any) -> Any:
+        """A token from :func:`take_buffered` as a token in the stream's document class."""
+        present = self.progress.present
+        return carried if present is None else present(carried)
 
     def handled(self, token: Any) -> str:
         """The handler returned for the change that left ``token``."""

@@ -77,7 +77,7 @@ class LanesError(RuntimeError):
 class Job:
     """One admitted change: its place in stream order, its key, the change and the token after it."""
 
-    __slots__ = ("change", "done", "key", "seq", "token")
+    __slots__ = ("change", "done", "key", "running", "seq", "token")
 
     def __init__(self, seq: int, key: Hashable, change: Any, token: Any) -> None:
         self.seq = seq
@@ -85,9 +85,10 @@ class Job:
         self.change = change
         self.token = token
         self.done = False
+        self.running = False
 
     def __repr__(self) -> str:
-        state = "done" if self.done else "pending"
+        state = "done" if self.done else "running" if self.running else "pending"
         return f"Job(seq={self.seq}, key={self.key!r}, {state})"
 
 
@@ -138,7 +139,9 @@ class Lanes:
         self._barrier: Job | None = None
         """The barrier routed and not yet done; everything admitted after it is held."""
         self._held: collections.deque[Job] = collections.deque()
-        self._running: set[Job] = set()
+        self._running = 0
+        """Jobs taken and not yet done (each has ``running`` set: a flag, not a set, as
+        this runs twice per change)."""
 
     # -- queries ------------------------------------------------------------------------------
     @property
@@ -165,7 +168,7 @@ class Lanes:
     @property
     def running(self) -> int:
         """Jobs taken and not yet done."""
-        return len(self._running)
+        return self._running
 
     @property
     def ready(self) -> int:
@@ -209,18 +212,19 @@ class Lanes:
 
     def take(self) -> Job | None:
         """The next job to start (``None``: none may start now); it counts as running."""
-        if len(self._running) >= self.workers or not self._ready:
+        if self._running >= self.workers or not self._ready:
             return None
         job = self._ready.popleft()
-        self._running.add(job)
+        job.running = True
+        self._running += 1
         return job
 
     def done(self, job: Job) -> bool:
         """A taken job finished; ``True``: the watermark moved."""
-        try:
-            self._running.remove(job)
-        except KeyError:
-            raise LanesError(f"done({job!r}): not running (never taken, or finished twice)") from None
+        if not job.running:
+            raise LanesError(f"done({job!r}): not running (never taken, or finished twice)")
+        job.running = False
+        self._running -= 1
         job.done = True
         job.change = None  # the change is no longer needed: free it while it waits in order
         self.handled += 1
@@ -229,11 +233,11 @@ class Lanes:
             self._barrier = None
             self._release_held()
         else:
-            lane = self._lanes[job.key]
+            lanes = self._lanes
+            lane = lanes.pop(job.key)  # (one hash per call: keys hash in Python, e.g. ObjectId)
             if lane:
                 self._ready.append(lane.popleft())
-            else:
-                del self._lanes[job.key]
+                lanes[job.key] = lane  # the key passes to that job
             if self._barrier is not None and self._routed == 1:
                 self._ready.append(self._barrier)  # everything before it has finished
         return self._advance()
@@ -241,9 +245,10 @@ class Lanes:
     def fail(self, job: Job) -> list[Job]:
         """A taken job failed for good: it stays unhandled (the watermark stops before it) and
         every job not yet taken is dropped (:meth:`abandon`, returned)."""
-        if job not in self._running:
+        if not job.running:
             raise LanesError(f"fail({job!r}): not running")
-        self._running.remove(job)
+        job.running = False
+        self._running -= 1
         return self.abandon()
 
     def abandon(self) -> list[Job]:
@@ -252,9 +257,9 @@ class Lanes:
         The watermark stays before the first of them, so a restart or a reopen
         delivers them again. Running jobs stay running until :meth:`done`.
         """
-        running = self._running
-        dropped = [job for job in self._order
-                   if isinstance(job, Job) and not job.done and job not in running]
+        jobs = [job for job in self._order if isinstance(job, Job) and not job.done]
+        running = [job for job in jobs if job.running]
+        dropped = [job for job in jobs if not job.running]
         self._ready.clear()
         self._held.clear()
         self._lanes = {job.key: None for job in running if job.key is not BARRIER}
@@ -278,15 +283,14 @@ class Lanes:
                 self._ready.append(job)
             return
         lanes = self._lanes
-        if key not in lanes:
-            lanes[key] = None
-            self._ready.append(job)
+        size = len(lanes)
+        lane = lanes.setdefault(key, None)  # (one hash: see done())
+        if len(lanes) != size:
+            self._ready.append(job)  # the key's first job
+        elif lane is None:
+            lanes[key] = collections.deque((job,))
         else:
-            lane = lanes[key]
-            if lane is None:
-                lanes[key] = collections.deque((job,))
-            else:
-                lane.append(job)
+            lane.append(job)
 
     def _release_held(self) -> None:
         held = self._held

@@ -302,6 +302,12 @@ class ChangeStreamMachine:
         return self._token
 
     @property
+    def token_event(self) -> RawBSONDocument | None:
+        """The raw event whose ``_id`` is the current token (``None``: the token is held on
+        its own): :attr:`resume_token` slices it out when asked."""
+        return self._token_event
+
+    @property
     def position(self) -> Position:
         """Cluster time of the resume token, newest server time seen, and the lag between them.
 

@@ -32,7 +32,7 @@ from ._options import (
 )
 from ._position import Position
 from ._pymongo import Outcome, csot_context_active
-from ._token import ResumeToken
+from ._token import ResumeToken, raw_event_token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,19 +153,37 @@ class StreamShell(Progress):
         """
         return self._present_token(self._machine.resume_token)
 
-    def _take_buffered(self, limit: int, raw_tokens: bool = False) -> list[tuple[Any, Any]]:
-        """:meth:`take_buffered` of both shells, under their lock (or on the loop's thread)."""
+    def _take_buffered(self, limit: int, raw_tokens: bool = False,
+                       event_bytes: bool = False) -> list[tuple[Any, Any]]:
+        """:meth:`take_buffered` of both shells, under their lock (or on the loop's thread).
+
+        ``event_bytes`` (``consume`` with workers): where the token is inside the raw
+        event, hand the event's ``bytes`` instead of a token (no copy per change: most
+        are never stored); :meth:`_present_carried` turns the one stored into a token.
+        """
         machine, present = self._machine, self._present_token
         taken: list[tuple[Any, Any]] = []
         while len(taken) < limit:
             document = machine.next_buffered()
             if document is NOT_BUFFERED:
                 break
+            if event_bytes:
+                event = machine.token_event
+                if event is not None:
+                    taken.append((document, event.raw))
+                    continue
             token = machine.resume_token
             if not raw_tokens or type(token) is not RawBSONDocument:
                 token = present(token)  # (a token the machine holds as a dict is copied)
             taken.append((document, token))
         return taken
+
+    def _present_carried(self, carried: Any) -> Any:
+        """A token from :meth:`_take_buffered`, in the stream's document class: the bytes
+        of a raw event (``event_bytes``) give the token inside it."""
+        if type(carried) is bytes:
+            carried = raw_event_token(carried)
+        return self._present_token(carried)
 
     def get_resume_token(self) -> Any:
         """Same as :attr:`resume_token` (the spec's ``getResumeToken()``)."""

@@ -153,8 +153,16 @@ class ChangeStream(StreamShell, Generic[_T]):
         valid as ``resume_after``) instead of the stream's document class: cheaper
         when most of them are never stored.
         """
+        return self._take_guarded(limit, raw_tokens, event_bytes=False)
+
+    def _take_guarded(self, limit: int, raw_tokens: bool, *,
+                      event_bytes: bool) -> list[tuple[_T, Any]]:
+        """:meth:`take_buffered`, and ``consume``'s variant (``event_bytes``: see
+        :meth:`StreamShell._take_buffered`)."""
         with self._lock:
-            return [] if self._close_requested else self._take_buffered(limit, raw_tokens)
+            if self._close_requested:
+                return []
+            return self._take_buffered(limit, raw_tokens, event_bytes)
 
     def close(self) -> None:
         """Kill the server cursor and end the stream's implicit session (idempotent).

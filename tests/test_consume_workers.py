@@ -175,6 +175,7 @@ def test_a_change_without_document_key_runs_alone_after_everything_before_it(col
     drop = tracker.started[-1]
     assert stored is not None and same(stored.token, drop["_id"])
     assert same(info.value.token, drop["_id"])
+    assert type(info.value.token) is dict and type(info.value.invalidate_token) is dict
 
 
 def test_max_in_flight_bounds_fetching_behind_one_slow_change(coll: Any) -> None:

@@ -187,15 +187,23 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         valid as ``resume_after``) instead of the stream's document class: cheaper
         when most of them are never stored.
         """
+        return self._take_guarded(limit, raw_tokens, event_bytes=False)
+
+    def _take_guarded(self, limit: int, raw_tokens: bool, *,
+                      event_bytes: bool) -> list[tuple[_T, Any]]:
+        """:meth:`take_buffered`, and ``consume``'s variant (``event_bytes``: see
+        :meth:`StreamShell._take_buffered`)."""
         # async-only: begin
         if (self._on_token is not None or self._cleanup is not None or self._close_requested
                 or self._lock.locked()):
             return []
-        return self._take_buffered(limit, raw_tokens)
+        return self._take_buffered(limit, raw_tokens, event_bytes)
         # async-only: end
         # sync-only: begin
         # with self._lock:
-        #     return [] if self._close_requested else self._take_buffered(limit, raw_tokens)
+        #     if self._close_requested:
+        #         return []
+        #     return self._take_buffered(limit, raw_tokens, event_bytes)
         # sync-only: end
 
     async def close(self) -> None:

@@ -142,6 +142,7 @@ def test_a_drop_runs_alone_and_the_invalidate_token_is_after_everything(run: Run
         assert not problems, problems
         assert seen[-1]["operationType"] == "drop" and len(seen) == 31
         assert bson.encode(info.value.token) == bson.encode(seen[-1]["_id"])
+        assert type(info.value.token) is dict and type(info.value.invalidate_token) is dict
 
     run(scenario)
 

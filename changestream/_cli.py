@@ -302,7 +302,7 @@ def _main(argv: list[str] | None) -> int:
         client: MongoClient[dict[str, Any]] = MongoClient(args.uri, connect=False)
     except (PyMongoError, ValueError, TypeError) as exc:
         parser.error(f"invalid URI: {_redact(describe_error(exc), args.uri)}")
-    return _watch(args, client, store, pipeline, start_after)
+    return _watch(args, client, store, pipeline, start_after, exits=argv is None)
 
 
 def _token_data_problem(data: Any) -> str | None:
@@ -386,15 +386,21 @@ class _PrintGuard:
     only asks the loop to stop (it stores that token, then returns);
     otherwise, and for a second signal, it interrupts at once (the loop
     stores the last printed change's token on the way out). Either way the
-    cursor is killed and the token file stays valid.
+    cursor is killed and the token file stays valid. Once the loop is over
+    only closing is left: then, in the program, a signal ends the process at
+    once, as the default action does, without a traceback.
     """
 
-    def __init__(self, store: TokenStore, stop: threading.Event) -> None:
+    def __init__(self, store: TokenStore, stop: threading.Event, *, exits: bool = False) -> None:
         self.store = store
         self.stop = stop
+        self.exits = exits
+        """The process ends when ``watch`` returns (not ``main()`` called as a function)."""
         self.unstored = False
         """A change was printed and its token is not stored yet."""
         self.signalled = False
+        self.finished = False
+        """The loop is over (returned or raised): nothing is left to store."""
 
     def printing(self) -> None:
         self.unstored = True
@@ -407,6 +413,12 @@ class _PrintGuard:
         self.unstored = False
 
     def interrupt(self, signum: int, frame: FrameType | None) -> None:
+        if self.finished and self.exits:
+            # A KeyboardInterrupt here (closing the client, saying "stopped") would print a
+            # traceback: end at once, killed by the signal as without a handler.
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
         again = self.signalled
         self.signalled = True
         self.stop.set()
@@ -415,6 +427,23 @@ class _PrintGuard:
 
     def __repr__(self) -> str:
         return repr(self.store)
+
+
+def _raised_while_interrupted(exc: BaseException) -> bool:
+    """Was ``exc`` raised while a ``KeyboardInterrupt`` unwound (one is in its context chain)?
+
+    Interrupted at an unlucky point, PyMongo or the stream may fail to clean
+    up: a stream that chose its next getMore but had not sent it refuses to
+    close (``RuntimeError``). That error is part of the user's stop, not a failure.
+    """
+    seen: set[int] = set()
+    context: BaseException | None = exc
+    while context is not None and id(context) not in seen:
+        if isinstance(context, KeyboardInterrupt):
+            return True
+        seen.add(id(context))
+        context = context.__context__
+    return False
 
 
 def _not_dead_end(record: logging.LogRecord) -> bool:
@@ -429,7 +458,7 @@ def _log_level(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store: TokenStore,
-           pipeline: list[Any], start_after: Any) -> int:
+           pipeline: list[Any], start_after: Any, *, exits: bool = False) -> int:
     logging.basicConfig(level=logging.WARNING, format="changestream: %(message)s")
     logging.getLogger("changestream").setLevel(_log_level(args))
     stop = threading.Event()
@@ -439,10 +468,8 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
     for handler in filtered:
         progress.attach(handler)
         handler.addFilter(_not_dead_end)  # printed once below, as the exit message
-    guard = _PrintGuard(store, stop)
-    # Also when started in the background, where SIGINT is inherited as ignored.
-    previous = {signum: signal.signal(signum, guard.interrupt)
-                for signum in (signal.SIGINT, signal.SIGTERM)}
+    guard = _PrintGuard(store, stop, exits=exits)
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     options: dict[str, Any] = {"max_await_time_ms": args.max_await_ms}
     if args.full_document is not None:
         options["full_document"] = args.full_document
@@ -497,23 +524,35 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
             stop.set()
 
     try:
-        problem = _reach(client, args.connect_timeout, args.uri)
-        if problem is not None:
-            _say(_redact(problem, args.uri))
-            return 1
-        if start_after is not None:
-            store.save(start_after)
-        source: Any = open_stream
-        recovery: dict[str, Any] = {}
-        if args.on_history_lost == "from-now":
-            recovery = {"on_history_lost": "from_now", "gap": _print_gap}
-        elif args.on_history_lost == "resnapshot":
-            # consume opens the copy and the streams itself (resumeAfter the stored token).
-            _say(f"watching {namespace}; Ctrl-C to stop")
-            source, recovery = target, {"on_history_lost": "resnapshot", "gap": _print_gap,
-                                        "pipeline": pipeline, "watch_options": options}
-        consume(source, print_change, guard, stop=stop, on_stats=progress,
-                stats_interval=progress.interval, call_timeout=args.call_timeout, **recovery)
+        try:
+            # Installed in here, so that a signal right after is a stop like any other;
+            # also when started in the background, where SIGINT is inherited as ignored.
+            for signum in previous:
+                signal.signal(signum, guard.interrupt)
+            problem = _reach(client, args.connect_timeout, args.uri)
+            if problem is not None:
+                _say(_redact(problem, args.uri))
+                return 1
+            if start_after is not None:
+                store.save(start_after)
+            source: Any = open_stream
+            recovery: dict[str, Any] = {}
+            if args.on_history_lost == "from-now":
+                recovery = {"on_history_lost": "from_now", "gap": _print_gap}
+            elif args.on_history_lost == "resnapshot":
+                # consume opens the copy and the streams itself (resumeAfter the stored token).
+                _say(f"watching {namespace}; Ctrl-C to stop")
+                source, recovery = target, {"on_history_lost": "resnapshot", "gap": _print_gap,
+                                            "pipeline": pipeline, "watch_options": options}
+            consume(source, print_change, guard, stop=stop, on_stats=progress,
+                    stats_interval=progress.interval, call_timeout=args.call_timeout, **recovery)
+        except Exception as exc:
+            if not _raised_while_interrupted(exc):
+                raise
+            logging.getLogger(__name__).debug("while stopping: %s", describe_error(exc))
+            raise KeyboardInterrupt from exc
+        finally:
+            guard.finished = True  # before the messages and the close below
     except KeyboardInterrupt:
         return _stopped(args, progress)
     except BrokenPipeError:
@@ -534,12 +573,13 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
         _say(_redact(describe_error(exc), args.uri))
         return 1
     finally:
-        for signum, previous_handler in previous.items():
-            signal.signal(signum, previous_handler)
         for handler in filtered:  # the process may go on (the CLI called as a function)
             handler.removeFilter(_not_dead_end)
         progress.clear()
-        client.close()
+        client.close()  # a signal meanwhile: see _PrintGuard (the program ends at once)
+        for signum, previous_handler in previous.items():
+            # The program exits soon: a signal until then ends it as on interpreter shutdown.
+            signal.signal(signum, signal.SIG_DFL if exits else previous_handler)
     if guard.signalled:
         return _stopped(args, progress)
     if progress.idle_stop:

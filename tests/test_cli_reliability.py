@@ -173,6 +173,131 @@ def test_a_signal_right_after_a_printed_change_stores_its_token(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_as_a_getmore_is_about_to_be_sent_exits_0(
+    mongodb_uri: str, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    signum: int,
+) -> None:
+    """A signal handled after the stream chose its next getMore, before sending it.
+
+    The KeyboardInterrupt left that getMore "in flight" in the stream, whose close
+    then refused with a RuntimeError: ``watch`` exited 1 with a traceback (the
+    rare exit 1 of the sharded end-to-end test's Ctrl-C, under load). An error
+    raised while the interrupt unwinds belongs to the stop: exit 0, token stored.
+    """
+    import io
+
+    from bson import json_util
+
+    import changestream
+    from changestream._cli import main
+    from changestream._machine import ChangeStreamMachine, RunGetMore
+    from changestream.stores import FileTokenStore
+
+    with MongoClient(mongodb_uri) as client:
+        coll = client[database]["orders"]
+        with changestream.watch(coll, max_await_time_ms=50) as stream:
+            start = stream.resume_token
+        coll.insert_many([{"n": n} for n in range(3)])
+
+    out = io.StringIO()
+    next_action = ChangeStreamMachine.next_action
+    signalled: list[int] = []
+
+    def signal_before_a_getmore(machine: ChangeStreamMachine) -> Any:
+        action = next_action(machine)
+        if isinstance(action, RunGetMore) and len(out.getvalue().splitlines()) == 3:
+            signalled.append(signum)
+            signal.raise_signal(signum)  # handled here, in this thread, before returning
+        return action
+
+    monkeypatch.setattr(ChangeStreamMachine, "next_action", signal_before_a_getmore)
+    monkeypatch.setattr(sys, "stdout", out)
+    token_file = tmp_path / "getmore.token"
+    try:
+        status = main(["watch", mongodb_uri, "--db", database, "--coll", "orders",
+                       "--token-file", str(token_file), "--resume-after",
+                       json_util.dumps(start), "--no-status", "--max-await-ms", "50"])
+    except KeyboardInterrupt:  # not to pytest, which would end the whole run
+        pytest.fail("KeyboardInterrupt escaped main()")
+    assert signalled, "no getMore after the three changes"
+    assert status == 0
+    printed = [json_util.loads(line) for line in out.getvalue().splitlines()]
+    assert [change["fullDocument"]["n"] for change in printed] == [0, 1, 2]
+    stored = FileTokenStore(token_file).load()
+    assert stored is not None and stored.token == printed[-1]["_id"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_signal_as_the_handlers_are_installed_exits_0(
+    mongodb_uri: str, database: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C right after ``watch`` installed its handlers, before it was ready for them:
+    the KeyboardInterrupt escaped ``main()`` (a traceback). It is a stop like any other."""
+    from changestream._cli import _PrintGuard, main
+
+    install = signal.signal
+
+    def signal_once_installed(signum: int, handler: Any) -> Any:
+        previous = install(signum, handler)
+        if signum == signal.SIGTERM and isinstance(getattr(handler, "__self__", None),
+                                                   _PrintGuard):
+            signal.raise_signal(signal.SIGINT)  # handled here, by the handler just installed
+        return previous
+
+    before = [signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)]
+    monkeypatch.setattr(signal, "signal", signal_once_installed)
+    try:
+        status = main(["watch", mongodb_uri, "--db", database, "--no-status"])
+    except KeyboardInterrupt:  # not to pytest, which would end the whole run
+        pytest.fail("KeyboardInterrupt escaped main()")
+    assert status == 0
+    assert [signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)] == before
+
+
+_SECOND_SIGNAL = """
+import signal, sys
+import changestream._cli as cli
+from changestream._stream import ChangeStream
+from pymongo import MongoClient
+
+signum, hook, uri, database = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+
+def signal_first(function):
+    def signalled(*args, **kwargs):
+        signal.raise_signal(signum)  # handled at once, in this thread
+        return function(*args, **kwargs)
+    return signalled
+
+ChangeStream.try_next = signal_first(ChangeStream.try_next)  # the stop, while watching
+if hook == "close":  # then again: while the client closes
+    MongoClient.close = signal_first(MongoClient.close)
+else:  # or while "stopped" is being said
+    cli._stopped = signal_first(cli._stopped)
+sys.argv = ["changestream", "watch", uri, "--db", database, "--max-await-ms", "50"]
+raise SystemExit(cli.main())
+"""
+
+
+@pytest.mark.parametrize(("hook", "signum"), [("close", signal.SIGINT),
+                                              ("stopped", signal.SIGINT),
+                                              ("stopped", signal.SIGTERM)])
+def test_a_second_signal_while_exiting_ends_the_program_without_a_traceback(
+    mongodb_uri: str, database: str, hook: str, signum: int,
+) -> None:
+    """The second signal of ``test_sigterm_and_sigint_stop_without_a_traceback``, at the
+    moments that printed a KeyboardInterrupt traceback: while the client closed (after
+    Python's handler was back) and while "stopped" was said (the first handler raised
+    again). Both signals are sent by the program itself, at those exact moments."""
+    result = subprocess.run(
+        [sys.executable, "-c", _SECOND_SIGNAL, str(int(signum)), hook, mongodb_uri, database],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, (
+        result.stderr)
+    assert result.returncode == -signum, (result.returncode, result.stderr)
+
+
 @pytest.fixture
 def lost_history(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A simulated replica set with a 20-entry oplog and a token file its oplog has left behind."""

@@ -241,21 +241,26 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
             while True:
                 if interruptible and self._close_requested:
                     return None
-                action = machine.next_action()
-                if isinstance(action, NoDocument):
-                    return None
-                if isinstance(action, Raise):
-                    raise action.error
                 try:
-                    if isinstance(action, Deliver):
+                    # next_action inside: a Ctrl-C just after it chose a command would
+                    # leave that command in flight, and close() would refuse
+                    action = machine.next_action()
+                    if isinstance(action, NoDocument):
+                        return None
+                    if isinstance(action, Raise):
+                        error = action.error
+                    elif isinstance(action, Deliver):
                         await self._notify()  # async-only
                         return action.document
-                    self._feed(await self._transport.run(action))
-                    await self._notify()  # async-only
+                    else:
+                        self._feed(await self._transport.run(action))
+                        await self._notify()  # async-only
+                        continue
                 except BaseException:
                     # Interrupted mid-command (or the callback failed): close, kill the cursor.
                     self._interrupted()
                     raise
+                raise error  # the stream's own error: it stays as the machine left it
         finally:
             if self._finished:
                 await self._transport.close()

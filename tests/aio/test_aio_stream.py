@@ -549,6 +549,37 @@ def test_cancellation_kills_the_cursor_and_keeps_the_token(run: Run) -> None:
     run(scenario)
 
 
+def test_an_interrupt_just_after_a_getmore_was_chosen_still_closes_the_stream(
+        run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in the sync tests: a KeyboardInterrupt between choosing a getMore and sending it
+    must leave nothing "in flight": close() kills the cursor instead of refusing."""
+    from changestream._machine import ChangeStreamMachine, RunGetMore
+
+    async def scenario(ctx: Ctx) -> None:
+        stream = await watch(ctx.coll, **FAST)
+        assert await stream.try_next() is None
+        token = stream.resume_token
+        cursor_id = stream._machine.cursor_id
+        next_action = ChangeStreamMachine.next_action
+
+        def interrupted_after(machine: ChangeStreamMachine) -> Any:
+            action = next_action(machine)
+            if isinstance(action, RunGetMore):
+                raise KeyboardInterrupt
+            return action
+
+        monkeypatch.setattr(ChangeStreamMachine, "next_action", interrupted_after)
+        with pytest.raises(KeyboardInterrupt):
+            await stream.next()
+        monkeypatch.undo()
+        await stream.close()  # raised RuntimeError: the getMore was still in flight
+        assert not stream.alive and stream.resume_token == token
+        kills = ctx.recorder.commands("killCursors")
+        assert [k["cursors"] for k in kills] == [[cursor_id]]
+
+    run(scenario)
+
+
 def test_a_timeout_around_next_closes_like_cancellation(run: Run) -> None:
     async def scenario(ctx: Ctx) -> None:
         stream = await watch(ctx.coll, **FAST)

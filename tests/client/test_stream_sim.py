@@ -449,6 +449,34 @@ def test_keyboard_interrupt_kills_the_cursor_and_keeps_the_token(coll: Any,
     assert stream.try_next() is None
 
 
+def test_an_interrupt_just_after_a_getmore_was_chosen_still_closes_the_stream(
+        coll: Any, recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C lands between the machine choosing a getMore and the shell sending it (a
+    signal is handled between any two bytecodes): that getMore must not stay "in flight",
+    else close() refuses with a RuntimeError and the cursor is never killed."""
+    from changestream._machine import ChangeStreamMachine, RunGetMore
+
+    stream = changestream.watch(coll, **FAST)
+    assert stream.try_next() is None
+    token = stream.resume_token
+    cursor_id = stream._machine.cursor_id
+    next_action = ChangeStreamMachine.next_action
+
+    def interrupted_after(machine: ChangeStreamMachine) -> Any:
+        action = next_action(machine)
+        if isinstance(action, RunGetMore):
+            raise KeyboardInterrupt
+        return action
+
+    monkeypatch.setattr(ChangeStreamMachine, "next_action", interrupted_after)
+    with pytest.raises(KeyboardInterrupt):
+        stream.next()
+    monkeypatch.undo()
+    stream.close()  # raised RuntimeError: the getMore was still in flight
+    assert not stream.alive and stream.resume_token == token
+    assert [k["cursors"] for k in recorder.commands("killCursors")] == [[cursor_id]]
+
+
 def test_client_wrapper_from_uri(deployment: Deployment, names: tuple[str, str],
                                  writer: Any) -> None:
     with changestream.Client(deployment.uri, serverSelectionTimeoutMS=5000) as client:

@@ -10,7 +10,9 @@ measurement runs a child Python under ``valgrind --tool=cachegrind`` twice, for
 imports cancel out) by the difference in changes.
 
 The consumer is :func:`changestream.aio.consume` with 1,000 workers whose handler
-reads a field and sleeps 5 ms (as in :mod:`benchmarks.workers_bench`), against
+reads a field and sleeps 5 ms (as in :mod:`benchmarks.workers_bench`), or with
+``--consumer sequential`` :func:`changestream.consume` with ``workers=1`` and a
+no-op handler (the plain loop's own cost per change), against
 :mod:`benchmarks.canned_server` (not under valgrind). ``floor`` is the
 hand-written asyncio consumer of :func:`benchmarks.workers_bench.run_floor`: raw
 ``getMore`` replies decoded to dicts on an ``asyncio.Queue``, no per-key order, no
@@ -96,7 +98,34 @@ async def floor() -> None:
     await client.close()
 
 
-asyncio.run(consume() if mode == "consume" else floor())
+def sync_noop() -> None:
+    import threading
+
+    from pymongo import MongoClient
+
+    import changestream
+    from changestream.stores import MemoryTokenStore
+
+    client = MongoClient(uri)
+    coll = client[DATABASE][COLLECTION]
+    stop = threading.Event()
+    handled = 0
+
+    def handle(change):
+        nonlocal handled
+        handled += 1
+        if handled >= count:
+            stop.set()
+
+    changestream.consume(lambda token: changestream.watch(coll, resume_after=token), handle,
+                         MemoryTokenStore(), stop=stop, save_every=100)
+    client.close()
+
+
+if mode == "sync-noop":
+    sync_noop()
+else:
+    asyncio.run(consume() if mode == "consume" else floor())
 """
 
 
@@ -124,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", type=int, default=2000, help="changes of the short run")
     parser.add_argument("--long", type=int, default=12000, help="changes of the long run")
     parser.add_argument("--runs", type=int, default=1, help="measurements per tree (median)")
+    parser.add_argument("--consumer", choices=("workers", "sequential"), default="workers",
+                        help="workers: aio.consume(workers=1000), 5 ms handler (default); "
+                        "sequential: consume() with workers=1 and a no-op handler, the "
+                        "per-change overhead of the plain loop (no floor row)")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         parser.error("valgrind is not installed (apt install valgrind)")
@@ -138,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from benchmarks.workers_bench import server
 
-    sides = [(tree, "consume") for tree in trees]
-    if not args.no_floor:
+    mode = "consume" if args.consumer == "workers" else "sync-noop"
+    sides = [(tree, mode) for tree in trees]
+    if not args.no_floor and args.consumer == "workers":
         sides.append((trees[0], "floor"))
     with server(args.events) as (uri, _):
         for tree, mode in sides:

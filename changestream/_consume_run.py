@@ -213,8 +213,10 @@ class Progress:
 
     save_every: int
     save_interval: float | None
-    token: Any = None
-    """Token of the last handled change or empty batch: restarting there loses nothing."""
+    _token: Any = dataclasses.field(default=None, init=False)
+    _carried: Any = dataclasses.field(default=None, init=False)
+    """A raw event's bytes holding :attr:`token`, presented when the token is read (most
+    changes' tokens never are: the store takes one in ``save_every``)."""
     handled: int = 0
     advanced: bool = False
     """The current stream handled a change or moved its token (resets the retry budget)."""
@@ -228,14 +230,31 @@ class Progress:
     them (most are never stored), and the one taken as :attr:`token` becomes a token
     in the stream's document class here."""
 
+    @property
+    def token(self) -> Any:
+        """Token of the last handled change or empty batch: restarting there loses nothing."""
+        carried = self._carried
+        if carried is not None:
+            self._token = carried if self.present is None else self.present(carried)
+            self._carried = None
+        return self._token
+
+    @token.setter
+    def token(self, token: Any) -> None:
+        self._token, self._carried = token, None
+
     def start(self, token: Any) -> None:
         """The token loaded from the store."""
         self.token = token
         self._saved = _key(token)
 
     def on_change(self, token: Any) -> bool:
-        """A change was handled; ``True``: save now."""
-        self.token = token
+        """A change was handled, ``token`` after it (as :func:`token_after` gives it: the
+        raw event's bytes are presented only if read); ``True``: save now."""
+        if type(token) is bytes:
+            self._carried = token
+        else:
+            self.token = token
         self.handled += 1
         self._unsaved += 1
         self.advanced = True
@@ -377,6 +396,16 @@ def stalled(stream: Any) -> bool:
     """The stream resumed and no getMore succeeded since (see ``_machine.MAX_IDLE_RESUMES``)."""
     machine = getattr(stream, "_machine", None)
     return bool(getattr(machine, "idle_resumes", 0))
+
+
+def token_after(stream: Any) -> Callable[[], Any]:
+    """For each change ``try_next`` returns: the token after it, as the raw event's bytes
+    when it is inside the event (no copy, no decode: most are never stored; the
+    stream's ``_present_carried`` makes the stored one a token), else the token."""
+    carried = getattr(stream, "_carried_token", None)
+    if carried is None:  # e.g. the initial-snapshot wrapper
+        return lambda: stream.resume_token
+    return carried  # type: ignore[no-any-return]
 
 
 def take_buffered(stream: Any, limit: int) -> list[tuple[Any, Any]]:
@@ -537,13 +566,14 @@ class Run:
         self._stalled = stalled
         self.stats.poll(progress.handled, self.opened - 1)
         if change is None:
+            token = self.present(token)  # (still the last event's, without a batch token)
             if not alive:
                 raise invalidated(None, progress.token, token)
             if self.parallel:
                 return MARK
             return SAVE if progress.on_idle(token, healthy=not stalled) else NOTHING
         if is_invalidate(change):
-            raise invalidated(change, progress.token, token)
+            raise invalidated(change, progress.token, self.present(token))
         return HANDLE
 
     def polled_buffered(self, batch: list[tuple[Any, Any]]) -> int:

@@ -178,6 +178,12 @@ class StreamShell(Progress):
             taken.append((document, token))
         return taken
 
+    def _carried_token(self) -> Any:
+        """:attr:`resume_token`, or the bytes of the raw event it is in (see
+        :meth:`_take_buffered`): ``consume`` presents only the tokens it stores."""
+        event = self._machine.token_event
+        return self.resume_token if event is None else event.raw
+
     def _present_carried(self, carried: Any) -> Any:
         """A token from :meth:`_take_buffered`, in the stream's document class: the bytes
         of a raw event (``event_bytes``) give the token inside it."""

@@ -356,3 +356,29 @@ def test_options_are_checked(coll: Any) -> None:
 )
 def test_transient_classification(error: BaseException, transient: bool) -> None:
     assert is_transient(error) is transient
+
+
+def test_a_token_travels_as_its_event_bytes_until_it_is_read(coll: Any) -> None:
+    """consume keeps the token after each change as the raw event's bytes (no copy, no
+    decode per change: one in save_every is stored); whatever reads it gets the stream's
+    token, also for a poll without a change that left the last event's token (a server
+    without postBatchResumeToken)."""
+    from changestream._consume_run import SAVE, Run, token_after
+    from changestream._metrics import StatsReporter
+
+    stream = changestream.watch(coll, max_await_time_ms=50)
+    coll.insert_many([{"_id": 1}, {"_id": 2}])
+    change = stream.next()
+    carried = token_after(stream)()
+    assert type(carried) is bytes  # the first change of a batch: its token is in the event
+    run = Run(MemoryTokenStore(), save_every=100, save_interval=None, retry_for=None,
+              backoff_initial=0.1, backoff_max=1.0, stats=StatsReporter(None, 60.0))
+    run.started(stream)
+    assert run.handled(carried) is not SAVE
+    assert type(run.progress.token) is dict and run.progress.token == change["_id"]
+    run.progress.saved()
+    assert run.polled(None, carried, True) is not SAVE  # the same position: nothing new
+    second = stream.next()
+    assert run.polled(None, token_after(stream)(), True) is SAVE
+    assert run.progress.token == second["_id"] and type(run.progress.token) is dict
+    stream.close()

@@ -36,6 +36,7 @@ from .._consume_run import (
     signals_stop,
     stalled,
     take_buffered,
+    token_after,
 )
 from .._lanes import KeyFunction
 from .._metrics import StatsCallback, StatsReporter
@@ -216,10 +217,11 @@ async def consume(
                     step = run.gap_reported()
                 if step is SAVE:
                     await save()
+                current_token = token_after(stream)
                 while not stop.is_set():
                     with call_bound(stream, run.call_timeout):
                         change = await stream.try_next()
-                    token = stream.resume_token
+                    token = current_token()
                     step = run.polled(change, token, stream.alive, stalled(stream))
                     if step is HANDLE:
                         try:
@@ -240,9 +242,7 @@ async def consume(
                                     pool.submit_many(batch[:admitted] if admitted < len(batch)
                                                      else batch)
                                     if admitted < len(batch):  # an invalidate: raises
-                                        invalidate, carried = batch[admitted]
-                                        run.polled(invalidate, run.present(carried),
-                                                   stream.alive)
+                                        run.polled(*batch[admitted], stream.alive)
                         except Exception as exc:
                             run.handler_error = exc
                             raise

@@ -127,3 +127,20 @@ def command_context(deployment: SimDeployment, db: str, body: dict[str, Any]) ->
         name=next(iter(body)),
         body=body,
     )
+
+
+def interrupt_as_a_getmore_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on (until ``monkeypatch.undo()``), a ``KeyboardInterrupt`` right after the
+    stream's machine chooses a getMore, before the shell sends it: where a signal handled
+    between two bytecodes lands."""
+    from changestream._machine import ChangeStreamMachine, RunGetMore
+
+    next_action = ChangeStreamMachine.next_action
+
+    def interrupted_after(machine: ChangeStreamMachine) -> Any:
+        action = next_action(machine)
+        if isinstance(action, RunGetMore):
+            raise KeyboardInterrupt
+        return action
+
+    monkeypatch.setattr(ChangeStreamMachine, "next_action", interrupted_after)

@@ -17,7 +17,7 @@ from aio_support import Ctx
 from bson.raw_bson import RawBSONDocument
 from pymongo import AsyncMongoClient, MongoClient, ReadPreference, monitoring
 from pymongo.errors import OperationFailure, PyMongoError
-from support import STREAM_COMMANDS, Recorder, plain
+from support import STREAM_COMMANDS, Recorder, interrupt_as_a_getmore_is_chosen, plain
 
 import changestream
 from changestream.aio import AsyncChangeStream, watch
@@ -553,22 +553,12 @@ def test_an_interrupt_just_after_a_getmore_was_chosen_still_closes_the_stream(
         run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     """As in the sync tests: a KeyboardInterrupt between choosing a getMore and sending it
     must leave nothing "in flight": close() kills the cursor instead of refusing."""
-    from changestream._machine import ChangeStreamMachine, RunGetMore
-
     async def scenario(ctx: Ctx) -> None:
         stream = await watch(ctx.coll, **FAST)
         assert await stream.try_next() is None
         token = stream.resume_token
         cursor_id = stream._machine.cursor_id
-        next_action = ChangeStreamMachine.next_action
-
-        def interrupted_after(machine: ChangeStreamMachine) -> Any:
-            action = next_action(machine)
-            if isinstance(action, RunGetMore):
-                raise KeyboardInterrupt
-            return action
-
-        monkeypatch.setattr(ChangeStreamMachine, "next_action", interrupted_after)
+        interrupt_as_a_getmore_is_chosen(monkeypatch)
         with pytest.raises(KeyboardInterrupt):
             await stream.next()
         monkeypatch.undo()

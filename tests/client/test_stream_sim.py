@@ -18,7 +18,13 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient, ReadPreference, monitoring
 from pymongo.errors import OperationFailure, PyMongoError
-from support import STREAM_COMMANDS, Deployment, Recorder, plain
+from support import (
+    STREAM_COMMANDS,
+    Deployment,
+    Recorder,
+    interrupt_as_a_getmore_is_chosen,
+    plain,
+)
 
 import changestream
 from changestream.errors import MissingResumeTokenError
@@ -454,21 +460,11 @@ def test_an_interrupt_just_after_a_getmore_was_chosen_still_closes_the_stream(
     """Ctrl-C lands between the machine choosing a getMore and the shell sending it (a
     signal is handled between any two bytecodes): that getMore must not stay "in flight",
     else close() refuses with a RuntimeError and the cursor is never killed."""
-    from changestream._machine import ChangeStreamMachine, RunGetMore
-
     stream = changestream.watch(coll, **FAST)
     assert stream.try_next() is None
     token = stream.resume_token
     cursor_id = stream._machine.cursor_id
-    next_action = ChangeStreamMachine.next_action
-
-    def interrupted_after(machine: ChangeStreamMachine) -> Any:
-        action = next_action(machine)
-        if isinstance(action, RunGetMore):
-            raise KeyboardInterrupt
-        return action
-
-    monkeypatch.setattr(ChangeStreamMachine, "next_action", interrupted_after)
+    interrupt_as_a_getmore_is_chosen(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         stream.next()
     monkeypatch.undo()

@@ -429,23 +429,6 @@ class _PrintGuard:
         return repr(self.store)
 
 
-def _raised_while_interrupted(exc: BaseException) -> bool:
-    """Was ``exc`` raised while a ``KeyboardInterrupt`` unwound (one is in its context chain)?
-
-    Interrupted at an unlucky point, PyMongo or the stream may fail to clean
-    up: a stream that chose its next getMore but had not sent it refuses to
-    close (``RuntimeError``). That error is part of the user's stop, not a failure.
-    """
-    seen: set[int] = set()
-    context: BaseException | None = exc
-    while context is not None and id(context) not in seen:
-        if isinstance(context, KeyboardInterrupt):
-            return True
-        seen.add(id(context))
-        context = context.__context__
-    return False
-
-
 def _not_dead_end(record: logging.LogRecord) -> bool:
     """``consume`` logs the error it stops with; the CLI prints that line itself."""
     return not getattr(record, DEAD_END_MARK, False)
@@ -546,11 +529,6 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
                                             "pipeline": pipeline, "watch_options": options}
             consume(source, print_change, guard, stop=stop, on_stats=progress,
                     stats_interval=progress.interval, call_timeout=args.call_timeout, **recovery)
-        except Exception as exc:
-            if not _raised_while_interrupted(exc):
-                raise
-            logging.getLogger(__name__).debug("while stopping: %s", describe_error(exc))
-            raise KeyboardInterrupt from exc
         finally:
             guard.finished = True  # before the messages and the close below
     except KeyboardInterrupt:

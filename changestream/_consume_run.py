@@ -413,7 +413,7 @@ def take_buffered(stream: Any, limit: int) -> list[tuple[Any, Any]]:
     is (the raw event's bytes, or a raw token: :attr:`Progress.present` presents the one
     stored); ``[]`` from a stream without it, such as the initial-snapshot wrapper."""
     take = getattr(stream, "_take_guarded", None)
-    return [] if take is None or limit < 1 else take(limit, True, event_bytes=True)
+    return [] if take is None or limit < 1 else take(limit, False, event_bytes=True)
 
 
 @contextlib.contextmanager

@@ -248,10 +248,9 @@ def event_decoder(
         decode_bytes = getattr(bson, "_bson_to_dict", bson.decode)
 
         def decode(event: Mapping[str, Any]) -> Any:
-            if type(event) is RawBSONDocument:  # each event as the transport delivers it
+            # each event as the transport delivers it (the exact type first: no ABC check)
+            if type(event) is RawBSONDocument or isinstance(event, RawBSONDocument):
                 return decode_bytes(event.raw, codec)
-            if isinstance(event, RawBSONDocument):
-                return bson.decode(event.raw, codec)
             return decode_bytes(bson.encode(event), codec)  # a merged split event
 
         return decode

@@ -157,21 +157,20 @@ class StreamShell(Progress):
                        event_bytes: bool = False) -> list[tuple[Any, Any]]:
         """:meth:`take_buffered` of both shells, under their lock (or on the loop's thread).
 
-        ``event_bytes`` (``consume`` with workers): where the token is inside the raw
-        event, hand the event's ``bytes`` instead of a token (no copy per change: most
-        are never stored); :meth:`_present_carried` turns the one stored into a token.
+        ``event_bytes`` (``consume`` with workers): each token as :meth:`_carried_token`
+        gives it (the raw event's ``bytes`` where the token is inside: no copy per
+        change, most are never stored); :meth:`_present_carried` turns the one stored
+        into a token.
         """
-        machine, present = self._machine, self._present_token
+        machine, present, carried = self._machine, self._present_token, self._carried_token
         taken: list[tuple[Any, Any]] = []
         while len(taken) < limit:
             document = machine.next_buffered()
             if document is NOT_BUFFERED:
                 break
             if event_bytes:
-                event = machine.token_event
-                if event is not None:
-                    taken.append((document, event.raw))
-                    continue
+                taken.append((document, carried()))
+                continue
             token = machine.resume_token
             if not raw_tokens or type(token) is not RawBSONDocument:
                 token = present(token)  # (a token the machine holds as a dict is copied)

@@ -182,8 +182,8 @@ def test_a_signal_as_a_getmore_is_about_to_be_sent_exits_0(
 
     The KeyboardInterrupt left that getMore "in flight" in the stream, whose close
     then refused with a RuntimeError: ``watch`` exited 1 with a traceback (the
-    rare exit 1 of the sharded end-to-end test's Ctrl-C, under load). An error
-    raised while the interrupt unwinds belongs to the stop: exit 0, token stored.
+    rare exit 1 of the sharded end-to-end test's Ctrl-C, under load). The stream now
+    closes on an interrupt there too (``_stream._run``): exit 0, token stored.
     """
     import io
 

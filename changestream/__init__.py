@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from ._api import Client, Collection, Database, watch
 from ._consume import consume
-from ._consume_run import ConsumeResult
+from ._consumer.handler_errors import OnError
+from ._consumer.history import HistoryGap
+from ._consumer.run import ConsumeResult
 from ._hub import Hub, Subscription
 from ._hub_items import Gap, SubscriberDisconnected
 from ._lanes import BARRIER
 from ._merge import MergeBatch, MergeRow, MissingDocumentError, merge_ready
 from ._metrics import ConsumeStats
-from ._policies import HistoryGap, OnError
 from ._position import Position
 from ._snapshot import SnapshotError
 from ._snapshot_watch import SnapshotThenWatch, snapshot_then_watch

@@ -80,9 +80,7 @@ def describe_store(store: object) -> str:
     if isinstance(store, FileTokenStore):
         return f"the token file {store.path}"
     if isinstance(store, (MongoTokenStore, AsyncMongoTokenStore)):
-        collection = getattr(store, "_collection", None)
-        name = getattr(collection, "full_name", "?")
-        return f"the token store collection {name} (key {getattr(store, '_key', '?')!r})"
+        return f"the token store collection {store.namespace} (key {store.key!r})"
     return f"the token store {store!r}"
 
 

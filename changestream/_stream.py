@@ -34,6 +34,7 @@ from ._options import (
 )
 from ._pymongo import SyncTransport
 from ._shell import StreamShell
+from ._stream_view import StreamView
 
 __all__ = ["ChangeStream"]
 
@@ -155,6 +156,12 @@ class ChangeStream(StreamShell, Generic[_T]):
         """
         return self._take_guarded(limit, raw_tokens, event_bytes=False)
 
+    def take_carried(self, limit: int) -> list[tuple[_T, Any]]:
+        """Up to ``limit`` buffered changes, each with :meth:`carried_token`'s form of the
+        token after it (``consume`` with workers; see
+        :class:`~changestream._stream_view.StreamView`); no I/O."""
+        return [] if limit < 1 else self._take_guarded(limit, False, event_bytes=True)
+
     def _take_guarded(self, limit: int, raw_tokens: bool, *,
                       event_bytes: bool) -> list[tuple[_T, Any]]:
         """:meth:`take_buffered`, and ``consume``'s variant (``event_bytes``: see
@@ -224,3 +231,7 @@ class ChangeStream(StreamShell, Generic[_T]):
         """Close the stream at once: kill its cursor and end the session before returning."""
         self._machine.abort()
         self._run(interruptible=False)
+
+
+_VIEW: type[StreamView] = ChangeStream
+"""What ``consume`` and the hub read of it (checked by ``mypy``: see :mod:`changestream._stream_view`)."""

@@ -16,7 +16,9 @@ import pymongo
 import tenacity
 from pymongo.errors import PyMongoError
 
-from ._policies import HandlerCalls, HistoryGap, Setup
+from ._consumer.handler_errors import HandlerCalls
+from ._consumer.history import HistoryGap
+from ._consumer.options import ConsumeOptions
 from ._stream import ChangeStream
 
 __all__ = ["bounded", "call_handler", "call_store", "report_gap", "stop_setter", "wait_for_stop"]
@@ -42,9 +44,9 @@ def call_handler(handler: Callable[[Any], object], change: Any, calls: HandlerCa
         dead_letter(change, exc)
 
 
-def report_gap(setup: Setup, gap: HistoryGap | None) -> None:
+def report_gap(options: ConsumeOptions, gap: HistoryGap | None) -> None:
     """Call the ``gap`` function."""
-    setup.report_gap(gap)
+    options.report_gap(gap)
 
 
 def wait_for_stop(stop: threading.Event, seconds: float) -> None:

@@ -1,7 +1,7 @@
 """Handler calls of :func:`changestream.consume`: on the fetching thread, or on N worker threads.
 
 ``_sync_io.call_handler`` applies the ``on_error`` policy
-(:class:`changestream._policies.HandlerCalls`) to one call. :class:`ThreadWorkers`
+(:class:`changestream._consumer.handler_errors.HandlerCalls`) to one call. :class:`ThreadWorkers`
 runs those calls on ``workers`` threads; which change may start and which
 token may be stored is :class:`changestream._lanes.Lanes`'s decision, made
 under one lock. Its async twin is :mod:`changestream.aio._workers`.
@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from ._consumer.handler_errors import HandlerCalls
 from ._lanes import Job, Lanes
-from ._policies import HandlerCalls
 from ._sync_io import call_handler
 
 __all__ = ["ThreadWorkers"]

@@ -23,7 +23,7 @@ from pymongo.errors import (
 )
 
 import changestream
-from changestream._consume_run import is_transient
+from changestream._consumer.retry import is_transient
 from changestream.stores import FileTokenStore, MemoryTokenStore, StoredToken
 
 FAST = {"max_await_time_ms": 50}
@@ -363,13 +363,13 @@ def test_a_token_travels_as_its_event_bytes_until_it_is_read(coll: Any) -> None:
     decode per change: one in save_every is stored); whatever reads it gets the stream's
     token, also for a poll without a change that left the last event's token (a server
     without postBatchResumeToken)."""
-    from changestream._consume_run import SAVE, Run, token_after
+    from changestream._consumer.run import SAVE, Run
     from changestream._metrics import StatsReporter
 
     stream = changestream.watch(coll, max_await_time_ms=50)
     coll.insert_many([{"_id": 1}, {"_id": 2}])
     change = stream.next()
-    carried = token_after(stream)()
+    carried = stream.carried_token()
     assert type(carried) is bytes  # the first change of a batch: its token is in the event
     run = Run(MemoryTokenStore(), save_every=100, save_interval=None, retry_for=None,
               backoff_initial=0.1, backoff_max=1.0, stats=StatsReporter(None, 60.0))
@@ -379,6 +379,6 @@ def test_a_token_travels_as_its_event_bytes_until_it_is_read(coll: Any) -> None:
     run.progress.saved()
     assert run.polled(None, carried, True) is not SAVE  # the same position: nothing new
     second = stream.next()
-    assert run.polled(None, token_after(stream)(), True) is SAVE
+    assert run.polled(None, stream.carried_token(), True) is SAVE
     assert run.progress.token == second["_id"] and type(run.progress.token) is dict
     stream.close()

@@ -17,7 +17,9 @@ import pymongo
 import tenacity
 from pymongo.errors import PyMongoError
 
-from .._policies import HandlerCalls, HistoryGap, Setup
+from .._consumer.handler_errors import HandlerCalls
+from .._consumer.history import HistoryGap
+from .._consumer.options import ConsumeOptions
 from ._stream import AsyncChangeStream
 
 __all__ = ["bounded", "call_handler", "call_store", "report_gap", "stop_setter", "wait_for_stop"]
@@ -54,9 +56,9 @@ async def _once(function: Callable[..., Any], *args: Any) -> None:
         await result
 
 
-async def report_gap(setup: Setup, gap: HistoryGap | None) -> None:
+async def report_gap(options: ConsumeOptions, gap: HistoryGap | None) -> None:
     """Call the ``gap`` function (a coroutine function is awaited)."""
-    result = setup.report_gap(gap)
+    result = options.report_gap(gap)
     if inspect.isawaitable(result):
         await result
 

@@ -19,7 +19,7 @@ from typing import Any
 import pymongo
 from pymongo.errors import PyMongoError
 
-from .._consume_run import Run
+from .._consumer.run import Run
 from .._headroom import OPLOG_QUERY, log, oplog_client
 from .._metrics import StatsReporter
 

@@ -36,6 +36,7 @@ from .._options import (
 )
 from .._pymongo import AsyncTransport
 from .._shell import StreamShell
+from .._stream_view import StreamView
 from .._token import ResumeToken  # async-only
 
 __all__ = ["AsyncChangeStream", "TokenCallback"]  # sync: __all__ = ["ChangeStream"]
@@ -189,6 +190,12 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         """
         return self._take_guarded(limit, raw_tokens, event_bytes=False)
 
+    def take_carried(self, limit: int) -> list[tuple[_T, Any]]:
+        """Up to ``limit`` buffered changes, each with :meth:`carried_token`'s form of the
+        token after it (``consume`` with workers; see
+        :class:`~changestream._stream_view.StreamView`); no I/O."""
+        return [] if limit < 1 else self._take_guarded(limit, False, event_bytes=True)
+
     def _take_guarded(self, limit: int, raw_tokens: bool, *,
                       event_bytes: bool) -> list[tuple[_T, Any]]:
         """:meth:`take_buffered`, and ``consume``'s variant (``event_bytes``: see
@@ -328,3 +335,7 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         if task is not None:
             await asyncio.wait([task])
     # async-only: end
+
+
+_VIEW: type[StreamView] = AsyncChangeStream
+"""What ``consume`` and the hub read of it (checked by ``mypy``: see :mod:`changestream._stream_view`)."""

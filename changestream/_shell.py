@@ -31,7 +31,7 @@ from ._options import (
     reply_codec,
 )
 from ._position import Position
-from ._pymongo import Outcome, csot_context_active
+from ._pymongo import CommandResult, csot_context_active
 from ._token import ResumeToken, raw_event_token
 
 
@@ -101,7 +101,7 @@ def abandon(stream: Any) -> None:
         transport.abandon(machine.abandon())
 
 
-class Progress:
+class StreamProgress:
     """What both shells show of a stream's progress (read from the machine; no I/O)."""
 
     _machine: ChangeStreamMachine
@@ -131,7 +131,7 @@ class Progress:
         return self._machine.resumes
 
 
-class StreamShell(Progress):
+class StreamShell(StreamProgress):
     """The I/O-free half of :class:`~changestream.ChangeStream` and its asyncio twin."""
 
     def __init__(
@@ -225,7 +225,7 @@ class StreamShell(Progress):
         """The per-call CSOT budget (see :func:`call_deadline`)."""
         return call_deadline(self._setup)
 
-    def _feed(self, outcome: Outcome) -> None:
+    def _feed(self, outcome: CommandResult) -> None:
         """Hand a command's outcome to the machine."""
         if isinstance(outcome, ErrorInfo):
             self._machine.receive_error(outcome)

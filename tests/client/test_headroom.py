@@ -38,7 +38,7 @@ class FakeClient:
 
 class FakeStream:
     def __init__(self, client: FakeClient, token_time: int) -> None:
-        self._transport = type("Tr", (), {"_client": client})()
+        self.client = client
         self.resumes = 0
         self.position = Position(Timestamp(token_time, 1), Timestamp(token_time, 1))
 

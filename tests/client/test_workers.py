@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from changestream import _sync_io, _workers
-from changestream._lanes import BARRIER, Lanes
 from changestream._consumer.handler_errors import HandlerCalls, OnError
+from changestream._lanes import BARRIER, Lanes
 from changestream.aio import _async_io
 from changestream.aio import _workers as aio_workers
 

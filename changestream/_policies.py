@@ -265,7 +265,7 @@ class Setup:
 
     Shared by :func:`changestream.consume` and :func:`changestream.aio.consume`:
     ``source`` is their first argument, ``opener`` what
-    :func:`~changestream._snapshot_watch.stream_opener` made of it (``source``
+    :func:`~changestream._sync._snapshot_watch.stream_opener` made of it (``source``
     itself unless it is a collection).
     """
 

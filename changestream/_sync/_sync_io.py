@@ -16,7 +16,7 @@ import pymongo
 import tenacity
 from pymongo.errors import PyMongoError
 
-from ._policies import HandlerCalls, HistoryGap, Setup
+from .._policies import HandlerCalls, HistoryGap, Setup
 from ._stream import ChangeStream
 
 __all__ = ["bounded", "call_handler", "call_store", "report_gap", "stop_setter", "wait_for_stop"]

@@ -58,7 +58,9 @@ TWINS: tuple[tuple[str, str], ...] = (
 )
 """(asyncio source, generated sync twin) of the package, relative to the checkout."""
 
-TEST_TWINS: tuple[tuple[str, str], ...] = ()
+TEST_TWINS: tuple[tuple[str, str], ...] = (
+    ("tests/stream/test_aio_stream.py", "tests/stream/test_stream.py"),
+)
 """(asyncio test module, generated sync test module), relative to the checkout.
 
 The same test written once: a test that only differs by ``await`` lives in the

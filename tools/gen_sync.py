@@ -14,8 +14,7 @@ The rewrite, line by line (strings and docstrings included):
 * ``async def`` / ``async with`` / ``async for`` lose ``async``; ``await`` goes;
 * names in :data:`NAMES` are mapped (``AsyncChangeStream`` -> ``ChangeStream``,
   ``pymongo.asynchronous`` -> ``pymongo.synchronous``, ``__aenter__`` ->
-  ``__enter__``, ...), whole words only; in test twins also those in
-  :data:`TEST_NAMES`;
+  ``__enter__``, ...), whole words only;
 * ``changestream.aio._x`` becomes ``changestream._sync._x`` and
   ``changestream.aio`` becomes ``changestream`` (the public face);
 * relative imports stay as they are: ``aio/`` and ``_sync/`` sit at the same
@@ -96,9 +95,6 @@ NAMES: dict[str, str] = {
 }
 """Whole-word renames from the asyncio source to the sync twin."""
 
-TEST_NAMES: dict[str, str] = {}
-"""Whole-word renames applied to test twins only (test helpers with a sync and an async form)."""
-
 HEADER = (
     "# Generated from {source} by tools/gen_sync.py: "
     "edit that file, then run `python tools/gen_sync.py`.\n"
@@ -110,6 +106,7 @@ TWIN_PARAGRAPH = (
 )
 """What a twin's module docstring says instead of its source's last paragraph."""
 
+_NAME = re.compile(r"\b(" + "|".join(map(re.escape, NAMES)) + r")\b")
 _ASYNC = re.compile(r"\basync (def|with|for)\b")
 _AWAIT = re.compile(r"\bawait ")
 _AIO_PRIVATE = re.compile(r"\bchangestream\.aio\._")
@@ -122,9 +119,8 @@ class SourceError(Exception):
     """The asyncio source breaks a marker rule (named with file and line)."""
 
 
-def unasync(text: str, source: str, target: str, names: dict[str, str] = NAMES) -> str:
+def unasync(text: str, source: str, target: str) -> str:
     """The sync twin (written to ``target``) of one asyncio module's text."""
-    rename = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
     out: list[str] = [HEADER.format(source=source)]
     block: str | None = None
     for number, line in enumerate(text.splitlines(), 1):
@@ -153,7 +149,7 @@ def unasync(text: str, source: str, target: str, names: dict[str, str] = NAMES) 
                 line = match["indent"] + match["sync"]
         line = _ASYNC.sub(r"\1", line)
         line = _AWAIT.sub("", line)
-        line = rename.sub(lambda m: names[m[1]], line)
+        line = _NAME.sub(lambda m: NAMES[m[1]], line)
         line = _AIO_PRIVATE.sub("changestream._sync._", line)
         line = _AIO_PUBLIC.sub("changestream", line)
         out.append(line + "\n")
@@ -240,13 +236,11 @@ def sort_imports(text: str) -> str:
 def generated() -> dict[Path, str]:
     """``{sync twin path: its text}`` for every pair in :data:`TWINS` and :data:`TEST_TWINS`."""
     result: dict[Path, str] = {}
-    pairs = [(source, target, NAMES) for source, target in TWINS]
-    pairs += [(source, target, {**NAMES, **TEST_NAMES}) for source, target in TEST_TWINS]
-    for source, target, names in pairs:
+    for source, target in (*TWINS, *TEST_TWINS):
         path = ROOT / source
         if not path.exists():
             raise SourceError(f"{source} (the source of {target}) does not exist")
-        result[ROOT / target] = sort_imports(unasync(path.read_text(), source, target, names))
+        result[ROOT / target] = sort_imports(unasync(path.read_text(), source, target))
     return result
 
 

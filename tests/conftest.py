@@ -7,7 +7,7 @@ Tests that need something only the simulator can do (``step_down()``,
 oplog rollover, a chosen server version) ask for ``simulator`` and are
 skipped, with the reason printed, against a real deployment.
 
-The stream tests (``tests/stream``, ``tests/aio``, the async consume tests) use
+The stream tests (``tests/stream``, the async consume tests) use
 ``deployment`` instead: a three-member simulated replica set per test module
 (module scope, because their failover tests change the primary), with
 ``recorder``, ``admin`` and ``names`` on top, and ``run`` to run a scenario with

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio  # async-only
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -489,9 +490,31 @@ def test_collation_and_comment_are_sent(run: Run) -> None:
     run(scenario)
 
 
-# -- closing, cancellation -----------------------------------------------------------------------
+# -- position -------------------------------------------------------------------------------------
+def test_position_lag_and_resumes_through_a_resume(run: Run) -> None:
+    """The stream shows its position, lag and resume count (worked out by the machine)."""
+
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, max_await_time_ms=50) as stream:
+            ctx.writer.insert_many([{"i": i} for i in range(3)])
+            ctx.fail_point("failCommand", {"times": 1}, failCommands=["getMore"],
+                           closeConnection=True)
+            seen = []
+            for _ in range(200):
+                change = await stream.try_next()
+                if change is not None:
+                    seen.append(change)
+                if len(seen) == 3:
+                    break
+            assert len(seen) == 3 and stream.resumes == 1
+            token_time = stream.position.token_time
+            assert token_time is not None and token_time >= seen[-1]["clusterTime"]
+            assert stream.lag is not None and stream.lag <= timedelta(seconds=5)
+
+    run(scenario)
 
 
+# -- closing and interruption ---------------------------------------------------------------------
 def test_an_interrupt_just_after_a_getmore_was_chosen_still_closes_the_stream(
         run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C lands between the machine choosing a getMore and the shell sending it (a
@@ -514,9 +537,7 @@ def test_an_interrupt_just_after_a_getmore_was_chosen_still_closes_the_stream(
     run(scenario)
 
 
-# -- the resume-token callback ---------------------------------------------------------------------
-
-
+# -- dropped streams, batches taken at once ---------------------------------------------------------
 def test_a_dropped_stream_kills_its_cursor_and_returns_its_session(run: Run) -> None:
     async def scenario(ctx: Ctx) -> None:
         import gc

@@ -16,20 +16,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._api import Client, Collection, Database, watch
-from ._consume import consume
 from ._consumer.handler_errors import OnError
 from ._consumer.history import HistoryGap
 from ._consumer.run import ConsumeResult
-from ._hub import Hub, Subscription
 from ._hub_items import Gap, SubscriberDisconnected
 from ._lanes import BARRIER
 from ._merge import MergeBatch, MergeRow, MissingDocumentError, merge_ready
 from ._metrics import ConsumeStats
 from ._position import Position
 from ._snapshot import SnapshotError
-from ._snapshot_watch import SnapshotThenWatch, snapshot_then_watch
-from ._stream import ChangeStream
+from ._sync._api import Client, Collection, Database, watch
+from ._sync._consume import consume
+from ._sync._hub import Hub, Subscription
+from ._sync._snapshot_watch import SnapshotThenWatch, snapshot_then_watch
+from ._sync._stream import ChangeStream
 from ._token import token_cluster_time, token_from_json, token_to_json
 from ._watch_types import AsyncWatchOptions, WatchOptions
 from .errors import (

@@ -31,14 +31,14 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 from pymongo.read_preferences import ReadPreference
 
-from ._api import watch
 from ._cli_progress import StatusLine, WatchProgress, parse_operation_time
-from ._consume import consume
 from ._consumer.bounds import DEFAULT_CALL_TIMEOUT
 from ._consumer.dead_ends import DEAD_END_MARK
 from ._consumer.history import HistoryGap
 from ._diagnosis import authentication_failed, wrong_credentials_message
-from ._stream import ChangeStream
+from ._sync._api import watch
+from ._sync._consume import consume
+from ._sync._stream import ChangeStream
 from ._token import token_cluster_time, token_from_json, token_to_json
 from .errors import ConsumeError, HistoryLostError, StreamInvalidatedError, describe_error
 from .stores import FileTokenStore, MemoryTokenStore, TokenStore, TokenStoreError

@@ -19,7 +19,7 @@ import pymongo
 from pymongo import MongoClient, monitoring
 from pymongo.common import MIN_SUPPORTED_WIRE_VERSION
 
-from ._api import watch
+from ._sync._api import watch
 from ._token import token_cluster_time
 from .testing import VERSIONS, ReplicaSet
 

@@ -34,7 +34,7 @@ from ._cli import (
     _seconds,
 )
 from ._cli_progress import StatusLine, WatchProgress
-from ._consume import consume
+from ._sync._consume import consume
 from .errors import ConsumeError, StreamInvalidatedError, describe_error
 from .stores import TokenStoreError
 

@@ -258,7 +258,7 @@ def test_a_signal_as_the_handlers_are_installed_exits_0(
 _SECOND_SIGNAL = """
 import signal, sys
 import changestream._cli as cli
-from changestream._stream import ChangeStream
+from changestream._sync._stream import ChangeStream
 from pymongo import MongoClient
 
 signum, hook, uri, database = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]

@@ -1,8 +1,9 @@
-"""The few steps the async twins do differently from the sync ones, under the sync side's names.
+"""The few steps the async twins do differently from the sync ones, under one name on both sides.
 
-``tools/gen_sync.py`` writes the sync modules from the ``changestream/aio``
-sources; what cannot be written by dropping ``await`` lives here, and
-:mod:`changestream._sync_io` defines the same names for the sync side.
+``tools/gen_sync.py`` writes the sync modules under ``changestream/_sync`` from
+the ``changestream/aio`` sources; what cannot be written by dropping ``await``
+lives here, and :mod:`changestream._sync._sync_io` defines the same names for
+the sync side.
 """
 
 from __future__ import annotations

@@ -3,10 +3,12 @@
 Every decision (save schedule, dead ends, reopening, retry settings) is
 :class:`~changestream._consumer.run.Run`'s; this loop only opens streams,
 polls them, calls the handler and the store, and sleeps between retries.
-The asyncio module (``changestream/aio/_consume.py``) is the source;
-``tools/gen_sync.py`` writes the sync one from it. The async loop also takes
-async stores (awaited) and runs a plain store's methods in a worker thread (a
-file store fsyncs); the sync loop calls its store directly.
+The async loop also takes async stores (awaited) and runs a plain store's
+methods in a worker thread (a file store fsyncs); the sync loop calls its
+store directly.
+
+This asyncio module is the one source of both loops: ``tools/gen_sync.py``
+writes ``changestream/_sync/_consume.py`` from it.
 """
 
 from __future__ import annotations

@@ -16,9 +16,11 @@ a ``$match`` on event fields evaluated client-side (``match=``, the subset in
 
 When the stream ends (``stop()``, an invalidate, an error) every subscription
 ends after its queued items: iteration stops, or raises the stream's error.
-This module is the asyncio source; ``tools/gen_sync.py`` writes
-``changestream/_hub.py`` (threads and ``queue.Queue``; ``Hub.start()`` runs the
-hub on a daemon thread).
+The sync hub uses threads and ``queue.Queue``; ``Hub.start()`` runs it on a
+daemon thread.
+
+This asyncio module is the one source of both hubs: ``tools/gen_sync.py``
+writes ``changestream/_sync/_hub.py`` from it.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 It runs the commands the run asks for (in one session, so getMores find
 their cursor), hands out its records, then opens ``watch`` where the run says
-and hands out the stream's changes. All decisions are the run's. This asyncio
-module is the one source of both shells: ``tools/gen_sync.py`` writes
-``changestream/_snapshot_watch.py`` from it.
+and hands out the stream's changes. All decisions are the run's.
+
+This asyncio module is the one source of both shells: ``tools/gen_sync.py``
+writes ``changestream/_sync/_snapshot_watch.py`` from it.
 """
 
 from __future__ import annotations

@@ -4,12 +4,13 @@ All spec logic lives in :mod:`changestream._machine`, and everything the two
 shells share in :class:`changestream._shell.StreamShell`; this module only runs
 the commands the machine asks for (through :mod:`changestream._pymongo`),
 serialises callers with a lock and turns the machine's verdicts into return
-values and exceptions. It is the one source of both shells:
-``tools/gen_sync.py`` writes ``changestream/_stream.py`` from it. Two things
-are async-only: cancellation (the server cursor is killed in the background)
-and the optional ``on_resume_token_change`` callback (the spec allows it only
-in async drivers); a sync call interrupted by ``KeyboardInterrupt`` kills the
-cursor before it returns.
+values and exceptions. Two things are async-only: cancellation (the server
+cursor is killed in the background) and the optional ``on_resume_token_change``
+callback (the spec allows it only in async drivers); a sync call interrupted by
+``KeyboardInterrupt`` kills the cursor before it returns.
+
+This asyncio module is the one source of both shells: ``tools/gen_sync.py``
+writes ``changestream/_sync/_stream.py`` from it.
 """
 
 from __future__ import annotations

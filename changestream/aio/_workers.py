@@ -1,6 +1,6 @@
 """Handler calls of :func:`changestream.aio.consume`: awaited in the loop, or as up to N tasks.
 
-The asyncio twin of :mod:`changestream._workers`: the same ``on_error``
+The asyncio twin of :mod:`changestream._sync._workers`: the same ``on_error``
 policy (:class:`changestream._consumer.handler_errors.HandlerCalls`) and the same decisions
 (:class:`changestream._lanes.Lanes`: per-key order, barriers, the low
 watermark), with tasks instead of threads. Everything runs on the event

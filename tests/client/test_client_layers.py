@@ -41,9 +41,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The shells: written once for asyncio (aio/), their sync twins generated.
     ("shells", (
         "changestream.aio._*", "changestream._sync", "changestream._sync.*",
-        "changestream._api", "changestream._stream", "changestream._snapshot_watch",
-        "changestream._consume", "changestream._hub", "changestream._stats_timer",
-        "changestream._workers", "changestream._sync_io",
     )),
     # The public face users import.
     ("api", ("changestream", "changestream.aio")),

@@ -13,7 +13,7 @@ from pymongo.errors import OperationFailure
 from changestream._headroom import HeadroomProbe
 from changestream._metrics import StatsReporter
 from changestream._position import Position
-from changestream._stats_timer import _probe_headroom
+from changestream._sync._stats_timer import _probe_headroom
 
 T0 = 1_700_000_000
 

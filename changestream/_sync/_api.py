@@ -1,7 +1,9 @@
-"""Entry points: :func:`watch` and thin ``Client``/``Database``/``Collection`` wrappers.
+"""Sync entry points: :func:`watch` and thin ``Client``/``Database``/``Collection`` wrappers.
 
 Prefer these helpers over running a raw ``aggregate`` with a ``$changeStream``
 stage: only the helpers track resume tokens and resume automatically.
+Written by hand, beside its async twin :mod:`changestream.aio._api` (the sync
+side also has the wrappers).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pymongo.synchronous.collection import Collection as PyMongoCollection
 from pymongo.synchronous.database import Database as PyMongoDatabase
 from pymongo.synchronous.mongo_client import MongoClient
 
-from ._options import ChangeStreamOptions
+from .._options import ChangeStreamOptions
 from ._stream import ChangeStream
 
 if TYPE_CHECKING:
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     )
     from pymongo.synchronous.client_session import ClientSession
 
-    from .events import ChangeEvent
+    from ..events import ChangeEvent
 
 __all__ = ["Client", "Collection", "Database", "unwrap", "watch"]
 

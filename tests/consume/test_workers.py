@@ -1,5 +1,5 @@
-"""Handler calls on threads and tasks (``_workers``, ``aio._workers``) and the ``on_error`` policy
-(``_sync_io.call_handler``, ``aio._async_io.call_handler``).
+"""Handler calls on threads and tasks (``_sync._workers``, ``aio._workers``) and the ``on_error`` policy
+(``_sync._sync_io.call_handler``, ``aio._async_io.call_handler``).
 
 Real threads and tasks with random handler delays: per-key order holds, the
 watermark never passes an unfinished change, the first failure stops every
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from changestream import _sync_io, _workers
 from changestream._consumer.handler_errors import HandlerCalls, OnError
 from changestream._lanes import BARRIER, Lanes
+from changestream._sync import _sync_io, _workers
 from changestream.aio import _async_io
 from changestream.aio import _workers as aio_workers
 

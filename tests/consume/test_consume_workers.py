@@ -3,7 +3,7 @@
 Per-key order, barriers and the low watermark through the real loop and a
 real stream; poison changes retried, dead-lettered or stopping with the token
 before them; lost history recovered from now (with the gap reported) or by a
-new snapshot. The async twin: ``tests/aio/test_aio_consume_workers.py``.
+new snapshot. The async twin: ``test_aio_consume_workers.py``.
 """
 
 from __future__ import annotations

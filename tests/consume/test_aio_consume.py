@@ -10,7 +10,7 @@ from typing import Any
 
 import bson
 import pytest
-from aio_support import Ctx
+from support import Ctx
 
 import changestream
 from changestream.aio import AsyncChangeStream, consume, watch

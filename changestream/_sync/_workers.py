@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from ._consumer.handler_errors import HandlerCalls
-from ._lanes import Job, Lanes
+from .._consumer.handler_errors import HandlerCalls
+from .._lanes import Job, Lanes
 from ._sync_io import call_handler
 
 __all__ = ["ThreadWorkers"]

@@ -16,9 +16,9 @@ import pymongo
 import tenacity
 from pymongo.errors import PyMongoError
 
-from ._consumer.handler_errors import HandlerCalls
-from ._consumer.history import HistoryGap
-from ._consumer.options import ConsumeOptions
+from .._consumer.handler_errors import HandlerCalls
+from .._consumer.history import HistoryGap
+from .._consumer.options import ConsumeOptions
 from ._stream import ChangeStream
 
 __all__ = ["bounded", "call_handler", "call_store", "report_gap", "stop_setter", "wait_for_stop"]

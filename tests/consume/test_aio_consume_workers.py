@@ -1,6 +1,6 @@
 """``changestream.aio.consume(workers=N)``, ``on_error`` and ``on_history_lost`` (the async twin).
 
-The same promises as ``tests/test_consume_workers.py``, with handler tasks:
+The same promises as ``test_consume_workers.py``, with handler tasks:
 per-key order, a barrier running alone, the low watermark never passing an
 unhandled change, a poison change stopping the run or dead-lettered, the
 lost history recovered from now with an async ``gap`` function.
@@ -17,8 +17,8 @@ from typing import Any
 
 import bson
 import pytest
-from aio_support import Ctx
 from pymongo import AsyncMongoClient, MongoClient
+from support import Ctx
 
 import changestream
 from changestream.aio import consume, watch

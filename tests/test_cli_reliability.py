@@ -234,7 +234,8 @@ def test_a_signal_as_the_handlers_are_installed_exits_0(
 ) -> None:
     """Ctrl-C right after ``watch`` installed its handlers, before it was ready for them:
     the KeyboardInterrupt escaped ``main()`` (a traceback). It is a stop like any other."""
-    from changestream._cli import _PrintGuard, main
+    from changestream._cli import main
+    from changestream._cli.watch import _PrintGuard
 
     install = signal.signal
 
@@ -258,7 +259,8 @@ def test_a_signal_as_the_handlers_are_installed_exits_0(
 _SECOND_SIGNAL = """
 import signal, sys
 import changestream._cli as cli
-from changestream._stream import ChangeStream
+import changestream._cli.watch as watch_command
+from changestream import ChangeStream
 from pymongo import MongoClient
 
 signum, hook, uri, database = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
@@ -273,7 +275,7 @@ ChangeStream.try_next = signal_first(ChangeStream.try_next)  # the stop, while w
 if hook == "close":  # then again: while the client closes
     MongoClient.close = signal_first(MongoClient.close)
 else:  # or while "stopped" is being said
-    cli._stopped = signal_first(cli._stopped)
+    watch_command._stopped = signal_first(watch_command._stopped)
 sys.argv = ["changestream", "watch", uri, "--db", database, "--max-await-ms", "50"]
 raise SystemExit(cli.main())
 """

@@ -22,21 +22,17 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from ._cli import (
-    DEFAULT_CONNECT_TIMEOUT,
-    _call_seconds,
-    _log_level,
-    _Parser,
-    _positive_int,
-    _reach,
-    _redact,
-    _say,
-    _seconds,
-)
-from ._cli_progress import StatusLine, WatchProgress
-from ._consume import consume
-from .errors import ConsumeError, StreamInvalidatedError, describe_error
-from .stores import TokenStoreError
+from .. import ConsumeError, StreamInvalidatedError, TokenStoreError, consume, describe_error
+from .common import DEFAULT_CONNECT_TIMEOUT
+from .common import Parser as _Parser
+from .common import call_seconds as _call_seconds
+from .common import log_level as _log_level
+from .common import positive_int as _positive_int
+from .common import reach as _reach
+from .common import redact as _redact
+from .common import say as _say
+from .common import seconds as _seconds
+from .progress import StatusLine, WatchProgress
 
 __all__ = ["main"]
 
@@ -108,7 +104,7 @@ def main(argv: list[str]) -> int:
     if "://" not in args.to and Path(args.to).exists() and not Path(args.to).is_dir():
         parser.error(f"--to: {args.to} is not a directory")
     try:
-        from .delta import DeltaSink, SchemaTextError
+        from ..delta import DeltaSink, SchemaTextError
     except ImportError as exc:
         _say(str(exc))
         return 1

@@ -2,21 +2,23 @@
 
 One module per subcommand (``watch``, ``serve``, ``demo``, ``mirror``), what
 ``watch`` and ``mirror`` share in ``common``, the status line in ``progress``.
-This module only dispatches: it imports a subcommand when it runs, so a Ctrl-C
-before the subcommand is ready for it (while it is imported, its arguments are
-read or its client is made) ends the program quietly, interrupted (130).
+This module only dispatches. It imports nothing heavy itself (nor does
+``import changestream``): PyMongo and the subcommand are imported when ``main``
+runs, so a Ctrl-C before the subcommand is ready for it (while it is imported,
+its arguments are read or its client is made) ends the program quietly,
+interrupted (130).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .common import Parser, version
+if TYPE_CHECKING:
+    import argparse
 
 __all__ = ["main"]
 
@@ -63,6 +65,8 @@ def _dispatch(arguments: list[str], *, exits: bool) -> int:
 
 def _parser(add_watch: Callable[[Any], None]) -> argparse.ArgumentParser:
     """The top level: ``--version`` and the subcommands (``watch`` adds its own options)."""
+    from .common import Parser, version
+
     parser = Parser(
         prog="changestream", description="MongoDB change streams from the command line."
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import re
 import sys
 import time
 from typing import Any, NoReturn
@@ -32,6 +33,7 @@ __all__ = [
     "database_name",
     "log_level",
     "milliseconds",
+    "one_line",
     "open_client",
     "positive_int",
     "reach",
@@ -131,8 +133,19 @@ def version() -> str:
 
 
 def say(message: str) -> None:
-    """A message for the user, on stderr (stdout holds only the data)."""
-    print(f"changestream: {message}", file=sys.stderr, flush=True)
+    """A message for the user: one line on stderr (stdout holds only the data)."""
+    print(f"changestream: {one_line(message)}", file=sys.stderr, flush=True)
+
+
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_CAUSE_MARKS = "\u21b3 "
+"""How Rust libraries (deltalake's object store) start each cause on a line of its own."""
+
+
+def one_line(text: str) -> str:
+    """``text`` without colour codes, its lines joined by ": " (a chain of causes reads on)."""
+    lines = (line.strip().lstrip(_CAUSE_MARKS) for line in _TERMINAL_CODES.sub("", text).splitlines())
+    return ": ".join(line for line in lines if line)
 
 
 def redact(text: str, uri: str) -> str:

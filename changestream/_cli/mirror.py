@@ -23,7 +23,7 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from .. import ConsumeError, StreamInvalidatedError, TokenStoreError, consume, describe_error
-from .common import DEFAULT_CONNECT_TIMEOUT
+from .common import DEFAULT_CONNECT_TIMEOUT, collection_name, database_name
 from .common import Parser as _Parser
 from .common import call_seconds as _call_seconds
 from .common import log_level as _log_level
@@ -45,11 +45,13 @@ def _parser() -> argparse.ArgumentParser:
         "with each batch). Needs the 'delta' extra.",
     )
     parser.add_argument("uri", metavar="URI", help="MongoDB connection string")
-    parser.add_argument("--db", required=True, help="database of the collection")
-    parser.add_argument("--coll", required=True, help="collection to mirror")
+    parser.add_argument("--db", required=True, type=database_name,
+                        help="database of the collection")
+    parser.add_argument("--coll", required=True, type=collection_name,
+                        help="collection to mirror")
     parser.add_argument("--to", required=True, metavar="PATH", help="the Delta table's directory")
     parser.add_argument(
-        "--app-id", default="changestream-mirror", metavar="ID",
+        "--app-id", default="changestream-mirror", metavar="ID", type=_app_id,
         help="the writer's id in the table's application transactions (default %(default)s)",
     )
     parser.add_argument(
@@ -122,6 +124,13 @@ def main(argv: list[str]) -> int:
     sink = DeltaSink(args.to, app_id=args.app_id, full_document=args.full_document,
                      json_mode=args.json_mode, schema=schema)
     return _mirror(args, client, sink)
+
+
+def _app_id(text: str) -> str:
+    """``--app-id``: the writer's name in the table; an empty one names nobody."""
+    if not text:
+        raise argparse.ArgumentTypeError("must name the writer, not be empty")
+    return text
 
 
 def _schema_text(value: str) -> str:

@@ -63,6 +63,9 @@ from .progress import StatusLine, WatchProgress, parse_operation_time
 __all__ = ["add_parser", "run"]
 
 _RELAXED = json_util.RELAXED_JSON_OPTIONS
+MAX_PIPELINE_DEPTH = 200
+"""Levels of arrays and documents in ``--pipeline`` (the array is one): mongod refuses
+a command whose pipeline goes deeper (``maxBSONDepth``, 15 Overflow)."""
 
 
 def add_parser(sub: Any) -> None:
@@ -190,9 +193,14 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, *, exits: boo
     except ValueError as exc:
         parser.error(f"--pipeline is not JSON: {exc}")
     except RecursionError:
-        parser.error("--pipeline is nested too deeply to read")
+        parser.error(f"--pipeline is nested deeper than the {MAX_PIPELINE_DEPTH} levels "
+                     "MongoDB accepts")
     if not isinstance(pipeline, list):
         parser.error("--pipeline must be a JSON array of stages")
+    depth = _nesting_depth(pipeline)
+    if depth > MAX_PIPELINE_DEPTH:
+        parser.error(f"--pipeline is nested {depth} levels deep, deeper than the "
+                     f"{MAX_PIPELINE_DEPTH} MongoDB accepts")
     start_after = None
     given = args.start_after if args.start_after is not None else args.resume_after
     if given is not None:
@@ -220,6 +228,19 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, *, exits: boo
             parser.error(f"--token-file: {exc}")
     client = open_client(parser, args.uri)
     return _watch(args, client, store, pipeline, start_after, exits=exits)
+
+
+def _nesting_depth(value: Any) -> int:
+    """How many arrays and documents deep ``value`` goes (counted without recursion)."""
+    deepest = 0
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, Mapping) else item
+        if isinstance(item, (Mapping, list)):
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _token_data_problem(data: Any) -> str | None:

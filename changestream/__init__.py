@@ -116,11 +116,12 @@ _HOMES: dict[str, str] = {
 imports above). Importing on first use keeps ``import changestream`` cheap: the command
 line is then ready for a Ctrl-C before PyMongo is loaded."""
 
-_LAZY_SUBPACKAGES = frozenset({"aio", "spark_adapter"})
+_LAZY_SUBPACKAGES = frozenset({"aio", "spark_adapter", "errors", "events", "stores"})
+"""Public modules reachable as attributes (``changestream.errors.X``) without importing them."""
 
 
 def __getattr__(name: str) -> Any:
-    """Import a public name (and ``aio``, ``spark_adapter``) on first access (PEP 562)."""
+    """Import a public name or module on first access (PEP 562)."""
     import importlib
 
     if name in _LAZY_SUBPACKAGES:

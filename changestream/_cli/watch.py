@@ -233,12 +233,12 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, *, exits: boo
 def _nesting_depth(value: Any) -> int:
     """How many arrays and documents deep ``value`` goes (counted without recursion)."""
     deepest = 0
-    pending = [(value, 1)]
+    pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
         item, depth = pending.pop()
-        children = item.values() if isinstance(item, Mapping) else item
         if isinstance(item, (Mapping, list)):
             deepest = max(deepest, depth)
+            children = item.values() if isinstance(item, Mapping) else item
             pending.extend((child, depth + 1) for child in children)
     return deepest
 

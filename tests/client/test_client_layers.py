@@ -48,8 +48,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("integrations", (
         "changestream.delta", "changestream.exporters", "changestream.exporters.*",
         "changestream.spark_adapter", "changestream.spark_adapter.*", "changestream._cli",
-        "changestream._cli.*", "changestream._cli_progress", "changestream._mirror",
-        "changestream._demo", "changestream.__main__",
+        "changestream._cli.*", "changestream.__main__",
     )),
 )
 """Bottom to top; each layer's modules as names or ``fnmatch`` patterns."""

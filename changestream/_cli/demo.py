@@ -19,9 +19,8 @@ import pymongo
 from pymongo import MongoClient, monitoring
 from pymongo.common import MIN_SUPPORTED_WIRE_VERSION
 
-from ._sync._api import watch
-from ._token import token_cluster_time
-from .testing import VERSIONS, ReplicaSet
+from .. import token_cluster_time, watch
+from ..testing import VERSIONS, ReplicaSet
 
 __all__ = ["main", "run"]
 

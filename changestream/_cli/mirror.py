@@ -22,21 +22,17 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from ._cli import (
-    DEFAULT_CONNECT_TIMEOUT,
-    _call_seconds,
-    _log_level,
-    _Parser,
-    _positive_int,
-    _reach,
-    _redact,
-    _say,
-    _seconds,
-)
-from ._cli_progress import StatusLine, WatchProgress
-from ._sync._consume import consume
-from .errors import ConsumeError, StreamInvalidatedError, describe_error
-from .stores import TokenStoreError
+from .. import ConsumeError, StreamInvalidatedError, TokenStoreError, consume, describe_error
+from .common import DEFAULT_CONNECT_TIMEOUT, collection_name, database_name
+from .common import Parser as _Parser
+from .common import call_seconds as _call_seconds
+from .common import log_level as _log_level
+from .common import positive_int as _positive_int
+from .common import reach as _reach
+from .common import redact as _redact
+from .common import say as _say
+from .common import seconds as _seconds
+from .progress import StatusLine, WatchProgress
 
 __all__ = ["main"]
 
@@ -49,11 +45,13 @@ def _parser() -> argparse.ArgumentParser:
         "with each batch). Needs the 'delta' extra.",
     )
     parser.add_argument("uri", metavar="URI", help="MongoDB connection string")
-    parser.add_argument("--db", required=True, help="database of the collection")
-    parser.add_argument("--coll", required=True, help="collection to mirror")
+    parser.add_argument("--db", required=True, type=database_name,
+                        help="database of the collection")
+    parser.add_argument("--coll", required=True, type=collection_name,
+                        help="collection to mirror")
     parser.add_argument("--to", required=True, metavar="PATH", help="the Delta table's directory")
     parser.add_argument(
-        "--app-id", default="changestream-mirror", metavar="ID",
+        "--app-id", default="changestream-mirror", metavar="ID", type=_app_id,
         help="the writer's id in the table's application transactions (default %(default)s)",
     )
     parser.add_argument(
@@ -108,7 +106,7 @@ def main(argv: list[str]) -> int:
     if "://" not in args.to and Path(args.to).exists() and not Path(args.to).is_dir():
         parser.error(f"--to: {args.to} is not a directory")
     try:
-        from .delta import DeltaSink, SchemaTextError
+        from ..delta import DeltaSink, SchemaTextError
     except ImportError as exc:
         _say(str(exc))
         return 1
@@ -126,6 +124,13 @@ def main(argv: list[str]) -> int:
     sink = DeltaSink(args.to, app_id=args.app_id, full_document=args.full_document,
                      json_mode=args.json_mode, schema=schema)
     return _mirror(args, client, sink)
+
+
+def _app_id(text: str) -> str:
+    """``--app-id``: the writer's name in the table; an empty one names nobody."""
+    if not text:
+        raise argparse.ArgumentTypeError("must name the writer, not be empty")
+    return text
 
 
 def _schema_text(value: str) -> str:

@@ -1,4 +1,4 @@
-"""The ``changestream`` command line: ``watch``, ``serve`` the simulator, ``demo``, ``mirror``.
+"""``changestream watch``: print every change as a JSON line, resuming from a token file.
 
 ``changestream watch URI`` prints each change as one line of relaxed
 Extended JSON on stdout and, with ``--token-file``, keeps the resume token
@@ -11,104 +11,66 @@ are never printed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import math
 import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
 
-import pymongo
 from bson import json_util
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
-from pymongo.read_preferences import ReadPreference
 
-from ._cli_progress import StatusLine, WatchProgress, parse_operation_time
-from ._consumer.bounds import DEFAULT_CALL_TIMEOUT
-from ._consumer.dead_ends import DEAD_END_MARK
-from ._consumer.history import HistoryGap
-from ._diagnosis import authentication_failed, wrong_credentials_message
-from ._sync._api import watch
-from ._sync._consume import consume
-from ._sync._stream import ChangeStream
-from ._token import token_cluster_time, token_from_json, token_to_json
-from .errors import ConsumeError, HistoryLostError, StreamInvalidatedError, describe_error
-from .stores import FileTokenStore, MemoryTokenStore, TokenStore, TokenStoreError
+from .. import (
+    ChangeStream,
+    ConsumeError,
+    FileTokenStore,
+    HistoryGap,
+    HistoryLostError,
+    MemoryTokenStore,
+    StreamInvalidatedError,
+    TokenStore,
+    TokenStoreError,
+    consume,
+    describe_error,
+    token_cluster_time,
+    token_from_json,
+    token_to_json,
+    watch,
+)
+from .._consumer.bounds import DEFAULT_CALL_TIMEOUT
+from .._consumer.dead_ends import DEAD_END_MARK
+from .common import (
+    DEFAULT_CONNECT_TIMEOUT,
+    call_seconds,
+    collection_name,
+    database_name,
+    milliseconds,
+    open_client,
+    positive_int,
+    reach,
+    redact,
+    say,
+    seconds,
+    setup_logging,
+    version,
+)
+from .progress import StatusLine, WatchProgress, parse_operation_time
 
-__all__ = ["main"]
+__all__ = ["add_parser", "run"]
 
 _RELAXED = json_util.RELAXED_JSON_OPTIONS
-_INT32_MAX = 2**31 - 1
-DEFAULT_CONNECT_TIMEOUT = 10.0
-"""Seconds ``watch`` waits to reach the deployment the first time before giving up (exit 1)."""
+MAX_PIPELINE_DEPTH = 200
+"""Levels of arrays and documents in ``--pipeline`` (the array is one): mongod refuses
+a command whose pipeline goes deeper (``maxBSONDepth``, 15 Overflow)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments: one line on stderr and exit status 2 (argparse prints the usage too)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
-
-
-def _milliseconds(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of ms, not {text!r}") from None
-    if not 0 <= value <= _INT32_MAX:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {_INT32_MAX} ms, not {value}")
-    return value
-
-
-def _call_seconds(text: str) -> float:
-    """A per-call time limit: finite, more than 0, at most a day."""
-    value = _seconds(text)
-    if not math.isfinite(value) or value > 86400:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 86400 s, not {text}")
-    return value
-
-
-def _version() -> str:
-    from . import __version__
-
-    return f"changestream {__version__} (PyMongo {pymongo.version})"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text}")
-    return value
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="changestream",
-        description="MongoDB change streams from the command line.",
-    )
-    parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def add_parser(sub: Any) -> None:
+    """Add ``watch`` and its options to the command line's subcommands (``sub``)."""
     watch_parser = sub.add_parser(
         "watch",
         help="print changes as JSON lines, resuming from a token file",
@@ -116,10 +78,14 @@ def _parser() -> argparse.ArgumentParser:
         "whole deployment is watched; --db alone watches a database. On a terminal, a status "
         "line on stderr shows events, rate and lag.",
     )
-    watch_parser.add_argument("--version", action="version", version=_version())
+    watch_parser.add_argument("--version", action="version", version=version())
     watch_parser.add_argument("uri", metavar="URI", help="MongoDB connection string")
-    watch_parser.add_argument("--db", help="database to watch (default: every database)")
-    watch_parser.add_argument("--coll", help="collection to watch (needs --db)")
+    watch_parser.add_argument(
+        "--db", type=database_name, help="database to watch (default: every database)"
+    )
+    watch_parser.add_argument(
+        "--coll", type=collection_name, help="collection to watch (needs --db)"
+    )
     watch_parser.add_argument(
         "--pipeline", default="[]", metavar="JSON",
         help='stages after $changeStream, e.g. \'[{"$match": {"operationType": "insert"}}]\' '
@@ -151,21 +117,21 @@ def _parser() -> argparse.ArgumentParser:
         "SECONDS:INCREMENT or ISO-8601 (e.g. 2026-11-26T02:00:00Z)",
     )
     watch_parser.add_argument(
-        "--max-await-ms", type=_milliseconds, default=1000, metavar="MS",
+        "--max-await-ms", type=milliseconds, default=1000, metavar="MS",
         help="how long each getMore waits for changes (default %(default)s)",
     )
     watch_parser.add_argument(
-        "--call-timeout", type=_call_seconds, default=DEFAULT_CALL_TIMEOUT, metavar="S",
+        "--call-timeout", type=call_seconds, default=DEFAULT_CALL_TIMEOUT, metavar="S",
         help="longest a single server call may take before it is retried with a warning "
         f"(default {DEFAULT_CALL_TIMEOUT:g})",
     )
     watch_parser.add_argument(
-        "--connect-timeout", type=_call_seconds, default=DEFAULT_CONNECT_TIMEOUT, metavar="S",
+        "--connect-timeout", type=call_seconds, default=DEFAULT_CONNECT_TIMEOUT, metavar="S",
         help="give up (exit 1) if the deployment cannot be reached at start within S seconds "
         f"(default {DEFAULT_CONNECT_TIMEOUT:g})",
     )
     watch_parser.add_argument(
-        "--batch-size", type=_positive_int, metavar="N",
+        "--batch-size", type=positive_int, metavar="N",
         help="changes per batch (default: the server's)",
     )
     watch_parser.add_argument(
@@ -194,10 +160,10 @@ def _parser() -> argparse.ArgumentParser:
         "or print every document of --coll again, then its changes (resnapshot)",
     )
     watch_parser.add_argument(
-        "--limit", type=_positive_int, metavar="N", help="exit (status 0) after N changes"
+        "--limit", type=positive_int, metavar="N", help="exit (status 0) after N changes"
     )
     watch_parser.add_argument(
-        "--until-idle", type=_seconds, metavar="SECONDS",
+        "--until-idle", type=seconds, metavar="SECONDS",
         help="exit (status 0) once no change arrived for SECONDS",
     )
     watch_parser.add_argument(
@@ -212,51 +178,14 @@ def _parser() -> argparse.ArgumentParser:
         "--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper,
         help="log level of the 'changestream' logger (overrides -v; default WARNING)",
     )
-    sub.add_parser(
-        "serve", add_help=False,
-        help="run the replica-set simulator (see 'changestream serve --help')",
-    )
-    sub.add_parser("demo", add_help=False, help="a failover demo on the simulator, in seconds")
-    sub.add_parser(
-        "mirror", add_help=False,
-        help="keep a Delta Lake table equal to a collection (see 'changestream mirror --help')",
-    )
-    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
-    try:
-        return _main(argv)
-    finally:
-        if argv is None:  # the program itself (not a test calling main()): exiting now
-            _quiet_exit()
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace, *, exits: bool) -> int:
+    """``changestream watch`` with ``args`` parsed by ``parser``; returns the exit status.
 
-
-def _quiet_exit() -> None:
-    """A Ctrl-C or SIGTERM while the interpreter shuts down ends it without a traceback."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(ValueError, OSError):  # not the main thread
-            signal.signal(signum, signal.SIG_DFL)
-
-
-def _main(argv: list[str] | None) -> int:
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == ["serve"]:
-        from .testing.cli import main as serve
-
-        return serve(arguments, prog="changestream")
-    if arguments[:1] == ["demo"]:
-        from ._demo import main as demo
-
-        return demo(arguments[1:])
-    if arguments[:1] == ["mirror"]:
-        from ._mirror import main as mirror
-
-        return mirror(arguments[1:])
-    parser = _parser()
-    args = parser.parse_args(arguments)
-    if args.coll and not args.db:
+    ``exits``: the process ends when this returns (not ``main()`` called as a function).
+    """
+    if args.coll is not None and args.db is None:
         parser.error("--coll needs --db")
     if args.on_history_lost == "resnapshot" and not args.coll:
         parser.error("--on-history-lost resnapshot needs --coll (it copies one collection)")
@@ -264,8 +193,15 @@ def _main(argv: list[str] | None) -> int:
         pipeline = json_util.loads(args.pipeline)
     except ValueError as exc:
         parser.error(f"--pipeline is not JSON: {exc}")
+    except RecursionError:
+        parser.error(f"--pipeline is nested deeper than the {MAX_PIPELINE_DEPTH} levels "
+                     "MongoDB accepts")
     if not isinstance(pipeline, list):
         parser.error("--pipeline must be a JSON array of stages")
+    depth = _nesting_depth(pipeline)
+    if depth > MAX_PIPELINE_DEPTH:
+        parser.error(f"--pipeline is nested {depth} levels deep, deeper than the "
+                     f"{MAX_PIPELINE_DEPTH} MongoDB accepts")
     start_after = None
     given = args.start_after if args.start_after is not None else args.resume_after
     if given is not None:
@@ -291,14 +227,21 @@ def _main(argv: list[str] | None) -> int:
             store = FileTokenStore(args.token_file)
         except TokenStoreError as exc:
             parser.error(f"--token-file: {exc}")
-    if not args.uri.startswith(("mongodb://", "mongodb+srv://")):
-        scheme = args.uri.split("://", 1)[0] + "://" if "://" in args.uri else repr(args.uri[:20])
-        parser.error(f"the URI must start with mongodb:// or mongodb+srv://, not {scheme}")
-    try:
-        client: MongoClient[dict[str, Any]] = MongoClient(args.uri, connect=False)
-    except (PyMongoError, ValueError, TypeError) as exc:
-        parser.error(f"invalid URI: {_redact(describe_error(exc), args.uri)}")
-    return _watch(args, client, store, pipeline, start_after, exits=argv is None)
+    client = open_client(parser, args.uri)
+    return _watch(args, client, store, pipeline, start_after, exits=exits)
+
+
+def _nesting_depth(value: Any) -> int:
+    """How many arrays and documents deep ``value`` goes (counted without recursion)."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (Mapping, list)):
+            deepest = max(deepest, depth)
+            children = item.values() if isinstance(item, Mapping) else item
+            pending.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _token_data_problem(data: Any) -> str | None:
@@ -310,69 +253,6 @@ def _token_data_problem(data: Any) -> str | None:
     except ValueError:
         return f"'_data' must be a hex string (copy it from an event's _id), not {data!r:.40}"
     return None
-
-
-def _redact(text: str, uri: str) -> str:
-    """Never print the credentials of a URI (``user:password@``)."""
-    userinfo = uri.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[0]
-    return text.replace(userinfo, "***") if userinfo else text
-
-
-def _reach(client: MongoClient[dict[str, Any]], seconds: float, uri: str) -> str | None:
-    """``None`` once any member answers a ping; else one line saying what was tried.
-
-    Pings in short rounds so failed authentication is reported at once: after
-    it, PyMongo leaves the member unselectable until its next heartbeat.
-    """
-    deadline = time.monotonic() + seconds
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            with pymongo.timeout(max(min(left, 0.5), 0.01)):
-                client.admin.command("ping", read_preference=ReadPreference.NEAREST)
-            return None
-        except PyMongoError as exc:
-            failure = _auth_failure(client, exc)
-            if failure is not None:
-                return (f"the deployment ({_hosts(uri)}): {wrong_credentials_message()}. "
-                        f"Server: {describe_error(failure)}")
-            timed_out = getattr(exc, "timeout", False) or not hasattr(exc, "code")
-            if not timed_out:
-                return (f"the deployment ({_hosts(uri)}) refused the first command: "
-                        f"{describe_error(exc)}")
-            if time.monotonic() >= deadline:
-                return (f"could not reach the deployment ({_hosts(uri)}) within {seconds:g} s: "
-                        f"{describe_error(exc)}{_set_name_hint(exc, uri)}")
-
-
-def _auth_failure(client: MongoClient[dict[str, Any]], exc: PyMongoError) -> BaseException | None:
-    """The authentication error behind ``exc`` (or a member's last error), if any."""
-    if authentication_failed(exc):
-        return exc
-    for description in client.topology_description.server_descriptions().values():
-        if description.error is not None and authentication_failed(description.error):
-            return description.error
-    return None
-
-
-def _hosts(uri: str) -> str:
-    """The hosts as written in the URI (an SRV name is marked so), never its credentials."""
-    rest = uri.split("://", 1)[-1]
-    hosts = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
-    return f"{hosts} (SRV)" if uri.startswith("mongodb+srv://") else hosts
-
-
-def _set_name_hint(exc: PyMongoError, uri: str) -> str:
-    """A wrong ``replicaSet`` name removes every member from the topology: say so."""
-    wanted = parse_qs(urlsplit(uri).query).get("replicaSet")
-    if not wanted or "No replica set members available for replica set name" not in str(exc):
-        return ""
-    return (f"; no member answered as replica set {wanted[0]!r}: check that the URI's "
-            f"replicaSet= is the set's name (rs.status().set), or leave it out")
-
-
-def _say(message: str) -> None:
-    print(f"changestream: {message}", file=sys.stderr, flush=True)
 
 
 class _PrintGuard:
@@ -430,16 +310,9 @@ def _not_dead_end(record: logging.LogRecord) -> bool:
     return not getattr(record, DEAD_END_MARK, False)
 
 
-def _log_level(args: argparse.Namespace) -> int:
-    if args.log_level is not None:
-        return int(getattr(logging, args.log_level))
-    return {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-
-
 def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store: TokenStore,
            pipeline: list[Any], start_after: Any, *, exits: bool = False) -> int:
-    logging.basicConfig(level=logging.WARNING, format="changestream: %(message)s")
-    logging.getLogger("changestream").setLevel(_log_level(args))
+    setup_logging(args)
     stop = threading.Event()
     status = StatusLine(sys.stderr) if args.status and sys.stderr.isatty() else None
     progress = WatchProgress(stop, status, args.until_idle)
@@ -488,7 +361,7 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
                 else f"after the token in {args.token_file}" if args.token_file
                 else "after the given token"
             )
-            _say(f"watching {namespace} {where}; Ctrl-C to stop")
+            say(f"watching {namespace} {where}; Ctrl-C to stop")
         return stream
 
     printed = 0
@@ -508,9 +381,9 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
             # also when started in the background, where SIGINT is inherited as ignored.
             for signum in previous:
                 signal.signal(signum, guard.interrupt)
-            problem = _reach(client, args.connect_timeout, args.uri)
+            problem = reach(client, args.connect_timeout, args.uri)
             if problem is not None:
-                _say(_redact(problem, args.uri))
+                say(redact(problem, args.uri))
                 return 1
             if start_after is not None:
                 store.save(start_after)
@@ -520,7 +393,7 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
                 recovery = {"on_history_lost": "from_now", "gap": _print_gap}
             elif args.on_history_lost == "resnapshot":
                 # consume opens the copy and the streams itself (resumeAfter the stored token).
-                _say(f"watching {namespace}; Ctrl-C to stop")
+                say(f"watching {namespace}; Ctrl-C to stop")
                 source, recovery = target, {"on_history_lost": "resnapshot", "gap": _print_gap,
                                             "pipeline": pipeline, "watch_options": options}
             consume(source, print_change, guard, stop=stop, on_stats=progress,
@@ -534,17 +407,17 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except StreamInvalidatedError as exc:
-        _say(str(exc))
-        _say(f"to continue, run again with --start-after '{token_to_json(exc.invalidate_token)}'")
+        say(str(exc))
+        say(f"to continue, run again with --start-after '{token_to_json(exc.invalidate_token)}'")
         return 1
     except HistoryLostError as exc:
-        _say(_redact(_history_lost_advice(exc, args), args.uri))
+        say(redact(_history_lost_advice(exc, args), args.uri))
         return 1
     except (ConsumeError, TokenStoreError) as exc:
-        _say(_redact(str(exc), args.uri))
+        say(redact(str(exc), args.uri))
         return 1
     except PyMongoError as exc:
-        _say(_redact(describe_error(exc), args.uri))
+        say(redact(describe_error(exc), args.uri))
         return 1
     finally:
         for handler in filtered:  # the process may go on (the CLI called as a function)
@@ -557,7 +430,7 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
     if guard.signalled:
         return _stopped(args, progress)
     if progress.idle_stop:
-        _say(f"no change for {args.until_idle:g} s; stopped after {printed} changes")
+        say(f"no change for {args.until_idle:g} s; stopped after {printed} changes")
     return 0
 
 
@@ -565,11 +438,11 @@ def _print_gap(gap: HistoryGap) -> None:
     """``--on-history-lost``: the lost interval, on stderr (stdout holds only changes)."""
     after = "?" if gap.lost_after is None else f"{gap.lost_after:%Y-%m-%d %H:%M:%S} UTC"
     if gap.action == "resnapshot":
-        _say(f"history lost: the changes after {after} are gone from the oplog; printing every "
+        say(f"history lost: the changes after {after} are gone from the oplog; printing every "
              "document again (records with a 'snapshot' field), then the changes")
     else:
         until = "now" if gap.resumed_at is None else f"{gap.resumed_at:%Y-%m-%d %H:%M:%S} UTC"
-        _say(f"history lost: the changes after {after} up to {until} are gone from the oplog "
+        say(f"history lost: the changes after {after} up to {until} are gone from the oplog "
              "and were skipped (--on-history-lost from-now)")
 
 
@@ -593,5 +466,5 @@ def _history_lost_advice(exc: HistoryLostError, args: argparse.Namespace) -> str
 def _stopped(args: argparse.Namespace, progress: WatchProgress) -> int:
     progress.clear()
     saved = args.token_file and Path(args.token_file).is_file()
-    _say("stopped" + (f"; the token is in {args.token_file}" if saved else ""))
+    say("stopped" + (f"; the token is in {args.token_file}" if saved else ""))
     return 0

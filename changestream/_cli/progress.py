@@ -1,4 +1,4 @@
-"""``changestream watch``: its status line, ``--limit``/``--until-idle``, and parsing helpers.
+"""The status line of ``watch`` and ``mirror``, ``--until-idle``, and ``--start-at-operation-time``.
 
 The status line (events, rate, lag) is redrawn on stderr about once a second
 when stderr is a terminal; log records and messages clear it first, so the two
@@ -17,7 +17,7 @@ from typing import IO
 
 from bson.timestamp import Timestamp
 
-from ._metrics import ConsumeStats
+from .. import ConsumeStats
 
 __all__ = ["StatusLine", "WatchProgress", "parse_operation_time"]
 

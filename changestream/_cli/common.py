@@ -14,10 +14,12 @@ import math
 import re
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, NoReturn
 from urllib.parse import parse_qs, urlsplit
 
 import pymongo
+from bson.timestamp import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 from pymongo.read_preferences import ReadPreference
@@ -203,6 +205,23 @@ def reach(client: MongoClient[dict[str, Any]], timeout: float, uri: str) -> str 
             if time.monotonic() >= deadline:
                 return (f"could not reach the deployment ({hosts(uri)}) within {timeout:g} s: "
                         f"{describe_error(exc)}{_set_name_hint(exc, uri)}")
+
+
+def cluster_time(client: MongoClient[dict[str, Any]]) -> Timestamp | None:
+    """The deployment's cluster time now (``None``: it keeps none, e.g. a standalone server).
+
+    ``--until-idle`` stops only once the stream's token has reached it: the table (or the
+    output) then holds every change made before the command started.
+    """
+    try:
+        reply = client.admin.command("ping")
+    except PyMongoError:
+        return None
+    gossiped = reply.get("$clusterTime")
+    found = gossiped.get("clusterTime") if isinstance(gossiped, Mapping) else None
+    if not isinstance(found, Timestamp):
+        found = reply.get("operationTime")
+    return found if isinstance(found, Timestamp) else None
 
 
 def _auth_failure(client: MongoClient[dict[str, Any]], exc: PyMongoError) -> BaseException | None:

@@ -23,7 +23,7 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from .. import ConsumeError, StreamInvalidatedError, TokenStoreError, consume, describe_error
-from .common import DEFAULT_CONNECT_TIMEOUT, collection_name, database_name
+from .common import DEFAULT_CONNECT_TIMEOUT, cluster_time, collection_name, database_name
 from .common import Parser as _Parser
 from .common import call_seconds as _call_seconds
 from .common import log_level as _log_level
@@ -79,7 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--until-idle", type=_seconds, metavar="SECONDS",
-        help="exit (status 0) once no change arrived for SECONDS (a one-off catch-up)",
+        help="exit (status 0) once caught up: the table holds every change made before the "
+        "command started (never during the snapshot or a backlog) and no change arrived for "
+        "SECONDS (a one-off catch-up, e.g. from cron)",
     )
     parser.add_argument(
         "--connect-timeout", type=_call_seconds, default=DEFAULT_CONNECT_TIMEOUT, metavar="S",
@@ -158,6 +160,8 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
         if problem is not None:
             _say(_redact(problem, args.uri))
             return 1
+        if args.until_idle is not None:
+            progress.caught_up_to = cluster_time(client)
         stored = sink.load()
         if stored is None:
             _say(f"mirroring {namespace} into {args.to}: snapshot first; Ctrl-C to stop")

@@ -47,6 +47,7 @@ from .._consumer.dead_ends import DEAD_END_MARK
 from .common import (
     DEFAULT_CONNECT_TIMEOUT,
     call_seconds,
+    cluster_time,
     collection_name,
     database_name,
     milliseconds,
@@ -164,7 +165,8 @@ def add_parser(sub: Any) -> None:
     )
     watch_parser.add_argument(
         "--until-idle", type=seconds, metavar="SECONDS",
-        help="exit (status 0) once no change arrived for SECONDS",
+        help="exit (status 0) once caught up: the stream has reached the cluster time at the "
+        "start and no change arrived for SECONDS",
     )
     watch_parser.add_argument(
         "--no-status", dest="status", action="store_false",
@@ -385,6 +387,8 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
             if problem is not None:
                 say(redact(problem, args.uri))
                 return 1
+            if args.until_idle is not None:
+                progress.caught_up_to = cluster_time(client)
             if start_after is not None:
                 store.save(start_after)
             source: Any = open_stream

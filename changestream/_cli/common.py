@@ -25,6 +25,7 @@ from pymongo.errors import PyMongoError
 from pymongo.read_preferences import ReadPreference
 
 from .. import describe_error
+from .._consumer.dead_ends import DEAD_END_MARK
 from .._diagnosis import authentication_failed, wrong_credentials_message
 
 __all__ = [
@@ -178,6 +179,12 @@ def setup_logging(args: argparse.Namespace) -> None:
     """Log records on stderr, prefixed like the command's own messages."""
     logging.basicConfig(level=logging.WARNING, format="changestream: %(message)s")
     logging.getLogger("changestream").setLevel(log_level(args))
+
+
+def not_dead_end(record: logging.LogRecord) -> bool:
+    """A log filter: ``consume`` logs the error it stops with, and the command prints that line
+    itself as its exit message (once)."""
+    return not getattr(record, DEAD_END_MARK, False)
 
 
 def reach(client: MongoClient[dict[str, Any]], timeout: float, uri: str) -> str | None:

@@ -43,7 +43,6 @@ from .. import (
     watch,
 )
 from .._consumer.bounds import DEFAULT_CALL_TIMEOUT
-from .._consumer.dead_ends import DEAD_END_MARK
 from .common import (
     DEFAULT_CONNECT_TIMEOUT,
     call_seconds,
@@ -51,6 +50,7 @@ from .common import (
     collection_name,
     database_name,
     milliseconds,
+    not_dead_end,
     open_client,
     positive_int,
     reach,
@@ -307,11 +307,6 @@ class _PrintGuard:
         return repr(self.store)
 
 
-def _not_dead_end(record: logging.LogRecord) -> bool:
-    """``consume`` logs the error it stops with; the CLI prints that line itself."""
-    return not getattr(record, DEAD_END_MARK, False)
-
-
 def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store: TokenStore,
            pipeline: list[Any], start_after: Any, *, exits: bool = False) -> int:
     setup_logging(args)
@@ -321,7 +316,7 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
     filtered = list(logging.getLogger().handlers)
     for handler in filtered:
         progress.attach(handler)
-        handler.addFilter(_not_dead_end)  # printed once below, as the exit message
+        handler.addFilter(not_dead_end)  # printed once below, as the exit message
     guard = _PrintGuard(store, stop, exits=exits)
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     options: dict[str, Any] = {"max_await_time_ms": args.max_await_ms}
@@ -425,7 +420,7 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
         return 1
     finally:
         for handler in filtered:  # the process may go on (the CLI called as a function)
-            handler.removeFilter(_not_dead_end)
+            handler.removeFilter(not_dead_end)
         progress.clear()
         client.close()  # a signal meanwhile: see _PrintGuard (the program ends at once)
         for signum, previous_handler in previous.items():

@@ -19,9 +19,10 @@ from delta_support import assert_mirrors
 from changestream.testing import ReplicaSet
 
 
-def mirror(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def mirror(*args: str, timeout: float = 180,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "changestream", "mirror", *args, "--no-status"],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +74,61 @@ def test_oversize_split_gets_a_change_over_16_mb_into_the_table(
     joined = mirror(*args, "--oversize", "split")
     assert joined.returncode == 0, joined.stderr
     assert_mirrors(target, coll, "changestream-mirror")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB tmpfs (needs root, as CI runs; else the test is skipped, saying why)."""
+    import os
+
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs a small tmpfs: mounting one needs root")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_is_one_line_and_exit_1(
+    rs: ReplicaSet, client: MongoClient[dict[str, Any]], tiny_disk: Path
+) -> None:
+    import os
+
+    coll = client.db.full
+    coll.insert_many([{"_id": i, "p": os.urandom(400).hex()} for i in range(3000)])
+    result = mirror(rs.uri, "--db", "db", "--coll", "full", "--to", str(tiny_disk / "t"),
+                    "--until-idle", "0.5", env={**os.environ, "RUST_BACKTRACE": "1"})
+    assert result.returncode == 1
+    said = [line for line in result.stderr.splitlines()
+            if not line.startswith(("changestream: mirroring", "changestream: oplog headroom"))]
+    assert len(said) == 1, result.stderr
+    assert said[0].startswith(f"changestream: the disk holding {tiny_disk / 't'} is full")
+    assert "Traceback" not in result.stderr and "panicked" not in result.stderr
+
+
+PANIC = """
+thread 'tokio-rt-worker' (12847) panicked at /cargo/object_store-0.13.2/src/buffered.rs:369:41:
+Already shut down
+stack backtrace:
+   0: rust_begin_unwind
+             at /rustc/library/std/src/panicking.rs:665:5
+note: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose backtrace.
+"""
+
+
+def test_panic_reports_are_held_back_and_the_rest_passes() -> None:
+    from changestream._cli.native_stderr import PanicFilter
+
+    panic_filter = PanicFilter()
+    lines = ["changestream: before\n", *PANIC.splitlines(keepends=True), "\n",
+             "changestream: after\n", "  indented, not a panic\n"]
+    shown = [out for line in lines for out in panic_filter.feed(line)] + panic_filter.flush()
+    assert shown == ["changestream: before\n", "changestream: after\n",
+                     "  indented, not a panic\n"]  # the report's blank lines go with it
+    assert panic_filter.panics == ["Already shut down"]

@@ -38,6 +38,7 @@ from .common import reach as _reach
 from .common import redact as _redact
 from .common import say as _say
 from .common import seconds as _seconds
+from .native_stderr import panics_held
 from .progress import StatusLine, WatchProgress
 
 __all__ = ["main"]
@@ -136,7 +137,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"invalid URI: {_redact(describe_error(exc), args.uri)}")
     sink = DeltaSink(args.to, app_id=args.app_id, full_document=args.full_document,
                      json_mode=args.json_mode, schema=schema)
-    return _mirror(args, client, sink)
+    with panics_held():  # delta-rs's writer threads may panic on a failed write: one line, ours
+        return _mirror(args, client, sink)
 
 
 def _app_id(text: str) -> str:
@@ -144,6 +146,22 @@ def _app_id(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("must name the writer, not be empty")
     return text
+
+
+def _sink_failure(exc: BaseException, target: str, sink: Any) -> str:
+    """One line for a failure of the table itself: what happened and what to do."""
+    text = str(exc)
+    errno = getattr(exc, "errno", None)
+    if errno == 28 or "No space left on device" in text or "os error 28" in text:
+        try:
+            version = sink.applied_version
+        except Exception:  # the table cannot even be read
+            version = None
+        held = "nothing yet" if version is None else f"batch {version}"
+        return (f"the disk holding {target} is full (No space left on device): the failed "
+                f"batch was not committed and the table holds {held}; free some space, then "
+                f"run again: it resumes from there")
+    return f"{type(exc).__name__}: {' '.join(text.split())}"
 
 
 def _schema_text(value: str) -> str:
@@ -204,7 +222,7 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
         return 1
     except Exception as exc:  # the sink's own errors (a schema mismatch, a table in use)
         progress.clear()
-        _say(_redact(f"{type(exc).__name__}: {exc}", args.uri))
+        _say(_redact(_sink_failure(exc, args.to, sink), args.uri))
         return 1
     finally:
         for handler in logging.getLogger().handlers:  # main() may be called as a function

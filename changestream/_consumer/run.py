@@ -91,6 +91,9 @@ class Run:
         self.stats = stats
         self.opened = 0
         self.handler_error: BaseException | None = None
+        """The handler's own exception, if it ended the run (propagated untouched)."""
+        self.store_error: BaseException | None = None
+        """The token store's exception, if a save failed (no second save on the way out)."""
         self.history = history if history is not None else HistoryPolicy(
             "raise", None, is_collection=False)
         self.calls = calls if calls is not None else HandlerCalls(None)

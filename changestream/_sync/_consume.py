@@ -31,6 +31,7 @@ from .._consumer.options import DEFAULT_DRAIN_TIMEOUT, ConsumeOptions
 from .._consumer.run import GAP, HANDLE, MARK, NOTHING, SAVE, ConsumeResult, Run, log
 from .._lanes import KeyFunction
 from .._metrics import StatsCallback, StatsReporter
+from ..errors import describe_error
 from ..stores import TokenStore
 from ._snapshot_watch import stream_opener
 from ._stats_timer import start_stats_timer
@@ -158,7 +159,11 @@ def consume(
                                                             settings.key)
 
     def save() -> None:
-        call_store(store.save, run.token)
+        try:
+            call_store(store.save, run.token)
+        except Exception as exc:
+            run.store_error = exc
+            raise
         run.saved()
 
     def session() -> bool:
@@ -274,9 +279,14 @@ def _settle_quietly(pool: ThreadWorkers | None, run: Run, drain_timeout: float) 
 
 
 def _flush_quietly(run: Run, save: Callable[[], None]) -> None:
-    """Store the last handled token on the way out; the original error matters more."""
-    if run.pending:
+    """Store the last handled token on the way out; the original error matters more.
+
+    Not after the store itself failed (a full disk, a lost table): trying it again on the
+    way out only repeats that failure (delta-rs even panics in its writer threads); the
+    run ends with the store's error and the next run resumes from what was stored.
+    """
+    if run.pending and run.store_error is None:
         try:
             save()
-        except Exception:
-            log.exception("could not store the last handled resume token")
+        except Exception as exc:
+            log.warning("could not store the last handled resume token: %s", describe_error(exc))

@@ -31,6 +31,7 @@ from .._consumer.options import DEFAULT_DRAIN_TIMEOUT, ConsumeOptions
 from .._consumer.run import GAP, HANDLE, MARK, NOTHING, SAVE, ConsumeResult, Run, log
 from .._lanes import KeyFunction
 from .._metrics import StatsCallback, StatsReporter
+from ..errors import describe_error
 from ..stores import AsyncTokenStore, TokenStore  # sync: from ..stores import TokenStore
 from ._async_io import (
     bounded,
@@ -178,7 +179,11 @@ async def consume(
                                                             settings.key)
 
     async def save() -> None:
-        await call_store(store.save, run.token)
+        try:
+            await call_store(store.save, run.token)
+        except Exception as exc:
+            run.store_error = exc
+            raise
         run.saved()
 
     async def session() -> bool:
@@ -294,9 +299,14 @@ async def _settle_quietly(pool: AsyncWorkers | None, run: Run, drain_timeout: fl
 
 
 async def _flush_quietly(run: Run, save: Callable[[], Awaitable[None]]) -> None:  # sync: def _flush_quietly(run: Run, save: Callable[[], None]) -> None:
-    """Store the last handled token on the way out; the original error matters more."""
-    if run.pending:
+    """Store the last handled token on the way out; the original error matters more.
+
+    Not after the store itself failed (a full disk, a lost table): trying it again on the
+    way out only repeats that failure (delta-rs even panics in its writer threads); the
+    run ends with the store's error and the next run resumes from what was stored.
+    """
+    if run.pending and run.store_error is None:
         try:
             await save()
-        except Exception:
-            log.exception("could not store the last handled resume token")
+        except Exception as exc:
+            log.warning("could not store the last handled resume token: %s", describe_error(exc))

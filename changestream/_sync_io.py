@@ -40,6 +40,7 @@ def call_handler(handler: Callable[[Any], object], change: Any, calls: HandlerCa
         if dead_letter is None:
             raise
         dead_letter(change, exc)
+        calls.dead_lettered()
 
 
 def report_gap(setup: Setup, gap: HistoryGap | None) -> None:

@@ -46,6 +46,7 @@ async def call_handler(handler: Callable[[Any], Any], change: Any, calls: Handle
         if dead_letter is None:
             raise
         await _once(dead_letter, change, exc)
+        calls.dead_lettered()
 
 
 async def _once(function: Callable[..., Any], *args: Any) -> None:

@@ -52,9 +52,11 @@ from ._snapshot_watch import stream_opener
 from ._stats_timer import start_stats_timer
 from ._stream import ChangeStream
 from ._sync_io import (
+    ABANDONED,
     bounded,
     call_handler,
     call_store,
+    next_or_stop,
     report_gap,
     stop_setter,
     wait_for_stop,
@@ -200,7 +202,9 @@ def consume(
                 current_token = token_after(stream)
                 while not stop.is_set():
                     with call_bound(stream, run.call_timeout):
-                        change = stream.try_next()
+                        change = next_or_stop(stream, stop)
+                    if change is ABANDONED:  # stop came while a getMore waited (asyncio abandons it)
+                        break
                     token = current_token()
                     step = run.polled(change, token, stream.alive, stalled(stream))
                     if step is HANDLE:

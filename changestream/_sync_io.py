@@ -19,7 +19,19 @@ from pymongo.errors import PyMongoError
 from ._policies import HandlerCalls, HistoryGap, Setup
 from ._stream import ChangeStream
 
-__all__ = ["bounded", "call_handler", "call_store", "report_gap", "stop_setter", "wait_for_stop"]
+__all__ = [
+    "ABANDONED",
+    "bounded",
+    "call_handler",
+    "call_store",
+    "next_or_stop",
+    "report_gap",
+    "stop_setter",
+    "wait_for_stop",
+]
+
+ABANDONED: Any = object()
+"""Never returned here (see :func:`next_or_stop`)."""
 
 
 def call_store(method: Callable[..., Any], *args: Any) -> Any:
@@ -51,6 +63,13 @@ def report_gap(setup: Setup, gap: HistoryGap | None) -> None:
 def wait_for_stop(stop: threading.Event, seconds: float) -> None:
     """Sleep ``seconds``, or less if ``stop`` is set meanwhile."""
     stop.wait(seconds)
+
+
+def next_or_stop(stream: ChangeStream[Any], stop: threading.Event) -> Any:
+    """``stream.try_next()``: a sync getMore in flight cannot be abandoned from another
+    thread (the sync stream's ``close()`` lets it finish, at most ``max_await_time_ms``)
+    without closing a pooled connection under PyMongo, so a stop waits for it."""
+    return stream.try_next()
 
 
 def stop_setter(stop: threading.Event) -> Callable[[], object]:

@@ -50,9 +50,11 @@ from .._policies import (
 )
 from ..stores import AsyncTokenStore, TokenStore  # sync: from ..stores import TokenStore
 from ._async_io import (
+    ABANDONED,
     bounded,
     call_handler,
     call_store,
+    next_or_stop,
     report_gap,
     stop_setter,
     wait_for_stop,
@@ -220,7 +222,9 @@ async def consume(
                 current_token = token_after(stream)
                 while not stop.is_set():
                     with call_bound(stream, run.call_timeout):
-                        change = await stream.try_next()
+                        change = await next_or_stop(stream, stop)
+                    if change is ABANDONED:  # stop came while a getMore waited (asyncio abandons it)
+                        break
                     token = current_token()
                     step = run.polled(change, token, stream.alive, stalled(stream))
                     if step is HANDLE:

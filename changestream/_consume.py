@@ -212,7 +212,8 @@ def consume(
                             if pool is None:
                                 call_handler(handler, change, run.calls)
                             else:  # the stored token never trails the window: store first
-                                pool.room()
+                                if not pool.room(stop):
+                                    break  # stop came while waiting for room: not admitted
                                 # room counts from the watermark about to be stored, not from
                                 # one that moves on while the store writes
                                 watermark, handled, free = pool.window()

@@ -351,3 +351,35 @@ def test_a_stop_after_the_last_change_does_not_wait_for_the_getmore_in_flight(ru
         assert first["documentKey"]["_id"] == 20
 
     run(scenario)
+
+
+def test_stop_while_waiting_for_room_at_max_in_flight_returns_within_drain_timeout(
+    run: Run,
+) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        start = await start_token(ctx.coll)
+        ctx.writer.insert_many([{"_id": i} for i in range(40)])
+        release = asyncio.Event()
+        handled: list[int] = []
+
+        async def handle(change: Any) -> None:
+            if change["documentKey"]["_id"] == 0:
+                await asyncio.wait_for(release.wait(), 60)  # holds the watermark
+            handled.append(change["documentKey"]["_id"])
+
+        stop = asyncio.Event()
+        store = stored_at(start)
+        task = asyncio.create_task(consume(
+            lambda token: watch(ctx.coll, resume_after=token, **FAST), handle, store,
+            stop=stop, workers=4, max_in_flight=6, drain_timeout=1))
+        while len(handled) < 5:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # the loop now waits for room behind change 0
+        stop.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), 10)
+        finally:
+            release.set()
+        assert store.load().token == start  # type: ignore[union-attr]
+
+    run(scenario)

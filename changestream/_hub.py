@@ -23,9 +23,9 @@ the subscription, so a finalizer can tell the hub it is gone.
 
 When the hub ends (``stop()``, an invalidate, an error) every subscription ends
 after its queued items: iteration stops, or raises the stream's error. Ending
-never waits for a subscriber (the end is recorded, not queued into a full
-queue), and ``stop()`` ends a hub waiting for a ``"block"`` subscriber within
-:data:`_RECHECK` seconds, so a stopped hub always ends.
+never waits for a subscriber (only the hub fills a queue, so it keeps room for
+the end), and ``stop()`` wakes a hub waiting for a ``"block"`` subscriber, so a
+stopped hub always ends.
 
 This module is the asyncio source; ``tools/gen_sync.py`` writes
 ``changestream/_hub.py`` (threads and ``queue.Queue``; ``Hub.start()`` runs the
@@ -47,17 +47,17 @@ from ._stream import ChangeStream
 
 __all__ = ["Hub", "Subscription"]
 
-_RECHECK = 0.05
-"""Seconds a hub waiting for a full ``"block"`` subscriber waits before it looks again
-whether it was stopped or the subscriber went away (a dropped subscription's finalizer
-may run on any thread, so it only sets a flag; it never wakes the hub itself)."""
-
-
 class _Inbox:
     """What the hub holds for one subscription: its queue, filter, policy and counters.
 
     Never the :class:`Subscription` itself, so a subscription the program drops
     is collected, and its finalizer marks the inbox ``done``.
+
+    The queue itself is unbounded and only the hub puts changes into it, so the hub
+    keeps it at ``max_queue`` changes (plus a :class:`Gap` and the end, which therefore
+    never wait). A ``"block"`` hub waits for ``room``: set by the subscriber when it takes
+    a change while the hub waits, by :meth:`Hub.stop`, by :meth:`close` and by the
+    finalizer of a dropped subscription.
     """
 
     def __init__(
@@ -77,41 +77,46 @@ class _Inbox:
         self.match = None if match is None else compile_match(match)
         self.max_queue = max_queue
         self.on_full = on_full
-        # "block" waits for room: a bounded queue. "drop" and "disconnect" never wait and
-        # check max_queue themselves, so a Gap or the disconnect always fits.
-        size = max_queue if on_full == "block" else 0
-        self.queue: Any = queue.Queue(size)
+        self.queue: Any = queue.Queue()
+        self.room = threading.Event()
+        self.waiting = False
+        """The hub waits for ``room`` (a subscriber that takes a change sets it)."""
         self.gap: Gap | None = None
         self.last_token: Any = None
         self.delivered = 0
         self.dropped = 0
         self.done = False
         """The hub feeds this inbox no more (ended, failed, disconnected, closed, dropped)."""
-        self.end: Any = None
-        """``_END`` or a ``_Failed``: what iteration ends with once the queue is empty."""
+        self.closed = False
+        """The subscriber closed it: iteration ends at once."""
 
     def wants(self, change: Any) -> bool:
         if self.match is not None and not self.match(change):
             return False
         return self.where is None or bool(self.where(change))
 
+    def wake(self) -> None:
+        """Wake a hub waiting for room; from any thread (a finalizer, another thread's stop)."""
+        self.room.set()
+
     def offer(self, change: Any, token: Any, stopping: Callable[[], bool]) -> None:
         """Queue ``change`` under the policy; a "block" wait ends when ``stopping()`` or done."""
         q = self.queue
         if self.on_full == "block":
-            while not self.done:
-                if not q.full():  # the hub is the only producer: the room stays
-                    q.put_nowait(change)
-                    break
-                if stopping():
-                    return
+            while q.qsize() >= self.max_queue:
+                # waiting, cleared, then checked: a set() after the check is not missed
+                self.waiting = True
+                self.room.clear()
                 try:
-                    q.put(change, timeout=_RECHECK)
-                    break
-                except queue.Full:
-                    continue
-            else:
+                    if self.done or stopping():
+                        return
+                    if q.qsize() >= self.max_queue:
+                        self.room.wait()
+                finally:
+                    self.waiting = False
+            if self.done:
                 return
+            q.put_nowait(change)
         elif q.qsize() >= self.max_queue:
             if self.on_full == "disconnect":
                 self.finish(SubscriberDisconnected(
@@ -137,35 +142,31 @@ class _Inbox:
     def finish(self, error: BaseException | None) -> None:
         """End the inbox: the pending gap, then the end (or the error), after what is queued.
 
-        Never waits: the end is recorded in ``end`` (iteration ends with it once the queue is
-        empty) and queued only if it fits, to wake a subscriber waiting on an empty queue.
+        Never waits (the queue is unbounded: nothing but the hub fills it).
         """
         if self.done:
             return
         self.done = True
         q = self.queue
         if self.gap is not None:
-            q.put_nowait(self.gap)  # "drop" only: an unbounded queue
+            q.put_nowait(self.gap)
             self.gap = None
-        self.end = _END if error is None else _Failed(error)
-        if not q.full():
-            q.put_nowait(self.end)
+        q.put_nowait(_END if error is None else _Failed(error))
 
     def close(self) -> None:
-        """The subscriber closed it: drop what is queued (a waiting hub gets room at once)."""
-        self.done = True
-        self.end = _END
+        """The subscriber closed it: drop what is queued, release a waiting hub."""
+        self.done = self.closed = True
         q = self.queue
         while not q.empty():
             q.get_nowait()
+        q.put_nowait(_END)  # a reader waiting elsewhere ends too
+        self.wake()
 
     def abandon(self) -> None:
-        """The subscription was garbage-collected: the hub stops feeding it.
-
-        A finalizer may run on any thread: this only sets a flag (the hub looks at it
-        before each change and while it waits for room).
-        """
+        """The subscription was garbage-collected (its finalizer, on any thread)."""
         self.done = True
+        if self.waiting:
+            self.wake()
 
 
 class Subscription:
@@ -223,13 +224,16 @@ class Subscription:
     def __next__(self) -> Any:
         """The next change (or :class:`Gap`); ends with the hub, raises its error."""
         inbox = self._inbox
-        # Ended and drained: the end again (iterating again ends again).
-        item = inbox.end if inbox.end is not None and inbox.queue.empty() else None
-        if item is None:
-            item = inbox.queue.get()
+        if inbox.closed:
+            raise StopIteration
+        item = inbox.queue.get()
+        if inbox.waiting:  # the hub waits for room: there is some now
+            inbox.room.set()
         if item is _END:
+            inbox.queue.put_nowait(_END)  # iterating again ends again
             raise StopIteration
         if isinstance(item, _Failed):
+            inbox.queue.put_nowait(item)
             raise item.error
         return item
 
@@ -295,8 +299,13 @@ class Hub:
 
     def stop(self) -> None:
         """End :meth:`run` after the current poll (at most ``max_await_time_ms``), even while
-        it waits for a full ``"block"`` subscriber."""
+        it waits for a full ``"block"`` subscriber (safe from any thread)."""
         self._stopping = True
+        with self._lock:
+            inboxes = list(self._inboxes)
+        for inbox in inboxes:
+            if inbox.waiting:
+                inbox.wake()
 
     def run(self) -> None:
         """Read the stream and feed the subscriptions until :meth:`stop` or the stream ends."""

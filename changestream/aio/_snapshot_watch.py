@@ -110,6 +110,13 @@ class AsyncSnapshotThenWatch:
         return 0 if self._stream is None else self._stream.resumes
 
     @property
+    def buffered(self) -> int:
+        """Records or changes the next calls return without a command."""
+        if self._stream is not None:
+            return self._stream.buffered
+        return self._run.fetched
+
+    @property
     def alive(self) -> bool:
         if self._closed:
             return False

@@ -129,12 +129,20 @@ else:
 """
 
 
+def _child_path(tree: str) -> str:
+    """The child's ``PYTHONPATH``: ``tree``, then this interpreter's site-packages (valgrind
+    starts the real binary, which does not know a virtual environment's)."""
+    sites = [path for path in sys.path if path.endswith("site-packages")]
+    return os.pathsep.join([tree, *sites])
+
+
 def instructions(python: str, tree: str, uri: str, count: int, mode: str) -> int:
     """Instructions valgrind counts for one child run of ``count`` changes."""
     result = subprocess.run(
         ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
          python, "-c", CHILD, tree, uri, str(count), mode],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": tree}, check=False,
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _child_path(tree)},
+        check=False,
     )
     found = re.search(r"I\s+refs:\s+([\d,]+)", result.stderr)
     if result.returncode or found is None:

@@ -4,7 +4,7 @@ A failure no retry can fix (a token from another deployment, missing or wrong
 credentials, an event over 16 MB) must say its cause and the next step the same
 way wherever it surfaces: the library's exception, ``consume``'s log, the
 command line, the Spark source. The wording lives here, once; the policy code
-(:func:`changestream._consume.unrecoverable`, :func:`~changestream._consume.is_transient`)
+(:func:`changestream._consumer.dead_ends.unrecoverable`, :func:`~changestream._consumer.retry.is_transient`)
 decides *when* it applies. Messages name public options and the user's own
 things (token file, URI), never an internal class, never a credential.
 """
@@ -80,9 +80,7 @@ def describe_store(store: object) -> str:
     if isinstance(store, FileTokenStore):
         return f"the token file {store.path}"
     if isinstance(store, (MongoTokenStore, AsyncMongoTokenStore)):
-        collection = getattr(store, "_collection", None)
-        name = getattr(collection, "full_name", "?")
-        return f"the token store collection {name} (key {getattr(store, '_key', '?')!r})"
+        return f"the token store collection {store.namespace} (key {store.key!r})"
     return f"the token store {store!r}"
 
 

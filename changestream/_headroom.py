@@ -23,6 +23,7 @@ from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
 from ._position import Position
+from ._stream_view import StreamView
 from .errors import describe_error
 
 __all__ = ["HEADROOM_WARNING", "PROBE_EVERY", "HeadroomProbe", "oplog_client"]
@@ -37,15 +38,13 @@ OPLOG_QUERY: Mapping[str, Any] = {"projection": {"ts": 1, "_id": 0}, "sort": [("
 """``find_one`` keyword arguments for the oldest oplog entry."""
 
 
-def oplog_client(stream: Any) -> tuple[Any, str | None]:
+def oplog_client(stream: StreamView) -> tuple[Any, str | None]:
     """``(client, None)`` to read the oplog through, or ``(None, why not)``.
 
     ``stream`` is a change stream or the initial-snapshot wrapper (its stream
     once open).
     """
-    inner = getattr(stream, "_stream", None)
-    transport = getattr(inner if inner is not None else stream, "_transport", None)
-    client = getattr(transport, "_client", None)
+    client = stream.client
     if client is None:
         return None, None  # not open yet: ask again later, nothing to say
     try:

@@ -34,10 +34,22 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from ._actions import (
+    Action,
+    Command,
+    Deliver,
+    ErrorInfo,
+    KillCursors,
+    NoDocument,
+    Raise,
+    ReplyInfo,
+    RunAggregate,
+    RunGetMore,
+    StreamSpec,
+)
 from ._codes import (
     BSON_OBJECT_TOO_LARGE,
     CURSOR_NOT_FOUND,
@@ -47,12 +59,13 @@ from ._codes import (
     RETRYABLE_READ_LABEL,
     UNRECOGNIZED_PIPELINE_STAGE,
 )
+from ._commands import aggregate_command, getmore_command, kill_command, start_options
 from ._diagnosis import SPLIT_STAGE, event_too_large_message, split_unsupported_message
-from ._options import ChangeStreamOptions
 from ._position import Position, newest_reply_time
+from ._replies import IN_EVENT, event_token, not_an_event, parse_cursor
 from ._split import SplitReassembler
 from ._states import AGGREGATES, INITIAL, RESUMES, Act, Effect, Event, Phase, State, transition
-from ._token import check_resume_token, describe, raw_event_token, token_in_raw_event
+from ._token import describe, raw_event_token, token_in_raw_event
 from .errors import (
     ChangeStreamError,
     MalformedReplyError,
@@ -84,8 +97,6 @@ NOT_BUFFERED: Any = object()
 """Returned by :meth:`ChangeStreamMachine.next_buffered` when the fast path does not apply."""
 log = logging.getLogger("changestream.stream")
 """Resumes are logged here (INFO), whichever shell drives the machine."""
-_IN_EVENT: Any = object()
-"""From :func:`_event_token`: the token is the raw event's own ``_id`` (see ``_token_event``)."""
 MAX_IDLE_RESUMES = 3
 """Consecutive resumes allowed without a successful getMore (or a non-empty batch) in between.
 
@@ -96,113 +107,6 @@ nothing, the next resumable error is raised instead (the stream stays
 resumable: the next call resumes once more). Callers such as
 :func:`changestream.consume` then back off.
 """
-
-
-@dataclasses.dataclass(frozen=True)
-class ErrorInfo:
-    """A failed command, described without reference to any driver's exception types."""
-
-    exception: BaseException
-    """What the shell raises if the machine gives up."""
-    code: int | None = None
-    """Server error code; ``None`` for client-side errors."""
-    labels: frozenset[str] = frozenset()
-    wire_version: int | None = None
-    """``maxWireVersion`` of the connection that ran the command (``None``: none was obtained)."""
-    is_network: bool = False
-    """Not a server error: network failure, server selection failure, ..."""
-    is_timeout: bool = False
-    """The client-side operation timeout (CSOT ``timeoutMS``) of this call expired."""
-    is_server_selection: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplyInfo:
-    """Where a successful command ran."""
-
-    address: Any
-    """Opaque server handle; later getMore/killCursors must go to the same server."""
-    wire_version: int
-    load_balanced: bool = False
-    """It ran through a load balancer: the cursor lives on that one connection
-    (load-balancers spec), so it dies with it."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamSpec:
-    """Everything the machine needs to know about one stream, fixed at ``watch()``."""
-
-    database: str
-    collection: str | None
-    cluster: bool
-    options: ChangeStreamOptions
-    read_preference: Any = None
-    """Opaque; every aggregate (initial and resume) selects a server with it."""
-    read_concern: Any = None
-    """Opaque; handed to the transport with every aggregate."""
-    retry_reads: bool = True
-    decode: Callable[[Mapping[str, Any]], Any] | None = None
-    """Turns an event into what the user receives (``None``: as received); runs before the token is cached."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RunAggregate:
-    """Select a server with ``read_preference`` and run ``command`` on ``database``."""
-
-    command: dict[str, Any]
-    database: str
-    read_preference: Any
-    read_concern: Any
-    is_resume: bool
-    attempt: int = 1
-    """2 for the retryable-reads retry of a failed aggregate."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RunGetMore:
-    """Run ``command`` on the server at ``address`` (the one holding the cursor).
-
-    CSOT: ``maxTimeMS`` is ``maxAwaitTimeMS`` or absent. Under a client-side
-    timeout the transport must lower it to ``remaining - minRTT`` when that is
-    smaller, and must never add one (spec: ``min(maxAwaitTimeMS, remaining -
-    minRoundTripTime)`` only when ``maxAwaitTimeMS`` is set).
-    """
-
-    command: dict[str, Any]
-    database: str
-    address: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class KillCursors:
-    """Best effort: run on ``address`` only; the machine ignores the outcome."""
-
-    command: dict[str, Any]
-    database: str
-    address: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class Deliver:
-    """The operation returns ``document`` to the user."""
-
-    document: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class NoDocument:
-    """The operation returns nothing (``try_next`` gives ``None``; a closed stream stops iterating)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Raise:
-    """The operation fails with ``error``."""
-
-    error: BaseException
-
-
-Command = RunAggregate | RunGetMore | KillCursors
-Action = RunAggregate | RunGetMore | KillCursors | Deliver | NoDocument | Raise
 
 
 @dataclasses.dataclass
@@ -273,10 +177,10 @@ class ChangeStreamMachine:
         self.clock: Callable[[], float] = time.monotonic
         """The local monotonic clock the lag counts with (tests set their own)."""
         self._reply_at: float | None = None
+        """Local monotonic time of the last reply (the lag counts from it; no wall clock)."""
         self._server_seen_at: float | None = None
         """Local monotonic time the newest server time was first seen: an idle deployment's
         cluster time stands still (writes and a no-op every 10 s move it), local time does not."""
-        """Local monotonic time of the last reply (the lag counts from it; no wall clock)."""
         self._empty_getmore = False
         """The last reply was a getMore with an empty batch (caught up, see :attr:`position`)."""
         self._asked_at: float | None = None
@@ -326,7 +230,7 @@ class ChangeStreamMachine:
             token = current
             if handling is not None:
                 _, event_token, last = handling
-                token = raw_event_token(last.raw) if event_token is _IN_EVENT else event_token  # type: ignore[attr-defined]
+                token = raw_event_token(last.raw) if event_token is IN_EVENT else event_token  # type: ignore[attr-defined]
             seen_at = reply_at if self._server_seen_at is None else self._server_seen_at
             return Position.of(token, self._server_time, reply_age=now - seen_at,
                                await_seconds=self._await_seconds)
@@ -453,18 +357,18 @@ class ChangeStreamMachine:
         decode = self._decode
         try:
             if type(event) is RawBSONDocument and token_in_raw_event(event.raw):
-                token = _IN_EVENT  # _event_token's usual case, inline: this runs per event
+                token = IN_EVENT  # event_token's usual case, inline: this runs per event
             elif type(event) is dict:
                 token = event["_id"]
                 if type(token) is not dict or type(token.get("_data")) is not str:
                     return NOT_BUFFERED
             else:
-                token = _event_token(event)
+                token = event_token(event)
             delivered = event if decode is None else decode(event)
         except Exception:
             return NOT_BUFFERED  # the operation re-reads the event and fails the stream
         batch.popleft()
-        if token is _IN_EVENT:
+        if token is IN_EVENT:
             self._token_event = event  # type: ignore[assignment]
         else:
             self._token, self._token_event = token, None
@@ -699,7 +603,7 @@ class ChangeStreamMachine:
         document = self._batch.popleft()
         last_in_batch = not self._batch
         if not isinstance(document, Mapping):
-            return Event.FAIL, None, _not_an_event(document)
+            return Event.FAIL, None, not_an_event(document)
         event: Mapping[str, Any] | None = document
         if self._fragments is not None:
             try:
@@ -710,7 +614,7 @@ class ChangeStreamMachine:
                 return Event.FRAGMENT, None, None
         assert event is not None
         try:
-            token = _event_token(event)
+            token = event_token(event)
         except KeyError:
             return Event.FAIL, None, MissingResumeTokenError()
         except ChangeStreamError as exc:
@@ -730,7 +634,7 @@ class ChangeStreamMachine:
                      error: BaseException | None) -> None:
         """The event's ``_id`` (a raw event's is sliced out only when used)."""
         _, token, event = taken
-        if token is _IN_EVENT:
+        if token is IN_EVENT:
             self._token_event = event  # type: ignore[assignment]
         else:
             self._token, self._token_event = token, None
@@ -755,10 +659,10 @@ class ChangeStreamMachine:
                     server_time: Timestamp | None, *, aggregate: bool) -> _Reply:
         """Check a reply's shape before anything of it is used (fields named on errors)."""
         if not aggregate:
-            _, batch, cursor_id, post_batch_token = _parse_cursor(reply, "nextBatch", "getMore")
+            _, batch, cursor_id, post_batch_token = parse_cursor(reply, "nextBatch", "getMore")
             return _Reply(server_time, info, reply, batch, cursor_id,
                           post_batch_token=post_batch_token)
-        cursor, batch, cursor_id, post_batch_token = _parse_cursor(reply, "firstBatch", "aggregate")
+        cursor, batch, cursor_id, post_batch_token = parse_cursor(reply, "firstBatch", "aggregate")
         ns = cursor.get("ns") or f"{self._spec.database}.{self._spec.collection or '$cmd.aggregate'}"
         if not isinstance(ns, str):
             raise MalformedReplyError(f"malformed aggregate reply: cursor.ns must be a string, not "
@@ -778,49 +682,11 @@ class ChangeStreamMachine:
         cursor = self._cursor
         assert cursor is not None
         self._cursor = None
-        command = {"killCursors": cursor.collection, "cursors": [Int64(cursor.id)]}
-        return KillCursors(command, cursor.database, cursor.address)
+        return kill_command(cursor.id, cursor.collection, cursor.database, cursor.address)
 
     def _aggregate(self, *, is_resume: bool) -> RunAggregate:
-        spec = self._spec
-        options = spec.options
-        stage: dict[str, Any] = {}
-        if spec.cluster:
-            stage["allChangesForCluster"] = True
-        if options.full_document is not None:
-            stage["fullDocument"] = options.full_document
-        if options.full_document_before_change is not None:
-            stage["fullDocumentBeforeChange"] = options.full_document_before_change
-        stage.update(self._resume_options() if is_resume else self._start_options())
-        if options.show_expanded_events is not None:
-            stage["showExpandedEvents"] = options.show_expanded_events
-        if options.version is not None:
-            stage["version"] = options.version
-        if options.ignore_removed_shards is not None:
-            stage["ignoreRemovedShards"] = options.ignore_removed_shards
-        command: dict[str, Any] = {
-            "aggregate": spec.collection if spec.collection is not None else 1,
-            "pipeline": [{"$changeStream": stage}, *options.pipeline, *self._split_stage],
-            "cursor": {} if options.batch_size is None else {"batchSize": options.batch_size},
-        }
-        if options.collation is not None:
-            command["collation"] = options.collation
-        if options.comment is not None:
-            command["comment"] = options.comment
-        return RunAggregate(command, spec.database, spec.read_preference, spec.read_concern,
-                            is_resume)
-
-    def _start_options(self) -> dict[str, Any]:
-        """The caller's start options, verbatim: conflicts are the server's to report."""
-        options = self._spec.options
-        stage: dict[str, Any] = {}
-        if options.resume_after is not None:
-            stage["resumeAfter"] = options.resume_after
-        if options.start_after is not None:
-            stage["startAfter"] = options.start_after
-        if options.start_at_operation_time is not None:
-            stage["startAtOperationTime"] = options.start_at_operation_time
-        return stage
+        start = self._resume_options() if is_resume else start_options(self._spec.options)
+        return aggregate_command(self._spec, start, self._split_stage, is_resume=is_resume)
 
     def _resume_options(self) -> dict[str, Any]:
         """Spec "Resume Process": startAfter vs resumeAfter vs startAtOperationTime."""
@@ -835,15 +701,8 @@ class ChangeStreamMachine:
     def _getmore(self) -> RunGetMore:
         cursor = self._cursor
         assert cursor is not None
-        options = self._spec.options
-        command: dict[str, Any] = {"getMore": Int64(cursor.id), "collection": cursor.collection}
-        if options.batch_size:
-            command["batchSize"] = options.batch_size
-        if options.max_await_time_ms is not None:
-            command["maxTimeMS"] = options.max_await_time_ms
-        if options.comment is not None and cursor.wire_version >= 9:
-            command["comment"] = options.comment
-        return RunGetMore(command, cursor.database, cursor.address)
+        return getmore_command(cursor.id, cursor.collection, cursor.database, cursor.address,
+                               cursor.wire_version, self._spec.options)
 
 
 _EFFECTS: Final[Mapping[Effect, _Effector]] = {
@@ -862,61 +721,3 @@ _EFFECTS: Final[Mapping[Effect, _Effector]] = {
     Effect.KEEP_ERROR: ChangeStreamMachine._keep_error,
 }
 """How the machine applies each of the table's effects."""
-
-
-def _event_token(event: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The event's ``_id`` (its resume token); ``KeyError`` if it has none.
-
-    For a raw event whose first field is ``_id`` (as the server sends it) and
-    whose token starts with a ``_data`` string, :data:`_IN_EVENT`: the caller
-    keeps the event and the token's bytes are sliced out only when used
-    (:func:`~changestream._token.raw_event_token`). Anything but a document with a ``_data`` string
-    raises :class:`~changestream.errors.InvalidResumeTokenError`.
-    """
-    kind = type(event)
-    if kind is RawBSONDocument:
-        if token_in_raw_event(event.raw):  # type: ignore[attr-defined]
-            return _IN_EVENT  # type: ignore[no-any-return]
-    elif kind is not dict and not isinstance(event, Mapping):
-        raise _not_an_event(event)
-    token = event["_id"]
-    if type(token) is dict and type(token.get("_data")) is str:
-        return token
-    return check_resume_token(token, "_id")
-
-
-def _not_an_event(value: Any) -> MalformedReplyError:
-    return MalformedReplyError(
-        f"a change event must be a document, not {describe(value)}", field="event", value=value
-    )
-
-
-def _parse_cursor(
-    reply: Any, batch_field: str, name: str
-) -> tuple[Mapping[str, Any], deque[Mapping[str, Any]], int, Mapping[str, Any] | None]:
-    """Check a cursor reply's shape before anything of it is used (fields named on errors)."""
-    if not isinstance(reply, Mapping):
-        raise MalformedReplyError(f"malformed {name} reply: it must be a document, not {describe(reply)}",
-                                  field="reply", value=reply)
-    cursor = reply.get("cursor")
-    if not isinstance(cursor, Mapping):
-        raise MalformedReplyError(
-            f"malformed {name} reply: 'cursor' must be a document, not {describe(cursor)}",
-            field="cursor", value=cursor,
-        )
-    batch = cursor.get(batch_field)
-    if not isinstance(batch, list):
-        raise MalformedReplyError(
-            f"malformed {name} reply: cursor.{batch_field} must be an array, not {describe(batch)}",
-            field=f"cursor.{batch_field}", value=batch,
-        )
-    cursor_id = cursor.get("id")
-    if isinstance(cursor_id, bool) or not isinstance(cursor_id, int):
-        raise MalformedReplyError(
-            f"malformed {name} reply: cursor.id must be an integer, not {describe(cursor_id)}",
-            field="cursor.id", value=cursor_id,
-        )
-    post_batch_token = cursor.get("postBatchResumeToken")
-    if post_batch_token is not None:
-        check_resume_token(post_batch_token, "cursor.postBatchResumeToken")
-    return cursor, deque(batch), int(cursor_id), post_batch_token

@@ -122,7 +122,7 @@ class StatsReporter:
         self.stored = 0
         self.last_stored_token_time: datetime | None = None
         self.calls: Any = None
-        """The run's :class:`~changestream._policies.HandlerCalls` (retry and dead-letter counts)."""
+        """The run's :class:`~changestream._consumer.handler_errors.HandlerCalls` (retry and dead-letter counts)."""
         self.headroom = HeadroomProbe()
         """Reads of the oldest oplog entry (done by the stats timer)."""
         self.timer: Any = None

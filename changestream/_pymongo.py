@@ -92,14 +92,14 @@ from ._machine import Command, ErrorInfo, KillCursors, ReplyInfo, RunAggregate, 
 
 __all__ = [
     "AsyncTransport",
-    "Outcome",
+    "CommandResult",
     "SyncTransport",
     "csot_context_active",
-    "describe_error",
+    "error_info",
     "plain_command_spec",
 ]
 
-Outcome = tuple[Mapping[str, Any], ReplyInfo] | ErrorInfo
+CommandResult = tuple[Mapping[str, Any], ReplyInfo] | ErrorInfo
 
 _RAW: CodecOptions[Any] = CodecOptions(document_class=RawBSONDocument)
 """Replies arrive raw: tokens keep their exact bytes, events are decoded once, with the user's codec.
@@ -143,7 +143,7 @@ def csot_context_active() -> bool:
     return _csot.get_timeout() is not None
 
 
-def describe_error(exc: Exception, wire_version: int | None) -> ErrorInfo:
+def error_info(exc: Exception, wire_version: int | None) -> ErrorInfo:
     """Translate a PyMongo (or other) exception into the machine's :class:`ErrorInfo`."""
     if not isinstance(exc, PyMongoError):
         return ErrorInfo(exception=exc, wire_version=wire_version)
@@ -344,7 +344,7 @@ class _Transport:
             "client": self._client,
         }
 
-    def _reply(self, reply: Mapping[str, Any], checkout: _Checkout, wire_version: int) -> Outcome:
+    def _reply(self, reply: Mapping[str, Any], checkout: _Checkout, wire_version: int) -> CommandResult:
         return _decoded(reply, self._reply_codec), ReplyInfo(checkout.address, wire_version,
                                                              checkout.load_balanced)
 
@@ -383,7 +383,7 @@ class SyncTransport(_Transport):
     def session(self) -> ClientSession | None:
         return self._session  # type: ignore[no-any-return]
 
-    def run(self, command: Command) -> Outcome:
+    def run(self, command: Command) -> CommandResult:
         """Run one command; PyMongo (and other ``Exception``) failures come back as ``ErrorInfo``."""
         wire_version: int | None = None
         try:
@@ -410,7 +410,7 @@ class SyncTransport(_Transport):
                 self._keep(checkout, command, reply)
             return self._reply(reply, checkout, conn.max_wire_version)
         except Exception as exc:
-            return describe_error(exc, wire_version)
+            return error_info(exc, wire_version)
 
     def _release(self) -> None:
         """Check in a pinned connection (load-balanced mode)."""
@@ -441,7 +441,7 @@ class AsyncTransport(_Transport):
     def session(self) -> AsyncClientSession | None:
         return self._session  # type: ignore[no-any-return]
 
-    async def run(self, command: Command) -> Outcome:
+    async def run(self, command: Command) -> CommandResult:
         """Run one command; PyMongo (and other ``Exception``) failures come back as ``ErrorInfo``.
 
         Cancellation (``CancelledError``) is not an ``Exception`` and propagates.
@@ -471,7 +471,7 @@ class AsyncTransport(_Transport):
                 self._keep(checkout, command, reply)
             return self._reply(reply, checkout, conn.max_wire_version)
         except Exception as exc:
-            return describe_error(exc, wire_version)
+            return error_info(exc, wire_version)
 
     async def _release(self) -> None:
         """Check in a pinned connection (load-balanced mode)."""

@@ -31,7 +31,7 @@ from ._options import (
     reply_codec,
 )
 from ._position import Position
-from ._pymongo import Outcome, csot_context_active
+from ._pymongo import CommandResult, csot_context_active
 from ._token import ResumeToken, raw_event_token
 
 
@@ -101,7 +101,7 @@ def abandon(stream: Any) -> None:
         transport.abandon(machine.abandon())
 
 
-class Progress:
+class StreamProgress:
     """What both shells show of a stream's progress (read from the machine; no I/O)."""
 
     _machine: ChangeStreamMachine
@@ -131,7 +131,7 @@ class Progress:
         return self._machine.resumes
 
 
-class StreamShell(Progress):
+class StreamShell(StreamProgress):
     """The I/O-free half of :class:`~changestream.ChangeStream` and its asyncio twin."""
 
     def __init__(
@@ -140,7 +140,8 @@ class StreamShell(Progress):
         """``transport(client, session, reply_codec)`` builds the shell's transport."""
         self._setup = stream_setup(target, options)
         self._codec = self._setup.codec
-        self._present_token = ResumeToken.presenter(self._codec)
+        self._presenter = ResumeToken.presenter(self._codec)
+        self._client = target.client
         self._transport = transport(target.client, options.session, self._setup.wire)
         self._machine = ChangeStreamMachine(self._setup.spec)
         self._close_requested = False
@@ -151,18 +152,18 @@ class StreamShell(Progress):
 
         ``None`` until the stream has one (no start option and no batch yet).
         """
-        return self._present_token(self._machine.resume_token)
+        return self._presenter(self._machine.resume_token)
 
     def _take_buffered(self, limit: int, raw_tokens: bool = False,
                        event_bytes: bool = False) -> list[tuple[Any, Any]]:
         """:meth:`take_buffered` of both shells, under their lock (or on the loop's thread).
 
-        ``event_bytes`` (``consume`` with workers): each token as :meth:`_carried_token`
+        ``event_bytes`` (:meth:`take_carried`): each token as :meth:`carried_token`
         gives it (the raw event's ``bytes`` where the token is inside: no copy per
-        change, most are never stored); :meth:`_present_carried` turns the one stored
+        change, most are never stored); :meth:`present_token` turns the one stored
         into a token.
         """
-        machine, present, carried = self._machine, self._present_token, self._carried_token
+        machine, present, carried = self._machine, self._presenter, self.carried_token
         taken: list[tuple[Any, Any]] = []
         while len(taken) < limit:
             document = machine.next_buffered()
@@ -177,18 +178,30 @@ class StreamShell(Progress):
             taken.append((document, token))
         return taken
 
-    def _carried_token(self) -> Any:
+    def carried_token(self) -> Any:
         """:attr:`resume_token`, or the bytes of the raw event it is in (see
-        :meth:`_take_buffered`): ``consume`` presents only the tokens it stores."""
+        :meth:`take_carried`): ``consume`` presents only the tokens it stores
+        (:class:`~changestream._stream_view.StreamView`)."""
         event = self._machine.token_event
         return self.resume_token if event is None else event.raw
 
-    def _present_carried(self, carried: Any) -> Any:
-        """A token from :meth:`_take_buffered`, in the stream's document class: the bytes
-        of a raw event (``event_bytes``) give the token inside it."""
+    def present_token(self, carried: Any) -> Any:
+        """A token from :meth:`carried_token` or :meth:`take_carried`, in the stream's
+        document class: the bytes of a raw event give the token inside it."""
         if type(carried) is bytes:
             carried = raw_event_token(carried)
-        return self._present_token(carried)
+        return self._presenter(carried)
+
+    @property
+    def stalled(self) -> bool:
+        """The stream resumed and no getMore succeeded since (``_machine.MAX_IDLE_RESUMES``):
+        a token that moved meanwhile is saved but is no progress."""
+        return bool(self._machine.idle_resumes)
+
+    @property
+    def client(self) -> Any:
+        """The PyMongo client the stream reads through."""
+        return self._client
 
     def get_resume_token(self) -> Any:
         """Same as :attr:`resume_token` (the spec's ``getResumeToken()``)."""
@@ -212,7 +225,7 @@ class StreamShell(Progress):
         """The per-call CSOT budget (see :func:`call_deadline`)."""
         return call_deadline(self._setup)
 
-    def _feed(self, outcome: Outcome) -> None:
+    def _feed(self, outcome: CommandResult) -> None:
         """Hand a command's outcome to the machine."""
         if isinstance(outcome, ErrorInfo):
             self._machine.receive_error(outcome)

@@ -7,7 +7,7 @@ the *plan* (what ``next_action`` returns next, in order, before the machine
 decides anew: e.g. killCursors, then the resume aggregate), the server cursor
 as far as control goes (:class:`Cursor`) and the operation's getMore budget.
 
-:func:`transition` maps ``(state, event)`` to an :class:`Outcome`: the next
+:func:`transition` maps ``(state, event)`` to a :class:`Transition`: the next
 state, the effects (:class:`Effect`) on the machine's data (buffer, tokens,
 counters) and the :class:`Act` that ``next_action`` returns, if any.
 :class:`~changestream._machine.ChangeStreamMachine` translates every input
@@ -43,9 +43,9 @@ __all__ = [
     "Effect",
     "Event",
     "Op",
-    "Outcome",
     "Phase",
     "State",
+    "Transition",
     "TransitionError",
     "markdown",
     "mermaid",
@@ -200,7 +200,7 @@ class State:
     cursor: Cursor = Cursor.NONE
     getmores: int | None = None
     """getMores the operation may still run (``try_next``: one); ``None``: no limit."""
-    _memo: dict[Event, Outcome] = dataclasses.field(
+    _memo: dict[Event, Transition] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False)
     """This state's row of the table, filled as events are looked up (see :func:`transition`)."""
 
@@ -223,7 +223,7 @@ _CANONICAL: dict[State, State] = {INITIAL: INITIAL}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Outcome:
+class Transition:
     """What an event does: the next state, the effects on data, what ``next_action`` returns."""
 
     state: State
@@ -235,7 +235,7 @@ class TransitionError(RuntimeError):
     """An event the table does not allow in the current state: a bug in the machine or its shell."""
 
 
-def transition(state: State, event: Event) -> Outcome:
+def transition(state: State, event: Event) -> Transition:
     """The table: what ``event`` does in ``state`` (:class:`TransitionError` if it cannot happen).
 
     The rules are pure, so each pair is decided once and then read from the
@@ -249,7 +249,7 @@ def transition(state: State, event: Event) -> Outcome:
     outcome = _RULES[event](state, event)
     target = _CANONICAL.setdefault(outcome.state, outcome.state)
     if target is not outcome.state:
-        outcome = Outcome(target, outcome.effects, outcome.act)
+        outcome = Transition(target, outcome.effects, outcome.act)
     state._memo[event] = outcome
     return outcome
 
@@ -269,54 +269,54 @@ def _ended(state: State, **changes: object) -> State:
 
 
 # -- rules, one per event -----------------------------------------------------------------------
-def _start(s: State, e: Event) -> Outcome:
+def _start(s: State, e: Event) -> Transition:
     if s.phase is not Phase.NEW or s.op is not None:
         raise _refuse(s, e, "start() runs once, before any other operation")
-    return Outcome(_replace(s, op=Op.START))
+    return Transition(_replace(s, op=Op.START))
 
 
-def _begin(s: State, e: Event) -> Outcome:
+def _begin(s: State, e: Event) -> Transition:
     if s.op is not None:
         raise _refuse(s, e, f"an operation ({s.op.value}) is already in progress")
     if s.phase is Phase.NEW:
         raise _refuse(s, e, "start() must succeed before iterating")
     if e is Event.TRY_NEXT:
         # try_next: at most one getMore; after a resume only the new first batch.
-        return Outcome(_replace(s, op=Op.TRY_NEXT, getmores=1))
-    return Outcome(_replace(s, op=Op.NEXT, getmores=None))
+        return Transition(_replace(s, op=Op.TRY_NEXT, getmores=1))
+    return Transition(_replace(s, op=Op.NEXT, getmores=None))
 
 
-def _close(s: State, e: Event) -> Outcome:
+def _close(s: State, e: Event) -> Transition:
     if s.flight is not None:
         raise _refuse(s, e, "feed the outcome of the in-flight command before close()")
     plan = (Act.KILL_CURSORS, Act.NO_DOCUMENT) if s.cursor is Cursor.LIVE else (Act.NO_DOCUMENT,)
     closed = State(Phase.CLOSED, Op.CLOSE, None, plan, s.cursor, None)
-    return Outcome(closed, (Effect.CLEAR_BUFFER,))
+    return Transition(closed, (Effect.CLEAR_BUFFER,))
 
 
-def _abort(s: State, e: Event) -> Outcome:
+def _abort(s: State, e: Event) -> Transition:
     """Interrupted mid-command: forget the command in flight, then close."""
     return _close(_replace(s, flight=None), Event.CLOSE)
 
 
-def _abandon(s: State, e: Event) -> Outcome:
+def _abandon(s: State, e: Event) -> Transition:
     """Garbage collected: close without I/O; the open cursor's killCursors goes to a cleaner."""
     if s.flight is not None:
-        return Outcome(s)  # left to the shell running it
+        return Transition(s)  # left to the shell running it
     closed = State(Phase.CLOSED, cursor=Cursor.NONE)
     if s.cursor is Cursor.LIVE:
-        return Outcome(closed, (Effect.CLEAR_BUFFER,), Act.KILL_CURSORS)
-    return Outcome(closed, (Effect.CLEAR_BUFFER, Effect.DROP_CURSOR))
+        return Transition(closed, (Effect.CLEAR_BUFFER,), Act.KILL_CURSORS)
+    return Transition(closed, (Effect.CLEAR_BUFFER, Effect.DROP_CURSOR))
 
 
-def _pop(s: State, effects: tuple[Effect, ...] = ()) -> Outcome:
+def _pop(s: State, effects: tuple[Effect, ...] = ()) -> Transition:
     """Run the plan's next step: a command goes in flight, a result ends the operation."""
     act, rest = s.plan[0], s.plan[1:]
     if act in COMMANDS:
         cursor = Cursor.NONE if act is Act.KILL_CURSORS else s.cursor
-        return Outcome(_replace(s, flight=act, plan=rest, cursor=cursor), effects, act)
+        return Transition(_replace(s, flight=act, plan=rest, cursor=cursor), effects, act)
     assert not rest, "a result ends the plan"
-    return Outcome(_ended(s, plan=rest), effects, act)
+    return Transition(_ended(s, plan=rest), effects, act)
 
 
 def _resume(s: State) -> tuple[State, tuple[Effect, ...]]:
@@ -327,14 +327,14 @@ def _resume(s: State) -> tuple[State, tuple[Effect, ...]]:
     return state, (Effect.BEGIN_RESUME, Effect.DROP_CURSOR)
 
 
-def _fail(s: State, *effects: Effect) -> Outcome:
+def _fail(s: State, *effects: Effect) -> Transition:
     """Close the stream (killing its cursor first) and raise the error."""
     plan = (Act.KILL_CURSORS, Act.RAISE) if s.cursor is Cursor.LIVE else (Act.RAISE,)
     closed = _replace(s, phase=Phase.CLOSED, flight=None, plan=plan)
-    return Outcome(closed, (*effects, Effect.CLEAR_BUFFER, Effect.KEEP_ERROR))
+    return Transition(closed, (*effects, Effect.CLEAR_BUFFER, Effect.KEEP_ERROR))
 
 
-def _act(s: State, e: Event) -> Outcome:
+def _act(s: State, e: Event) -> Transition:
     if s.flight is not None:
         raise _refuse(s, e, "feed the outcome of the in-flight command first")
     if s.op is None:
@@ -342,47 +342,47 @@ def _act(s: State, e: Event) -> Outcome:
     if s.plan:
         return _pop(s)
     if s.op is Op.START and s.phase is Phase.NEW:
-        return Outcome(_replace(s, flight=Act.AGGREGATE), (), Act.AGGREGATE)
+        return Transition(_replace(s, flight=Act.AGGREGATE), (), Act.AGGREGATE)
     if s.op not in _ITERATING:
         raise _refuse(s, e, f"{s.op.value} has nothing left to do")
     if s.phase is Phase.CLOSED:
-        return Outcome(_ended(s), (), Act.NO_DOCUMENT)
+        return Transition(_ended(s), (), Act.NO_DOCUMENT)
     if s.phase is Phase.RESUME_PENDING:
         state, effects = _resume(s)
         return _pop(state, effects)
     if s.phase is not Phase.OPEN or s.cursor is Cursor.NONE:
         raise _refuse(s, e, "an open stream needs its cursor")
     if e is Event.ACT_BUFFERED:
-        return Outcome(s, (Effect.TAKE_DOCUMENT,))
+        return Transition(s, (Effect.TAKE_DOCUMENT,))
     if s.cursor is Cursor.DONE:
         # Exhausted or invalidated, and everything buffered was returned.
         if e is Event.ACT_MID_SPLIT:
             failed = _fail(s)  # the cursor closed in the middle of a split event
             return _pop(failed.state, failed.effects)
-        return Outcome(_ended(s, phase=Phase.CLOSED), (Effect.CLEAR_BUFFER,), Act.NO_DOCUMENT)
+        return Transition(_ended(s, phase=Phase.CLOSED), (Effect.CLEAR_BUFFER,), Act.NO_DOCUMENT)
     if s.getmores == 0:
-        return Outcome(_ended(s), (), Act.NO_DOCUMENT)
+        return Transition(_ended(s), (), Act.NO_DOCUMENT)
     getmores = None if s.getmores is None else s.getmores - 1
-    return Outcome(_replace(s, flight=Act.GETMORE, getmores=getmores), (), Act.GETMORE)
+    return Transition(_replace(s, flight=Act.GETMORE, getmores=getmores), (), Act.GETMORE)
 
 
-def _taken(s: State, e: Event) -> Outcome:
+def _taken(s: State, e: Event) -> Transition:
     """What the document taken by Effect.TAKE_DOCUMENT turned out to be."""
     if (s.op not in _ITERATING or s.phase is not Phase.OPEN or s.flight is not None or s.plan
             or s.cursor is Cursor.NONE):
         raise _refuse(s, e, "only a next/try_next on an open stream takes buffered documents")
     if e is Event.FRAGMENT:
-        return Outcome(s)  # keep the token before the first fragment: a resume re-delivers it
+        return Transition(s)  # keep the token before the first fragment: a resume re-delivers it
     if e is Event.DOCUMENT:
-        return Outcome(_ended(s), (Effect.CACHE_TOKEN,), Act.DELIVER)
+        return Transition(_ended(s), (Effect.CACHE_TOKEN,), Act.DELIVER)
     # Spec: last document of the batch -> postBatchResumeToken, else its _id.
     if s.cursor is Cursor.DONE:
         closed = _ended(s, phase=Phase.CLOSED)
-        return Outcome(closed, (Effect.CACHE_LAST_TOKEN, Effect.CLEAR_BUFFER), Act.DELIVER)
-    return Outcome(_ended(s), (Effect.CACHE_LAST_TOKEN,), Act.DELIVER)
+        return Transition(closed, (Effect.CACHE_LAST_TOKEN, Effect.CLEAR_BUFFER), Act.DELIVER)
+    return Transition(_ended(s), (Effect.CACHE_LAST_TOKEN,), Act.DELIVER)
 
 
-def _reply(s: State, e: Event) -> Outcome:
+def _reply(s: State, e: Event) -> Transition:
     flight = s.flight
     if flight is None or flight is Act.KILL_CURSORS:
         raise _refuse(s, e, "no aggregate or getMore is in flight")
@@ -391,7 +391,7 @@ def _reply(s: State, e: Event) -> Outcome:
         if s.phase is not Phase.OPEN:
             raise _refuse(s, e, f"a getMore cannot be in flight in phase {s.phase.value!r}")
         state = _replace(s, flight=None, cursor=cursor)
-        return Outcome(state, (Effect.NOTE_SERVER_TIME, Effect.UPDATE_CURSOR, Effect.RESET_IDLE,
+        return Transition(state, (Effect.NOTE_SERVER_TIME, Effect.UPDATE_CURSOR, Effect.RESET_IDLE,
                                Effect.LOAD_BATCH))
     resume = flight in RESUMES
     if s.phase is not (Phase.RESUME_PENDING if resume else Phase.NEW):
@@ -400,22 +400,22 @@ def _reply(s: State, e: Event) -> Outcome:
     state = _replace(s, phase=Phase.OPEN, flight=None, plan=plan, cursor=cursor)
     effects = (Effect.NOTE_SERVER_TIME, Effect.STORE_CURSOR, Effect.LOAD_BATCH)
     # Saving operationTime may find it malformed: last, so the new cursor is killed then.
-    return Outcome(state, effects if resume else (*effects, Effect.SAVE_OPERATION_TIME))
+    return Transition(state, effects if resume else (*effects, Effect.SAVE_OPERATION_TIME))
 
 
-def _bad_reply(s: State, e: Event) -> Outcome:
+def _bad_reply(s: State, e: Event) -> Transition:
     if s.flight is None or s.flight is Act.KILL_CURSORS:
         raise _refuse(s, e, "no aggregate or getMore is in flight")
     return _fail(s, Effect.NOTE_SERVER_TIME)
 
 
-def _killed(s: State, e: Event) -> Outcome:
+def _killed(s: State, e: Event) -> Transition:
     if s.flight is not Act.KILL_CURSORS or not s.plan:
         raise _refuse(s, e, "no killCursors is in flight")
-    return Outcome(_replace(s, flight=None))
+    return Transition(_replace(s, flight=None))
 
 
-def _error(s: State, e: Event) -> Outcome:
+def _error(s: State, e: Event) -> Transition:
     flight = s.flight
     if flight is None or flight is Act.KILL_CURSORS:
         raise _refuse(s, e, "no aggregate or getMore is in flight")
@@ -423,16 +423,16 @@ def _error(s: State, e: Event) -> Outcome:
         return _getmore_error(s, e)
     if e is Event.RETRYABLE_ERROR and flight in _RETRY:
         # Retryable reads: one more attempt of the same aggregate.
-        return Outcome(_replace(s, flight=None, plan=(_RETRY[flight],)))
+        return Transition(_replace(s, flight=None, plan=(_RETRY[flight],)))
     if e is Event.TIMEOUT and flight in RESUMES:
         # CSOT: a timeout never invalidates the stream; the next call resumes again.
-        return Outcome(_replace(s, flight=None, plan=(Act.RAISE,)), (Effect.KEEP_ERROR,))
+        return Transition(_replace(s, flight=None, plan=(Act.RAISE,)), (Effect.KEEP_ERROR,))
     if e in (Event.RETRYABLE_ERROR, Event.TIMEOUT, Event.ERROR):
         return _fail(s)  # spec: an aggregate error is never resumable
     raise _refuse(s, e, "aggregate errors are classified by the retryable-reads spec")
 
 
-def _getmore_error(s: State, e: Event) -> Outcome:
+def _getmore_error(s: State, e: Event) -> Transition:
     if e is Event.ERROR:
         return _fail(s)
     if e is Event.RETRYABLE_ERROR:
@@ -441,16 +441,16 @@ def _getmore_error(s: State, e: Event) -> Outcome:
     if e in (Event.TIMEOUT, Event.FRUITLESS_RESUMABLE_ERROR):
         # CSOT: keep the stream; the next call resumes before any getMore. Fruitless
         # resumes: no hot loop; the caller decides when to try again (it resumes once).
-        return Outcome(_replace(pending, plan=(Act.RAISE,)), (Effect.KEEP_ERROR,))
+        return Transition(_replace(pending, plan=(Act.RAISE,)), (Effect.KEEP_ERROR,))
     if s.op is Op.TRY_NEXT:
         pending = _replace(pending, getmores=0)  # after a resume only the new first batch
     if e is Event.CURSOR_LOST:
         # Load-balancers spec: the cursor died with its connection; no killCursors.
         pending = _replace(pending, cursor=Cursor.NONE)
-    return Outcome(*_resume(pending))
+    return Transition(*_resume(pending))
 
 
-def _bad_data(s: State, e: Event) -> Outcome:
+def _bad_data(s: State, e: Event) -> Transition:
     if s.op is None or s.flight is not None or s.phase is not Phase.OPEN:
         raise _refuse(s, e, "bad data is found only in a reply or document of an open stream")
     return _fail(s)
@@ -486,7 +486,7 @@ _ACT_VARIANTS = frozenset({Event.ACT_BUFFERED, Event.ACT_MID_SPLIT})
 
 
 # -- the table, explored (for the docs and the tests) -------------------------------------------
-def reachable() -> Iterator[tuple[State, Event, Outcome]]:
+def reachable() -> Iterator[tuple[State, Event, Transition]]:
     """Every allowed ``(state, event) -> outcome`` from :data:`INITIAL`, breadth first."""
     seen, frontier = {INITIAL}, [INITIAL]
     while frontier:

@@ -472,6 +472,16 @@ class MongoTokenStore:
         document = {"_id": self._key, **_record(token, batch_id)}
         self._collection.replace_one({"_id": self._key}, document, upsert=True)
 
+    @property
+    def namespace(self) -> str:
+        """``database.collection`` the token is kept in."""
+        return self._collection.full_name
+
+    @property
+    def key(self) -> str:
+        """The ``_id`` of the token's document."""
+        return self._key
+
     def __repr__(self) -> str:
         return f"MongoTokenStore({self._collection.full_name!r}, key={self._key!r})"
 
@@ -498,6 +508,16 @@ class AsyncMongoTokenStore:
     async def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
         document = {"_id": self._key, **_record(token, batch_id)}
         await self._collection.replace_one({"_id": self._key}, document, upsert=True)
+
+    @property
+    def namespace(self) -> str:
+        """``database.collection`` the token is kept in."""
+        return self._collection.full_name
+
+    @property
+    def key(self) -> str:
+        """The ``_id`` of the token's document."""
+        return self._key
 
     def __repr__(self) -> str:
         return f"AsyncMongoTokenStore({self._collection.full_name!r}, key={self._key!r})"

@@ -7,10 +7,11 @@ Fixtures built on these helpers live in ``tests/conftest.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import struct
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import bson
@@ -144,3 +145,33 @@ def interrupt_as_a_getmore_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
         return action
 
     monkeypatch.setattr(ChangeStreamMachine, "next_action", interrupted_after)
+
+
+@dataclasses.dataclass
+class Ctx:
+    """What a scenario gets (the ``run`` fixture): the observed client and collection, helpers.
+
+    An ``async def`` scenario gets an ``AsyncMongoClient``, a plain one a ``MongoClient``
+    (so one asyncio test and its generated sync twin read the same); writes and
+    failpoints always go through the unobserved sync client.
+    """
+
+    deployment: Deployment
+    client: Any
+    """The observed ``MongoClient`` or ``AsyncMongoClient`` the streams run on."""
+    coll: Any
+    """The observed collection the streams watch (of :attr:`client`)."""
+    writer: Any
+    """The same collection through an unobserved sync client."""
+    admin: MongoClient[dict[str, Any]]
+    recorder: Recorder
+
+    def fail_point(self, name: str, mode: Any, **data: Any) -> None:
+        self.admin.admin.command({"configureFailPoint": name, "mode": mode, "data": data})
+
+    def resumable_getmore_failure(self) -> None:
+        """One getMore fails with a resumable error (the label is computed server-side)."""
+        self.fail_point("failGetMoreAfterCursorCheckout", {"times": 1}, errorCode=6)
+
+
+Scenario = Callable[[Ctx], "Awaitable[None] | None"]

@@ -19,7 +19,7 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
 import changestream
-from changestream._cli_progress import parse_operation_time
+from changestream._cli.progress import parse_operation_time
 
 CLI = [sys.executable, "-m", "changestream"]
 TIMEOUT = 120

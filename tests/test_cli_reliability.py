@@ -50,6 +50,32 @@ def one_line(stderr: str) -> str:
         (["serve", "--members", "60", "--port", "65530"], "--members must be between 1 and 50"),
         (["serve", "--members", "3", "--port", "65534"], "above 65535"),
         (["serve", "--port", "70000"], "--port must be between 0 and 65535"),
+        # Issue 33 item 10: tracebacks, and names that watched everything or nothing (exit 0).
+        (["watch", "mongodb://127.0.0.1:1", "--connect-timeout", "1", "--db", "a$b"],
+         "--db: 'a$b' is not a database name: it cannot contain '$'"),
+        (["watch", "mongodb://127.0.0.1:1", "--connect-timeout", "1", "--db", "a.b"],
+         "--db: 'a.b' is not a database name: it cannot contain '.'"),
+        (["watch", "mongodb://127.0.0.1:1", "--connect-timeout", "1", "--db", ""],
+         "--db: a database name cannot be empty (leave --db out to watch every database)"),
+        (["watch", "mongodb://127.0.0.1:1", "--connect-timeout", "1", "--db", "d", "--coll",
+          "$cmd"], "--coll: '$cmd' is not a collection name: it cannot contain '$'"),
+        (["watch", "mongodb://127.0.0.1:1", "--connect-timeout", "1", "--db", "d", "--coll", ""],
+         "--coll: a collection name cannot be empty"),
+        (["watch", "mongodb://127.0.0.1:1", "--connect-timeout", "1",
+          "--pipeline", "[" * 3000 + "]" * 3000],
+         "--pipeline is nested deeper than the 200 levels MongoDB accepts"),
+        (["watch", "mongodb://127.0.0.1:1", "--connect-timeout", "1", "--pipeline",
+          '[{"$match": ' + '{"a": ' * 900 + "1" + "}" * 900 + "}]"],
+         "--pipeline is nested 902 levels deep, deeper than the 200 MongoDB accepts"),
+        (["watch", "mongodb://127.0.0.1:1", "--connect-timeout", "1", "--pipeline",
+          '[{"$match": ' + '{"a": ' * 199 + "1" + "}" * 199 + "}]"],
+         "--pipeline is nested 201 levels deep"),
+        (["mirror", "mongodb://127.0.0.1:1", "--db", "d", "--coll", "c", "--to", "t",
+          "--app-id", ""], "--app-id: must name the writer, not be empty"),
+        (["mirror", "mongodb://127.0.0.1:1", "--db", "a$b", "--coll", "c", "--to", "t"],
+         "--db: 'a$b' is not a database name"),
+        (["mirror", "mongodb://127.0.0.1:1", "--db", "d", "--coll", "$cmd", "--to", "t"],
+         "--coll: '$cmd' is not a collection name"),
     ],
 )
 def test_every_bad_argument_is_one_line_and_exit_2(args: list[str], expected: str) -> None:
@@ -234,7 +260,8 @@ def test_a_signal_as_the_handlers_are_installed_exits_0(
 ) -> None:
     """Ctrl-C right after ``watch`` installed its handlers, before it was ready for them:
     the KeyboardInterrupt escaped ``main()`` (a traceback). It is a stop like any other."""
-    from changestream._cli import _PrintGuard, main
+    from changestream._cli import main
+    from changestream._cli.watch import _PrintGuard
 
     install = signal.signal
 
@@ -258,7 +285,8 @@ def test_a_signal_as_the_handlers_are_installed_exits_0(
 _SECOND_SIGNAL = """
 import signal, sys
 import changestream._cli as cli
-from changestream._stream import ChangeStream
+import changestream._cli.watch as watch_command
+from changestream import ChangeStream
 from pymongo import MongoClient
 
 signum, hook, uri, database = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
@@ -273,7 +301,7 @@ ChangeStream.try_next = signal_first(ChangeStream.try_next)  # the stop, while w
 if hook == "close":  # then again: while the client closes
     MongoClient.close = signal_first(MongoClient.close)
 else:  # or while "stopped" is being said
-    cli._stopped = signal_first(cli._stopped)
+    watch_command._stopped = signal_first(watch_command._stopped)
 sys.argv = ["changestream", "watch", uri, "--db", database, "--max-await-ms", "50"]
 raise SystemExit(cli.main())
 """
@@ -366,3 +394,100 @@ def test_on_history_lost_resnapshot_prints_every_document_again(
     assert all("snapshot" in r for r in records)
     assert "history lost: the changes after" in result.stderr
     assert "printing every document again" in result.stderr
+
+
+# -- Ctrl-C before a command is ready for it (issue 33, item 16) ------------------------------
+_EARLY_SIGNAL = """
+import signal, sys, time
+
+moment, external = sys.argv[1], sys.argv[2] == "external"
+
+def interrupt():
+    if external:  # the test sends the signal, as a terminal does, while this waits
+        print("ready", flush=True)
+        time.sleep(60)
+    else:
+        signal.raise_signal(signal.SIGINT)  # handled at once, in this thread
+
+class InterruptAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == moment:
+            sys.meta_path.remove(self)
+            interrupt()
+        return None
+
+if moment.startswith("call:"):  # interrupt as this function is called
+    import importlib
+    owner, _, attribute = moment[5:].rpartition(".")
+    module, _, cls = owner.rpartition(".")
+    holder = getattr(importlib.import_module(module), cls)
+    original = getattr(holder, attribute)
+    def interrupted(*args, **kwargs):
+        interrupt()
+        return original(*args, **kwargs)
+    setattr(holder, attribute, interrupted)
+else:  # interrupt as this module is about to be imported
+    sys.meta_path.insert(0, InterruptAtImport())
+sys.argv = ["changestream", *sys.argv[3:]]
+from changestream._cli import main  # what the `changestream` script runs
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize(("moment", "command"), [
+    ("pymongo", "watch"),  # imported by `import changestream` before: a 19-line traceback
+    ("changestream._consumer.run", "watch"),
+    ("changestream._cli.watch", "watch"),
+    ("call:argparse.ArgumentParser.parse_args", "watch"),
+    ("call:pymongo.MongoClient.__init__", "watch"),
+    ("changestream._cli.mirror", "mirror"),
+    ("call:argparse.ArgumentParser.parse_args", "mirror"),
+    ("changestream._cli.demo", "demo"),
+])
+def test_ctrl_c_before_the_command_is_ready_ends_it_quietly(moment: str, command: str) -> None:
+    """Issue 33 item 16: a Ctrl-C in the first half second of ``changestream watch``
+    printed a 19-line traceback (6 of 28 tries): it came while ``changestream`` was
+    imported, before ``main`` ran. The signal is raised at each early moment in turn;
+    the program ends as one killed by SIGINT (the shell shows 130), saying nothing."""
+    args = {"watch": ["watch", "mongodb://127.0.0.1:1", "--connect-timeout", "1"],
+            "mirror": ["mirror", "mongodb://127.0.0.1:1", "--db", "d", "--coll", "c",
+                       "--to", "t", "--connect-timeout", "1"],
+            "demo": ["demo"]}[command]
+    result = subprocess.run([sys.executable, "-c", _EARLY_SIGNAL, moment, "raise", *args],
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr, result.stdout) == (-signal.SIGINT, "", "")
+
+
+@pytest.mark.parametrize("moment", ["pymongo", "call:pymongo.MongoClient.__init__"])
+def test_an_early_ctrl_c_from_the_terminal_ends_it_quietly(moment: str) -> None:
+    """The same with a signal sent from outside (as a terminal sends it), while the
+    program is held at that moment until it arrives."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _EARLY_SIGNAL, moment, "external", "watch",
+         "mongodb://127.0.0.1:1", "--connect-timeout", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "ready\n"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert (process.returncode, err, out) == (-signal.SIGINT, "", "")
+
+
+def test_an_early_ctrl_c_of_main_called_as_a_function_returns_130(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Called from Python (not as the program), ``main`` returns the status instead."""
+    import argparse
+
+    from changestream._cli import main
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", interrupted)
+    assert main(["watch", "mongodb://127.0.0.1:1"]) == 130

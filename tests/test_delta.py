@@ -213,6 +213,31 @@ def test_mirror_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def test_mirror_to_an_object_store_without_credentials_is_one_line(
+    rs: ReplicaSet, tmp_path: Path
+) -> None:
+    """Issue 33 item 10: ``--to s3://...`` without credentials printed the object
+    store's error over 11 lines with colour codes. Every endpoint the AWS libraries
+    would ask for credentials points at a closed loopback port (no traffic leaves)."""
+    import os
+
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
+    closed = "http://127.0.0.1:1"
+    env.update(HOME=str(tmp_path), AWS_EC2_METADATA_DISABLED="true", AWS_REGION="us-east-1",
+               AWS_EC2_METADATA_SERVICE_ENDPOINT=closed, AWS_METADATA_ENDPOINT=closed,
+               AWS_ENDPOINT_URL=closed)
+    proc = subprocess.run(
+        [sys.executable, "-m", "changestream", "mirror", rs.uri, "--db", "d", "--coll", "c",
+         "--to", "s3://bucket/table", "--no-status"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "\x1b" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("changestream: OSError: Generic S3 error: Error performing "), lines
+    assert "Connection refused" in lines[0]
+
+
 def test_mirror_schema_gives_typed_columns_and_a_misfit_stops_with_nothing_written(
     coll: Any, rs: ReplicaSet, tmp_path: Path
 ) -> None:

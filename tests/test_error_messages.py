@@ -192,7 +192,7 @@ def test_cli_wrong_replica_set_name(plain: ReplicaSet) -> None:
 
 
 def test_cli_names_srv_hosts_as_written() -> None:
-    from changestream._cli import _hosts
+    from changestream._cli.common import hosts as _hosts
 
     assert _hosts("mongodb+srv://u:p@cluster0.example.invalid/?x=1") == (
         "cluster0.example.invalid (SRV)"

@@ -79,7 +79,7 @@ def test_every_overload_lists_every_runtime_option() -> None:
     import changestream
     import changestream.aio
     # Client/Database/Collection.watch are typed by the _BoundWatch protocol (overloads only).
-    bound_watch = types.SimpleNamespace(__module__="changestream._api",
+    bound_watch = types.SimpleNamespace(__module__="changestream._sync._api",
                                         __qualname__="_BoundWatch.__call__")
     for function in (changestream.watch, bound_watch, changestream.aio.watch):
         overloads = get_overloads(function)

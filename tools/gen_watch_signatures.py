@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = ROOT / "changestream" / "_watch_types.py"
-FILES = (ROOT / "changestream" / "_api.py", ROOT / "changestream" / "aio" / "_api.py")
+FILES = (ROOT / "changestream" / "_sync" / "_api.py", ROOT / "changestream" / "aio" / "_api.py")
 BEGIN = "# BEGIN generated watch options: "
 END = "# END generated watch options"
 _REGION = re.compile(

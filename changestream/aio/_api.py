@@ -1,6 +1,6 @@
 """Entry point of the asyncio streams: :func:`watch` over ``AsyncMongoClient`` targets.
 
-The async twin of :mod:`changestream._api`, written by hand (the sync side also
+The async twin of :mod:`changestream._sync._api`, written by hand (the sync side also
 has the ``Client``/``Database``/``Collection`` wrappers, which asyncio code
 does not need). :func:`unwrap` is here so that the generated shells can call
 it on both sides under one name.

@@ -1,8 +1,9 @@
-"""The few steps the async twins do differently from the sync ones, under the sync side's names.
+"""The few steps the async twins do differently from the sync ones, under one name on both sides.
 
-``tools/gen_sync.py`` writes the sync modules from the ``changestream/aio``
-sources; what cannot be written by dropping ``await`` lives here, and
-:mod:`changestream._sync_io` defines the same names for the sync side.
+``tools/gen_sync.py`` writes the sync modules under ``changestream/_sync`` from
+the ``changestream/aio`` sources; what cannot be written by dropping ``await``
+lives here, and :mod:`changestream._sync._sync_io` defines the same names for
+the sync side.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import pymongo
 import tenacity
 from pymongo.errors import PyMongoError
 
-from .._policies import HandlerCalls, HistoryGap, Setup
+from .._consumer.handler_errors import HandlerCalls
+from .._consumer.history import HistoryGap
+from .._consumer.options import ConsumeOptions
 from ._stream import AsyncChangeStream
 
 __all__ = [
@@ -67,9 +70,9 @@ async def _once(function: Callable[..., Any], *args: Any) -> None:
         await result
 
 
-async def report_gap(setup: Setup, gap: HistoryGap | None) -> None:
+async def report_gap(options: ConsumeOptions, gap: HistoryGap | None) -> None:
     """Call the ``gap`` function (a coroutine function is awaited)."""
-    result = setup.report_gap(gap)
+    result = options.report_gap(gap)
     if inspect.isawaitable(result):
         await result
 
@@ -89,7 +92,7 @@ async def next_or_stop(stream: AsyncChangeStream[Any], stop: asyncio.Event) -> A
     would have brought is after every handled change, so after the stored token.
     Returns :data:`ABANDONED` then. A buffered change is returned without a task.
     """
-    if stream.buffered or stop.is_set():
+    if stream.buffered > 1 or stop.is_set():  # no I/O while two or more wait
         return await stream.try_next()
     fetch = asyncio.ensure_future(stream.try_next())
     stopped = asyncio.ensure_future(stop.wait())

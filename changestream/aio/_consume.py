@@ -1,12 +1,14 @@
-"""The consume loop: the I/O between :class:`changestream._consume_run.Run`'s decisions.
+"""The consume loop: the I/O between :class:`changestream._consumer.run.Run`'s decisions.
 
 Every decision (save schedule, dead ends, reopening, retry settings) is
-:class:`~changestream._consume_run.Run`'s; this loop only opens streams,
+:class:`~changestream._consumer.run.Run`'s; this loop only opens streams,
 polls them, calls the handler and the store, and sleeps between retries.
-The asyncio module (``changestream/aio/_consume.py``) is the source;
-``tools/gen_sync.py`` writes the sync one from it. The async loop also takes
-async stores (awaited) and runs a plain store's methods in a worker thread (a
-file store fsyncs); the sync loop calls its store directly.
+The async loop also takes async stores (awaited) and runs a plain store's
+methods in a worker thread (a file store fsyncs); the sync loop calls its
+store directly.
+
+This asyncio module is the one source of both loops: ``tools/gen_sync.py``
+writes ``changestream/_sync/_consume.py`` from it.
 """
 
 from __future__ import annotations
@@ -22,32 +24,13 @@ from typing import Any
 import pymongo
 import tenacity
 
-from .._consume_run import (
-    DEFAULT_CALL_TIMEOUT,
-    GAP,
-    HANDLE,
-    MARK,
-    NOTHING,
-    SAVE,
-    ConsumeResult,
-    Run,
-    call_bound,
-    log,
-    signals_stop,
-    stalled,
-    take_buffered,
-    token_after,
-)
+from .._consumer.bounds import DEFAULT_CALL_TIMEOUT, call_bound, signals_stop
+from .._consumer.handler_errors import OnError
+from .._consumer.history import HistoryGap, HistoryLost, resnapshotting
+from .._consumer.options import DEFAULT_DRAIN_TIMEOUT, ConsumeOptions
+from .._consumer.run import GAP, HANDLE, MARK, NOTHING, SAVE, ConsumeResult, Run, log
 from .._lanes import KeyFunction
 from .._metrics import StatsCallback, StatsReporter
-from .._policies import (
-    DEFAULT_DRAIN_TIMEOUT,
-    HistoryGap,
-    HistoryLost,
-    OnError,
-    Setup,
-    resnapshotting,
-)
 from ..stores import AsyncTokenStore, TokenStore  # sync: from ..stores import TokenStore
 from ._async_io import (
     ABANDONED,
@@ -181,20 +164,20 @@ async def consume(
         source, initial_snapshot=initial_snapshot, pipeline=pipeline,
         watch_options=watch_options, oversize=oversize,
     )
-    setup = Setup(source, open_stream, workers=workers, key=key, max_in_flight=max_in_flight,
-                  drain_timeout=drain_timeout, on_error=on_error,
-                  on_history_lost=on_history_lost, gap=gap)
-    if setup.resnapshot:
+    settings = ConsumeOptions(source, open_stream, workers=workers, key=key,
+                              max_in_flight=max_in_flight, drain_timeout=drain_timeout, on_error=on_error,
+                              on_history_lost=on_history_lost, gap=gap)
+    if settings.resnapshot:
         open_stream = resnapshotting(open_stream, stream_opener(
             source, initial_snapshot=True, pipeline=pipeline, watch_options=watch_options))
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,
               stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout,
-              history=setup.history, calls=setup.calls, parallel=setup.lanes is not None)
+              history=settings.history, calls=settings.calls, parallel=settings.lanes is not None)
     run.loaded(await call_store(store.load))
     stop = stop if stop is not None else asyncio.Event()  # sync: stop = stop if stop is not None else threading.Event()
-    pool = None if setup.lanes is None else AsyncWorkers(handler, run.calls, setup.lanes,
-                                                         setup.key)
+    pool = None if settings.lanes is None else AsyncWorkers(handler, run.calls, settings.lanes,
+                                                            settings.key)
 
     async def save() -> None:
         await call_store(store.save, run.token)
@@ -215,18 +198,18 @@ async def consume(
             async with bounded(stream, run.call_timeout):
                 step = run.started(stream)
                 if step is GAP:
-                    await report_gap(setup, run.gap)
+                    await report_gap(settings, run.gap)
                     step = run.gap_reported()
                 if step is SAVE:
                     await save()
-                current_token = token_after(stream)
+                current_token = stream.carried_token
                 while not stop.is_set():
                     with call_bound(stream, run.call_timeout):
                         change = await next_or_stop(stream, stop)
                     if change is ABANDONED:  # stop came while a getMore waited (asyncio abandons it)
                         break
                     token = current_token()
-                    step = run.polled(change, token, stream.alive, stalled(stream))
+                    step = run.polled(change, token, stream.alive, stream.stalled)
                     if step is HANDLE:
                         try:
                             if pool is None:
@@ -241,7 +224,8 @@ async def consume(
                                     await save()
                                 pool.submit(change, token)
                                 # the rest of the buffered batch in one call, no I/O
-                                batch = [] if stop.is_set() else take_buffered(stream, free - 1)
+                                batch: list[tuple[Any, Any]] = (
+                                    [] if stop.is_set() else stream.take_carried(free - 1))
                                 if batch:
                                     admitted = run.polled_buffered(batch)
                                     pool.submit_many(batch[:admitted] if admitted < len(batch)
@@ -264,7 +248,7 @@ async def consume(
                         await save()
         except Exception as exc:
             if pool is not None:  # a reopen starts from the low watermark, nothing running
-                settled = await pool.settle(setup.drain_timeout)
+                settled = await pool.settle(settings.drain_timeout)
                 run.advanced_to(*pool.progress())
                 if not settled:
                     raise
@@ -283,7 +267,7 @@ async def consume(
             while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):
                 pass
     except Exception as exc:
-        await _settle_quietly(pool, run, setup.drain_timeout)
+        await _settle_quietly(pool, run, settings.drain_timeout)
         await _flush_quietly(run, save)
         run.finished()
         error = run.final_error(exc)
@@ -291,11 +275,11 @@ async def consume(
             raise
         raise error from error.__cause__
     except BaseException:
-        await _settle_quietly(pool, run, setup.drain_timeout)
+        await _settle_quietly(pool, run, settings.drain_timeout)
         await _flush_quietly(run, save)
         run.finished()
         raise
-    await _settle_quietly(pool, run, setup.drain_timeout)
+    await _settle_quietly(pool, run, settings.drain_timeout)
     if run.pending:
         await save()
     return run.result()

@@ -26,9 +26,11 @@ never waits for a subscriber (only the hub fills a queue, so it keeps room for
 the end), and ``stop()`` wakes a hub waiting for a ``"block"`` subscriber, so a
 stopped hub always ends.
 
-This module is the asyncio source; ``tools/gen_sync.py`` writes
-``changestream/_hub.py`` (threads and ``queue.Queue``; ``Hub.start()`` runs the
-hub on a daemon thread).
+The sync hub uses threads and ``queue.Queue``; ``Hub.start()`` runs it on a
+daemon thread.
+
+This asyncio module is the one source of both hubs: ``tools/gen_sync.py``
+writes ``changestream/_sync/_hub.py`` from it.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 It runs the commands the run asks for (in one session, so getMores find
 their cursor), hands out its records, then opens ``watch`` where the run says
-and hands out the stream's changes. All decisions are the run's. This asyncio
-module is the one source of both shells: ``tools/gen_sync.py`` writes
-``changestream/_snapshot_watch.py`` from it.
+and hands out the stream's changes. All decisions are the run's.
+
+This asyncio module is the one source of both shells: ``tools/gen_sync.py``
+writes ``changestream/_sync/_snapshot_watch.py`` from it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
+from bson.raw_bson import RawBSONDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import OperationFailure
 
@@ -28,6 +30,7 @@ from .._snapshot import (
     opener_arguments_error,
     opens_snapshot,
 )
+from .._stream_view import StreamView
 from ._api import unwrap, watch
 from ._stream import AsyncChangeStream
 
@@ -110,17 +113,43 @@ class AsyncSnapshotThenWatch:
         return 0 if self._stream is None else self._stream.resumes
 
     @property
-    def buffered(self) -> int:
-        """Records or changes the next calls return without a command."""
-        if self._stream is not None:
-            return self._stream.buffered
-        return self._run.fetched
-
-    @property
     def alive(self) -> bool:
         if self._closed:
             return False
         return self._stream.alive if self._stream is not None else True
+
+    # -- the consumers' view (changestream._stream_view.StreamView) -----------------------------
+    @property
+    def buffered(self) -> int:
+        """Changes the change stream holds unreturned; during the copy, the records fetched
+        and not yet returned (a poll then needs no I/O either)."""
+        return self._run.fetched if self._stream is None else self._stream.buffered
+
+    @property
+    def stalled(self) -> bool:
+        """The change stream resumed and no getMore succeeded since (never during the copy)."""
+        return self._stream is not None and self._stream.stalled
+
+    @property
+    def client(self) -> Any:
+        """The change stream's client (``None`` during the copy: no oplog position yet)."""
+        return None if self._stream is None else self._stream.client
+
+    def carried_token(self) -> Any:
+        """The position after the last record or change (see :attr:`resume_token`)."""
+        carried = None if self._stream is None else self._stream.carried_token()
+        return self.resume_token if carried is None else carried
+
+    def present_token(self, carried: Any) -> Any:
+        """A carried token as the change stream presents it (copy positions, and tokens
+        already presented, as they are)."""
+        if self._stream is None or not isinstance(carried, (bytes, RawBSONDocument)):
+            return carried
+        return self._stream.present_token(carried)
+
+    def take_carried(self, limit: int) -> list[tuple[Any, Any]]:
+        """Buffered changes of the change stream (``[]`` during the copy: one at a time)."""
+        return [] if self._stream is None else self._stream.take_carried(limit)
 
     async def try_next(self) -> Any:
         """The next record or change; ``None`` when the stream had nothing (at most one getMore)."""
@@ -230,3 +259,7 @@ def stream_opener(
         return await watch(source, pipeline, resume_after=token, **options)
 
     return open_stream
+
+
+_VIEW: type[StreamView] = AsyncSnapshotThenWatch
+"""What ``consume`` and the hub read of it (checked by ``mypy``: see :mod:`changestream._stream_view`)."""

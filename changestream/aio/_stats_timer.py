@@ -3,12 +3,15 @@
 The loop itself reports after each poll, but during an outage no poll returns
 (server selection, backoff between reopens), and the reports are wanted most
 then: the lag keeps growing (:class:`changestream.Position`) and the reopen
-count moves. The timer runs beside the loop (a task of its event loop here; a
-daemon thread in the generated sync twin, ``changestream/_stats_timer.py``),
-calls the same :meth:`~changestream._metrics.StatsReporter.poll` and, every
+count moves. The timer runs beside the loop (a task of the event loop in
+asyncio, a daemon thread in the sync twin), calls the same
+:meth:`~changestream._metrics.StatsReporter.poll` and, every
 :data:`~changestream._headroom.PROBE_EVERY` seconds, reads the oldest oplog
 entry for the headroom. It stops with the loop's final report
 (:meth:`StatsReporter.finish`).
+
+This asyncio module is the one source of both timers: ``tools/gen_sync.py``
+writes ``changestream/_sync/_stats_timer.py`` from it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import pymongo
 from pymongo.errors import PyMongoError
 
-from .._consume_run import Run
+from .._consumer.run import Run
 from .._headroom import OPLOG_QUERY, log, oplog_client
 from .._metrics import StatsReporter
 

@@ -4,12 +4,13 @@ All spec logic lives in :mod:`changestream._machine`, and everything the two
 shells share in :class:`changestream._shell.StreamShell`; this module only runs
 the commands the machine asks for (through :mod:`changestream._pymongo`),
 serialises callers with a lock and turns the machine's verdicts into return
-values and exceptions. It is the one source of both shells:
-``tools/gen_sync.py`` writes ``changestream/_stream.py`` from it. Two things
-are async-only: cancellation (the server cursor is killed in the background)
-and the optional ``on_resume_token_change`` callback (the spec allows it only
-in async drivers); a sync call interrupted by ``KeyboardInterrupt`` kills the
-cursor before it returns.
+values and exceptions. Two things are async-only: cancellation (the server
+cursor is killed in the background) and the optional ``on_resume_token_change``
+callback (the spec allows it only in async drivers); a sync call interrupted by
+``KeyboardInterrupt`` kills the cursor before it returns.
+
+This asyncio module is the one source of both shells: ``tools/gen_sync.py``
+writes ``changestream/_sync/_stream.py`` from it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .._options import (
 )
 from .._pymongo import AsyncTransport
 from .._shell import StreamShell
+from .._stream_view import StreamView
 from .._token import ResumeToken  # async-only
 
 __all__ = ["AsyncChangeStream", "TokenCallback"]  # sync: __all__ = ["ChangeStream"]
@@ -189,6 +191,12 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         """
         return self._take_guarded(limit, raw_tokens, event_bytes=False)
 
+    def take_carried(self, limit: int) -> list[tuple[_T, Any]]:
+        """Up to ``limit`` buffered changes, each with :meth:`carried_token`'s form of the
+        token after it (``consume`` with workers; see
+        :class:`~changestream._stream_view.StreamView`); no I/O."""
+        return [] if limit < 1 else self._take_guarded(limit, False, event_bytes=True)
+
     def _take_guarded(self, limit: int, raw_tokens: bool, *,
                       event_bytes: bool) -> list[tuple[_T, Any]]:
         """:meth:`take_buffered`, and ``consume``'s variant (``event_bytes``: see
@@ -328,3 +336,7 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         if task is not None:
             await asyncio.wait([task])
     # async-only: end
+
+
+_VIEW: type[StreamView] = AsyncChangeStream
+"""What ``consume`` and the hub read of it (checked by ``mypy``: see :mod:`changestream._stream_view`)."""

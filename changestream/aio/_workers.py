@@ -1,7 +1,7 @@
 """Handler calls of :func:`changestream.aio.consume`: awaited in the loop, or as up to N tasks.
 
-The asyncio twin of :mod:`changestream._workers`: the same ``on_error``
-policy (:class:`changestream._policies.HandlerCalls`) and the same decisions
+The asyncio twin of :mod:`changestream._sync._workers`: the same ``on_error``
+policy (:class:`changestream._consumer.handler_errors.HandlerCalls`) and the same decisions
 (:class:`changestream._lanes.Lanes`: per-key order, barriers, the low
 watermark), with tasks instead of threads. Everything runs on the event
 loop's thread, so no lock is needed. A plain-function handler runs on the
@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable, Coroutine, Hashable
 from typing import Any
 
+from .._consumer.handler_errors import HandlerCalls
 from .._lanes import Job, Lanes
-from .._policies import HandlerCalls
 from ._async_io import call_handler
 
 __all__ = ["AsyncWorkers"]

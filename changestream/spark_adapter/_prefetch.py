@@ -35,7 +35,7 @@ import tenacity
 from pymongo.errors import PyMongoError
 
 from .. import ChangeStream
-from .._consume_run import RetryPolicy, is_transient, stalled
+from .._consumer.retry import RetryPolicy, is_transient
 from ..errors import RetriesExhaustedError, describe_error
 from ._convert import event_token, is_invalidate
 
@@ -223,7 +223,7 @@ class Prefetcher:
                 continue
             event = stream.try_next()
             if event is None:
-                progress[0] = progress[0] or not stalled(stream)
+                progress[0] = progress[0] or not stream.stalled
                 with cond:
                     self.mark = (self.fetched, stream.resume_token, time.monotonic())
                     if not stream.alive:  # closed by an invalidate the pipeline removed

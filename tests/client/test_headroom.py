@@ -13,7 +13,7 @@ from pymongo.errors import OperationFailure
 from changestream._headroom import HeadroomProbe
 from changestream._metrics import StatsReporter
 from changestream._position import Position
-from changestream._stats_timer import _probe_headroom
+from changestream._sync._stats_timer import _probe_headroom
 
 T0 = 1_700_000_000
 
@@ -38,7 +38,7 @@ class FakeClient:
 
 class FakeStream:
     def __init__(self, client: FakeClient, token_time: int) -> None:
-        self._transport = type("Tr", (), {"_client": client})()
+        self.client = client
         self.resumes = 0
         self.position = Position(Timestamp(token_time, 1), Timestamp(token_time, 1))
 

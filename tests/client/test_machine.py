@@ -106,7 +106,7 @@ class Reply:
         self.info = ReplyInfo(address, wire)
 
 
-Outcome = Mapping[str, Any] | Reply | ErrorInfo
+CommandResult = Mapping[str, Any] | Reply | ErrorInfo
 
 
 def make_spec(
@@ -139,7 +139,7 @@ class Driver:
         self.machine = ChangeStreamMachine(spec if spec is not None else make_spec(**spec_kwargs))
         self.commands: list[Command] = []
 
-    def _pump(self, outcomes: Sequence[Outcome]) -> Deliver | NoDocument | Raise:
+    def _pump(self, outcomes: Sequence[CommandResult]) -> Deliver | NoDocument | Raise:
         pending = deque(outcomes)
         while True:
             action = self.machine.next_action()
@@ -156,19 +156,19 @@ class Driver:
             else:
                 self.machine.receive_reply(outcome, ReplyInfo(SERVER_A, 17))
 
-    def start(self, *outcomes: Outcome) -> Deliver | NoDocument | Raise:
+    def start(self, *outcomes: CommandResult) -> Deliver | NoDocument | Raise:
         self.machine.start()
         return self._pump(outcomes)
 
-    def next(self, *outcomes: Outcome) -> Deliver | NoDocument | Raise:
+    def next(self, *outcomes: CommandResult) -> Deliver | NoDocument | Raise:
         self.machine.begin_next()
         return self._pump(outcomes)
 
-    def try_next(self, *outcomes: Outcome) -> Deliver | NoDocument | Raise:
+    def try_next(self, *outcomes: CommandResult) -> Deliver | NoDocument | Raise:
         self.machine.begin_try_next()
         return self._pump(outcomes)
 
-    def close(self, *outcomes: Outcome) -> Deliver | NoDocument | Raise:
+    def close(self, *outcomes: CommandResult) -> Deliver | NoDocument | Raise:
         self.machine.close()
         return self._pump(outcomes)
 

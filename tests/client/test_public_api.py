@@ -68,3 +68,31 @@ def test_spark_adapter_without_the_extra_names_the_extra() -> None:
         "    raise AssertionError('no ImportError')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_lazy_table_matches_the_static_imports() -> None:
+    """``changestream._HOMES`` (where a public name is imported from on first use) says
+    what the ``TYPE_CHECKING`` imports (what type checkers and readers see) say, and
+    names everything in ``__all__`` but the lazy subpackages and ``__version__``."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(changestream.__file__).read_text(encoding="utf-8"))
+    static: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom) and statement.module:
+                    home = "." * statement.level + statement.module
+                    static.update((alias.name, home) for alias in statement.names)
+    assert static == changestream._HOMES
+    assert set(changestream.__all__) - set(static) == {"aio", "spark_adapter", "__version__"}
+
+
+def test_import_changestream_loads_no_pymongo() -> None:
+    """What lets the command line catch a Ctrl-C while PyMongo loads (issue 33 item 16)."""
+    code = ("import sys, changestream\n"
+            "assert 'pymongo' not in sys.modules, 'pymongo'\n"
+            "assert callable(changestream.watch) and 'pymongo' in sys.modules\n"
+            "assert changestream.errors.ChangeStreamError and changestream.stores.TokenStore\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -11,7 +11,7 @@ from pymongo.errors import AutoReconnect, OperationFailure
 from spark_support import current_token
 
 import changestream
-from changestream._consume_run import RetryPolicy
+from changestream._consumer.retry import RetryPolicy
 from changestream.spark_adapter import _prefetch, _readahead
 from changestream.spark_adapter._config import SourceConfig
 from changestream.spark_adapter._offsets import make_offset

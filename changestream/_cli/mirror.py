@@ -1,0 +1,198 @@
+"""``changestream mirror``: keep a Delta table equal to a collection, exactly once.
+
+A new table is first filled from the consistent snapshot
+(:func:`changestream.snapshot_then_watch`), then follows the change stream.
+It is :func:`changestream.consume` with :class:`changestream.delta.DeltaSink`
+as both handler and token store, so the resume token is committed in the same
+Delta commit as the batch it ends: after a ``kill -9`` the table and its
+position agree, and the next run continues from there. The status line and
+``--until-idle`` are ``changestream watch``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from pymongo import MongoClient
+from pymongo.errors import PyMongoError
+
+from .. import ConsumeError, StreamInvalidatedError, TokenStoreError, consume, describe_error
+from .common import DEFAULT_CONNECT_TIMEOUT, collection_name, database_name
+from .common import Parser as _Parser
+from .common import call_seconds as _call_seconds
+from .common import log_level as _log_level
+from .common import positive_int as _positive_int
+from .common import reach as _reach
+from .common import redact as _redact
+from .common import say as _say
+from .common import seconds as _seconds
+from .progress import StatusLine, WatchProgress
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="changestream mirror",
+        description="Keep a Delta Lake table equal to a collection: a consistent snapshot when "
+        "the table is new, then the change stream, exactly once (the resume token is committed "
+        "with each batch). Needs the 'delta' extra.",
+    )
+    parser.add_argument("uri", metavar="URI", help="MongoDB connection string")
+    parser.add_argument("--db", required=True, type=database_name,
+                        help="database of the collection")
+    parser.add_argument("--coll", required=True, type=collection_name,
+                        help="collection to mirror")
+    parser.add_argument("--to", required=True, metavar="PATH", help="the Delta table's directory")
+    parser.add_argument(
+        "--app-id", default="changestream-mirror", metavar="ID", type=_app_id,
+        help="the writer's id in the table's application transactions (default %(default)s)",
+    )
+    parser.add_argument(
+        "--full-document", choices=("updateLookup", "required"), default="updateLookup",
+        help="how updates get their document: updateLookup (the current document) or required "
+        "(post-images; enable changeStreamPreAndPostImages) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--json", choices=("relaxed", "canonical"), default="relaxed", dest="json_mode",
+        help="Extended JSON of the document column (default %(default)s)",
+    )
+    parser.add_argument(
+        "--schema", metavar="SCHEMA",
+        help="store these document fields as typed columns instead of one JSON column: a Spark "
+        "DDL ('name STRING, qty INT, tags ARRAY<STRING>') or Spark's/Delta's schema JSON; "
+        "@FILE reads it from FILE",
+    )
+    parser.add_argument(
+        "--batch", type=_positive_int, default=10_000, metavar="N",
+        help="commit after N changes at most (default %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-seconds", type=_seconds, default=5.0, metavar="S",
+        help="commit at least every S seconds while changes come (default %(default)s)",
+    )
+    parser.add_argument(
+        "--until-idle", type=_seconds, metavar="SECONDS",
+        help="exit (status 0) once no change arrived for SECONDS (a one-off catch-up)",
+    )
+    parser.add_argument(
+        "--connect-timeout", type=_call_seconds, default=DEFAULT_CONNECT_TIMEOUT, metavar="S",
+        help=f"give up (exit 1) if the deployment cannot be reached within S seconds "
+        f"(default {DEFAULT_CONNECT_TIMEOUT:g})",
+    )
+    parser.add_argument("--no-status", dest="status", action="store_false",
+                        help="no status line, even on a terminal")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="-v for INFO (resumes, reopens), -vv for DEBUG")
+    parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        type=str.upper, help="log level of the 'changestream' logger")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """``changestream mirror ...``; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.uri.startswith(("mongodb://", "mongodb+srv://")):
+        parser.error("the URI must start with mongodb:// or mongodb+srv://")
+    if "://" not in args.to and not Path(args.to).parent.is_dir():
+        parser.error(f"--to: the directory {Path(args.to).parent} does not exist")
+    if "://" not in args.to and Path(args.to).exists() and not Path(args.to).is_dir():
+        parser.error(f"--to: {args.to} is not a directory")
+    try:
+        from ..delta import DeltaSink, SchemaTextError
+    except ImportError as exc:
+        _say(str(exc))
+        return 1
+    schema = None
+    if args.schema is not None:
+        try:
+            schema = _schema_text(args.schema)
+            DeltaSink(args.to, schema=schema)  # reads it: a mistake is named before connecting
+        except (OSError, SchemaTextError, ValueError) as exc:
+            parser.error(f"--schema: {exc}")
+    try:
+        client: MongoClient[dict[str, Any]] = MongoClient(args.uri, connect=False)
+    except (PyMongoError, ValueError, TypeError) as exc:
+        parser.error(f"invalid URI: {_redact(describe_error(exc), args.uri)}")
+    sink = DeltaSink(args.to, app_id=args.app_id, full_document=args.full_document,
+                     json_mode=args.json_mode, schema=schema)
+    return _mirror(args, client, sink)
+
+
+def _app_id(text: str) -> str:
+    """``--app-id``: the writer's name in the table; an empty one names nobody."""
+    if not text:
+        raise argparse.ArgumentTypeError("must name the writer, not be empty")
+    return text
+
+
+def _schema_text(value: str) -> str:
+    """``--schema``'s text: as given, or the contents of the file named after ``@``."""
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise OSError(f"cannot read {value[1:]}: {exc.strerror or exc}") from exc
+
+
+def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink: Any) -> int:
+    logging.basicConfig(level=logging.WARNING, format="changestream: %(message)s")
+    logging.getLogger("changestream").setLevel(_log_level(args))
+    stop = threading.Event()
+    status = StatusLine(sys.stderr) if args.status and sys.stderr.isatty() else None
+    progress = WatchProgress(stop, status, args.until_idle)
+    for handler in logging.getLogger().handlers:
+        progress.attach(handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    namespace = f"{args.db}.{args.coll}"
+    try:
+        problem = _reach(client, args.connect_timeout, args.uri)
+        if problem is not None:
+            _say(_redact(problem, args.uri))
+            return 1
+        stored = sink.load()
+        if stored is None:
+            _say(f"mirroring {namespace} into {args.to}: snapshot first; Ctrl-C to stop")
+        else:
+            _say(f"mirroring {namespace} into {args.to} from its last commit "
+                 f"(batch {stored.batch_id}); Ctrl-C to stop")
+        result = consume(
+            client[args.db][args.coll], sink, sink, initial_snapshot=True,
+            watch_options={"full_document": args.full_document, "max_await_time_ms": 500},
+            save_every=args.batch, save_interval=args.batch_seconds, stop=stop,
+            on_stats=progress, stats_interval=progress.interval, stop_on_signals=True,
+        )
+    except KeyboardInterrupt:
+        _say("stopped")
+        return 0
+    except StreamInvalidatedError as exc:
+        progress.clear()
+        _say(f"{namespace} was dropped or renamed; the table holds its last state: {exc}")
+        return 1
+    except (ConsumeError, TokenStoreError) as exc:
+        progress.clear()
+        _say(_redact(str(exc), args.uri))
+        return 1
+    except PyMongoError as exc:
+        progress.clear()
+        _say(_redact(describe_error(exc), args.uri))
+        return 1
+    except Exception as exc:  # the sink's own errors (a schema mismatch, a table in use)
+        progress.clear()
+        _say(_redact(f"{type(exc).__name__}: {exc}", args.uri))
+        return 1
+    finally:
+        progress.clear()
+        client.close()
+    version = sink.applied_version
+    why = f"no change for {args.until_idle:g} s" if progress.idle_stop else "stopped"
+    _say(f"{why}; {result.handled} changes mirrored by this run; {args.to} holds batch {version}")
+    return 0

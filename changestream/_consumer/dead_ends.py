@@ -1,0 +1,129 @@
+"""What no retry of :func:`changestream.consume` can fix, and the error that says how to recover.
+
+A dead token never loops: history lost (286), missing or wrong credentials, a
+token from another deployment, an event over 16 MB, a stream the server says
+cannot resume, an invalidate. Each becomes a :class:`~changestream.errors.ConsumeError`
+whose message (the wording is :mod:`changestream._diagnosis`'s, shared with the CLI
+and Spark) names what to do and where the stored token is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pymongo.errors import OperationFailure
+
+from .._codes import (
+    BSON_OBJECT_TOO_LARGE,
+    CHANGE_STREAM_FATAL,
+    CHANGE_STREAM_HISTORY_LOST,
+    NON_RESUMABLE_LABEL,
+    UNAUTHORIZED,
+)
+from .._diagnosis import (
+    authentication_failed,
+    describe_store,
+    errmsg,
+    event_too_large_message,
+    missing_credentials,
+    missing_credentials_message,
+    not_authorized_message,
+    token_not_in_history_message,
+    wrong_credentials_message,
+)
+from .._token import token_cluster_time, token_to_json
+from ..errors import (
+    ConsumeError,
+    EventTooLargeError,
+    HistoryLostError,
+    NotResumableError,
+    StreamInvalidatedError,
+    describe_error,
+)
+
+__all__ = ["DEAD_END_MARK", "describe_token", "invalidated", "is_invalidate", "unrecoverable"]
+
+DEAD_END_MARK = "changestream_dead_end"
+"""Set on the log record of the error a run stops with (the CLI prints it itself)."""
+
+
+def describe_token(token: Any) -> str:
+    if token is None:
+        return "no token (the stream started at the current time)"
+    text = token_to_json(token)
+    cluster_time = token_cluster_time(token)
+    if cluster_time is None:
+        return f"token {text}"
+    return f"token {text} (cluster time {cluster_time.as_datetime():%Y-%m-%d %H:%M:%S} UTC)"
+
+
+def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError | None:
+    """The :class:`ConsumeError` for ``exc`` if it is one of the known dead ends, else ``None``.
+
+    The wording is :mod:`changestream._diagnosis`'s (shared with the CLI and Spark).
+    """
+    where = describe_token(token)
+    held = describe_store(store)
+    server = f" Server: {describe_error(exc)}"
+    if authentication_failed(exc):
+        return NotResumableError(wrong_credentials_message(where, held) + "." + server,
+                                 token=token)
+    if not isinstance(exc, OperationFailure):
+        return None
+    if exc.code == CHANGE_STREAM_HISTORY_LOST:
+        return HistoryLostError(
+            f"change stream history lost (code 286): the stored {where} is older than the "
+            f"oldest entry of the server's oplog, so the changes since then are gone from the "
+            f"change stream. To recover: resynchronise from the collection itself (e.g. a full "
+            f"copy), then start a new stream at the time of that copy "
+            f"(start_at_operation_time=...) or from now after clearing {held}. A larger "
+            f"oplog (replSetResizeOplog) or a faster consumer prevents this.{server}",
+            token=token,
+        )
+    if exc.code == UNAUTHORIZED:
+        message = (missing_credentials_message if missing_credentials(exc)
+                   else not_authorized_message)(where, held)
+        return NotResumableError(message + "." + server, token=token)
+    if exc.code == CHANGE_STREAM_FATAL:
+        return NotResumableError(
+            token_not_in_history_message(where, held, errmsg(exc), stored=token is not None) + "." + server, token=token
+        )
+    if exc.code == BSON_OBJECT_TOO_LARGE:
+        return EventTooLargeError(event_too_large_message(where, held) + "." + server,
+                                  token=token)
+    if exc.has_error_label(NON_RESUMABLE_LABEL):
+        return NotResumableError(
+            f"the server says this change stream cannot be resumed "
+            f"(NonResumableChangeStreamError): {describe_error(exc)}. Fix the cause (often the "
+            f"pipeline), then run again: {held} holds {where}.",
+            token=token,
+        )
+    return None
+
+
+def _operation_type(change: Any) -> Any:
+    if type(change) is dict or isinstance(change, Mapping):  # (dict: no ABC check per change)
+        return change.get("operationType")
+    return getattr(change, "operation_type", None)
+
+
+def invalidated(change: Any, token: Any, invalidate_token: Any) -> StreamInvalidatedError:
+    """The error for an ``invalidate`` event (``change``) or a stream the server ended (``None``)."""
+    if change is None:
+        what = "the server closed the change stream without an invalidate event (a pipeline "
+        what += "stage may have filtered it out)"
+    else:
+        what = "the change stream was invalidated: the watched collection or database was "
+        what += "dropped or renamed"
+    return StreamInvalidatedError(
+        f"{what}. Every change before it was handled and its token stored. To keep watching "
+        f"the namespace, open a new stream with start_after={token_to_json(invalidate_token)} "
+        f"(StreamInvalidatedError.invalidate_token); resume_after cannot pass an invalidate.",
+        token=token,
+        invalidate_token=invalidate_token,
+    )
+
+
+def is_invalidate(change: Any) -> bool:
+    return bool(_operation_type(change) == "invalidate")

@@ -184,10 +184,13 @@ def consume(
                     save()
                 current_token = stream.carried_token
                 while not stop.is_set():
-                    with call_bound(stream, run.call_timeout):
-                        change = next_or_stop(stream, stop)
-                    if change is ABANDONED:  # stop came while a getMore waited (asyncio abandons it)
-                        break
+                    if stream.buffered > 1:  # from the buffer: no I/O, no bound (per change)
+                        change = stream.try_next()
+                    else:  # a getMore may wait: asyncio abandons it when stop is set
+                        with call_bound(stream, run.call_timeout):
+                            change = next_or_stop(stream, stop)
+                        if change is ABANDONED:
+                            break
                     token = current_token()
                     step = run.polled(change, token, stream.alive, stream.stalled)
                     if step is HANDLE:

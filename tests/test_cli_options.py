@@ -230,3 +230,34 @@ def test_status_line_on_a_terminal_and_not_in_a_pipe(written: Any) -> None:
     assert screen.rstrip().endswith("stopped after 5 changes")
     piped = run(*args[3:])
     assert "events" not in piped.stderr and "\x1b[K" not in piped.stderr
+
+
+def _stats(handled: int, token_time: Timestamp | None) -> changestream.ConsumeStats:
+    position = None if token_time is None else changestream.Position(token_time, token_time)
+    return changestream.ConsumeStats(handled, 0.0, None, position, 0, 0, 0, None, 0.0)
+
+
+def test_until_idle_waits_for_the_cluster_time_read_at_the_start() -> None:
+    """Idle is not caught up: a quiet moment in a snapshot (no position yet) or in a backlog
+    (a commit that takes seconds, the token still behind) must not end ``--until-idle``."""
+    import threading
+
+    from changestream._cli.progress import WatchProgress
+
+    now = [0.0]
+    stop = threading.Event()
+    progress = WatchProgress(stop, None, 1.0, clock=lambda: now[0])
+    progress.caught_up_to = Timestamp(2000, 1)
+    progress(_stats(10, None))  # copying the snapshot: no stream position yet
+    now[0] = 5.0
+    progress(_stats(10, None))
+    assert not stop.is_set(), "stopped while copying the snapshot"
+    progress(_stats(20, Timestamp(1500, 1)))  # a backlog: a long commit, nothing handled
+    now[0] = 10.0
+    progress(_stats(20, Timestamp(1500, 1)))
+    assert not stop.is_set(), "stopped with a backlog older than the start"
+    progress(_stats(30, Timestamp(2000, 1)))  # caught up; then nothing for 1 s
+    assert not stop.is_set()
+    now[0] = 11.5
+    progress(_stats(30, Timestamp(2000, 1)))
+    assert stop.is_set() and progress.idle_stop

@@ -14,15 +14,18 @@ import math
 import re
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, NoReturn
 from urllib.parse import parse_qs, urlsplit
 
 import pymongo
+from bson.timestamp import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 from pymongo.read_preferences import ReadPreference
 
 from .. import describe_error
+from .._consumer.dead_ends import DEAD_END_MARK
 from .._diagnosis import authentication_failed, wrong_credentials_message
 
 __all__ = [
@@ -178,6 +181,12 @@ def setup_logging(args: argparse.Namespace) -> None:
     logging.getLogger("changestream").setLevel(log_level(args))
 
 
+def not_dead_end(record: logging.LogRecord) -> bool:
+    """A log filter: ``consume`` logs the error it stops with, and the command prints that line
+    itself as its exit message (once)."""
+    return not getattr(record, DEAD_END_MARK, False)
+
+
 def reach(client: MongoClient[dict[str, Any]], timeout: float, uri: str) -> str | None:
     """``None`` once any member answers a ping; else one line saying what was tried.
 
@@ -203,6 +212,23 @@ def reach(client: MongoClient[dict[str, Any]], timeout: float, uri: str) -> str 
             if time.monotonic() >= deadline:
                 return (f"could not reach the deployment ({hosts(uri)}) within {timeout:g} s: "
                         f"{describe_error(exc)}{_set_name_hint(exc, uri)}")
+
+
+def cluster_time(client: MongoClient[dict[str, Any]]) -> Timestamp | None:
+    """The deployment's cluster time now (``None``: it keeps none, e.g. a standalone server).
+
+    ``--until-idle`` stops only once the stream's token has reached it: the table (or the
+    output) then holds every change made before the command started.
+    """
+    try:
+        reply = client.admin.command("ping")
+    except PyMongoError:
+        return None
+    gossiped = reply.get("$clusterTime")
+    found = gossiped.get("clusterTime") if isinstance(gossiped, Mapping) else None
+    if not isinstance(found, Timestamp):
+        found = reply.get("operationTime")
+    return found if isinstance(found, Timestamp) else None
 
 
 def _auth_failure(client: MongoClient[dict[str, Any]], exc: PyMongoError) -> BaseException | None:

@@ -23,7 +23,13 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from .. import ConsumeError, StreamInvalidatedError, TokenStoreError, consume, describe_error
-from .common import DEFAULT_CONNECT_TIMEOUT, collection_name, database_name
+from .common import (
+    DEFAULT_CONNECT_TIMEOUT,
+    cluster_time,
+    collection_name,
+    database_name,
+    not_dead_end,
+)
 from .common import Parser as _Parser
 from .common import call_seconds as _call_seconds
 from .common import log_level as _log_level
@@ -78,8 +84,15 @@ def _parser() -> argparse.ArgumentParser:
         help="commit at least every S seconds while changes come (default %(default)s)",
     )
     parser.add_argument(
+        "--oversize", choices=("fail", "split"), default="fail",
+        help="a change over 16 MB: stop with a message (fail, default) or let the server split "
+        "it and join the fragments before they reach the table (split; MongoDB 7.0+ or 6.0.9+)",
+    )
+    parser.add_argument(
         "--until-idle", type=_seconds, metavar="SECONDS",
-        help="exit (status 0) once no change arrived for SECONDS (a one-off catch-up)",
+        help="exit (status 0) once caught up: the table holds every change made before the "
+        "command started (never during the snapshot or a backlog) and no change arrived for "
+        "SECONDS (a one-off catch-up, e.g. from cron)",
     )
     parser.add_argument(
         "--connect-timeout", type=_call_seconds, default=DEFAULT_CONNECT_TIMEOUT, metavar="S",
@@ -151,6 +164,7 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
     progress = WatchProgress(stop, status, args.until_idle)
     for handler in logging.getLogger().handlers:
         progress.attach(handler)
+        handler.addFilter(not_dead_end)  # printed once below, as the exit message
     signal.signal(signal.SIGINT, signal.default_int_handler)
     namespace = f"{args.db}.{args.coll}"
     try:
@@ -158,6 +172,8 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
         if problem is not None:
             _say(_redact(problem, args.uri))
             return 1
+        if args.until_idle is not None:
+            progress.caught_up_to = cluster_time(client)
         stored = sink.load()
         if stored is None:
             _say(f"mirroring {namespace} into {args.to}: snapshot first; Ctrl-C to stop")
@@ -168,6 +184,7 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
             client[args.db][args.coll], sink, sink, initial_snapshot=True,
             watch_options={"full_document": args.full_document, "max_await_time_ms": 500},
             save_every=args.batch, save_interval=args.batch_seconds, stop=stop,
+            oversize=args.oversize,
             on_stats=progress, stats_interval=progress.interval, stop_on_signals=True,
         )
     except KeyboardInterrupt:
@@ -190,6 +207,8 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
         _say(_redact(f"{type(exc).__name__}: {exc}", args.uri))
         return 1
     finally:
+        for handler in logging.getLogger().handlers:  # main() may be called as a function
+            handler.removeFilter(not_dead_end)
         progress.clear()
         client.close()
     version = sink.applied_version

@@ -115,6 +115,9 @@ class WatchProgress:
         self._drawn_handled = 0
         self.idle_stop = False
         """``True`` once ``--until-idle`` ended the run."""
+        self.caught_up_to: Timestamp | None = None
+        """The deployment's cluster time when the command started: ``--until-idle`` waits until
+        the stream's token has reached it (never during a snapshot or a backlog)."""
 
     @property
     def interval(self) -> float:
@@ -147,9 +150,19 @@ class WatchProgress:
             self._until_idle is not None
             and not stats.final
             and now - self._last_change >= self._until_idle
+            and self._caught_up(stats)
         ):
             self.idle_stop = True
             self._stop.set()
+
+    def _caught_up(self, stats: ConsumeStats) -> bool:
+        """The stream's token has reached the cluster time read at the start (a snapshot's
+        records and a backlog have not: their position is none, or older)."""
+        if self.caught_up_to is None:
+            return True
+        position = stats.position
+        reached = None if position is None else position.token_time
+        return reached is not None and reached >= self.caught_up_to
 
     def clear(self) -> None:
         if self._status is not None:

@@ -43,13 +43,14 @@ from .. import (
     watch,
 )
 from .._consumer.bounds import DEFAULT_CALL_TIMEOUT
-from .._consumer.dead_ends import DEAD_END_MARK
 from .common import (
     DEFAULT_CONNECT_TIMEOUT,
     call_seconds,
+    cluster_time,
     collection_name,
     database_name,
     milliseconds,
+    not_dead_end,
     open_client,
     positive_int,
     reach,
@@ -164,7 +165,8 @@ def add_parser(sub: Any) -> None:
     )
     watch_parser.add_argument(
         "--until-idle", type=seconds, metavar="SECONDS",
-        help="exit (status 0) once no change arrived for SECONDS",
+        help="exit (status 0) once caught up: the stream has reached the cluster time at the "
+        "start and no change arrived for SECONDS",
     )
     watch_parser.add_argument(
         "--no-status", dest="status", action="store_false",
@@ -305,11 +307,6 @@ class _PrintGuard:
         return repr(self.store)
 
 
-def _not_dead_end(record: logging.LogRecord) -> bool:
-    """``consume`` logs the error it stops with; the CLI prints that line itself."""
-    return not getattr(record, DEAD_END_MARK, False)
-
-
 def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store: TokenStore,
            pipeline: list[Any], start_after: Any, *, exits: bool = False) -> int:
     setup_logging(args)
@@ -319,7 +316,7 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
     filtered = list(logging.getLogger().handlers)
     for handler in filtered:
         progress.attach(handler)
-        handler.addFilter(_not_dead_end)  # printed once below, as the exit message
+        handler.addFilter(not_dead_end)  # printed once below, as the exit message
     guard = _PrintGuard(store, stop, exits=exits)
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     options: dict[str, Any] = {"max_await_time_ms": args.max_await_ms}
@@ -385,6 +382,8 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
             if problem is not None:
                 say(redact(problem, args.uri))
                 return 1
+            if args.until_idle is not None:
+                progress.caught_up_to = cluster_time(client)
             if start_after is not None:
                 store.save(start_after)
             source: Any = open_stream
@@ -421,7 +420,7 @@ def _watch(args: argparse.Namespace, client: MongoClient[dict[str, Any]], store:
         return 1
     finally:
         for handler in filtered:  # the process may go on (the CLI called as a function)
-            handler.removeFilter(_not_dead_end)
+            handler.removeFilter(not_dead_end)
         progress.clear()
         client.close()  # a signal meanwhile: see _PrintGuard (the program ends at once)
         for signum, previous_handler in previous.items():

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,7 +25,7 @@ from ._headroom import HeadroomProbe
 from ._position import Position
 from ._token import token_cluster_time
 
-__all__ = ["ConsumeStats", "StatsCallback", "StatsReporter"]
+__all__ = ["COUNTERS", "ConsumeStats", "RunIncrements", "StatsCallback", "StatsReporter"]
 
 log = logging.getLogger("changestream.consume")
 
@@ -59,7 +60,40 @@ class ConsumeStats:
     retries: int = 0
     """Handler calls repeated on the same change under the ``on_error`` policy."""
     dead_letters: int = 0
-    """Changes passed to ``on_error``'s ``dead_letter`` (counted as handled)."""
+    """Changes ``on_error``'s ``dead_letter`` took (it returned; counted as handled)."""
+    run_id: str = ""
+    """Which ``consume`` call this report is from (a random id per call): the counts above
+    start at 0 in each call, so a callback that accumulates them across calls (the exporters)
+    tells one call's reports from another's by it."""
+
+
+COUNTERS = ("handled", "resumes", "reopens", "stored", "retries", "dead_letters")
+"""The fields of :class:`ConsumeStats` that only grow during one run (the exporters' counters)."""
+
+
+class RunIncrements:
+    """What each counter grew by since the previous report of the same run.
+
+    A process may call ``consume`` again (a restart, a second loop) with the same exporter:
+    each run counts from 0, so a counter is the sum over runs of what each run reported,
+    never ``now - before`` across runs (which undercounts a restarted loop). The previous
+    report is kept per :attr:`ConsumeStats.run_id` and dropped at the run's final report.
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[str, ConsumeStats] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, stats: ConsumeStats) -> dict[str, int]:
+        """``{counter field: its increase since this run's previous report}`` (>= 0)."""
+        with self._lock:
+            before = self._previous.pop(stats.run_id, None)
+            if not stats.final:
+                self._previous[stats.run_id] = stats
+        return {
+            name: max(0, getattr(stats, name) - (0 if before is None else getattr(before, name)))
+            for name in COUNTERS
+        }
 
 
 StatsCallback = Callable[[ConsumeStats], object]
@@ -80,6 +114,7 @@ class StatsReporter:
         self._interval = float(interval)
         self._clock = clock
         self._started = self._last_report = clock()
+        self._run_id = uuid.uuid4().hex
         self._handled_at_last_report = 0
         self._stream: Any = None
         self._resumes_before = 0
@@ -157,6 +192,7 @@ class StatsReporter:
             final=final,
             retries=0 if self.calls is None else self.calls.retries,
             dead_letters=0 if self.calls is None else self.calls.dead_letters,
+            run_id=self._run_id,
         )
 
     def _report(self, handled: int, reopens: int, *, final: bool) -> None:

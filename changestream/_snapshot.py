@@ -519,6 +519,11 @@ class SnapshotRun:
     def copying(self) -> bool:
         return self.copy is not None
 
+    @property
+    def fetched(self) -> int:
+        """Records fetched and not yet delivered (the next ones need no command)."""
+        return len(self._records) - self._next
+
     def buffered(self) -> Any:
         """The next record already fetched, or None (the per-record fast path of the shells)."""
         records = self._records

@@ -259,3 +259,136 @@ def test_two_opentelemetry_exporters_on_one_meter_both_report() -> None:
     assert points["changestream.events.handled"] == [("orders", 10), ("users", 4)]
     assert points["changestream.lag"] == [("orders", 3.0), ("users", 9.0)]
     assert points["changestream.oplog.headroom"] == [("users", 300.0)]
+
+
+def run_consume(coll: Any, on_stats: Any, changes: int, *, on_error: Any = None,
+                store: Any = None) -> None:
+    """One ``consume`` call over ``changes`` new inserts, stopped once it handled them."""
+    stop = threading.Event()
+    seen: set[int] = set()
+
+    def handle(change: Any) -> None:
+        seen.add(change["fullDocument"]["i"])  # a retried change counts once
+        if len(seen) == changes:
+            stop.set()
+        if change["fullDocument"].get("poison"):
+            raise ValueError("poison")
+
+    start = coll.find_one(sort=[("i", -1)])
+    first = 0 if start is None or "i" not in start else start["i"] + 1
+    coll.insert_many([{"i": first + n, "poison": n == 7} for n in range(changes)])
+    changestream.consume(
+        lambda token: changestream.watch(coll, resume_after=token, start_at_operation_time=(
+            None if token is not None else Timestamp(0, 1)), max_await_time_ms=50),
+        handle, store, stop=stop, on_stats=on_stats, on_error=on_error,
+    )
+
+
+def test_an_exporter_reused_by_later_consume_calls_counts_every_call(simulator: Any) -> None:
+    prometheus_client = pytest.importorskip(
+        "prometheus_client", reason='needs pip install "changestream[prometheus]"'
+    )
+    pytest.importorskip("opentelemetry.sdk", reason="needs pip install opentelemetry-sdk")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from changestream.exporters.otel import OpenTelemetryExporter
+    from changestream.exporters.prometheus import PrometheusExporter
+
+    registry = prometheus_client.CollectorRegistry()
+    prometheus = PrometheusExporter(registry, stream="orders")
+    reader = InMemoryMetricReader()
+    otel = OpenTelemetryExporter(MeterProvider(metric_readers=[reader]).get_meter("t"),
+                                 attributes={"stream": "orders"})
+    finals: list[ConsumeStats] = []
+
+    def export(stats: ConsumeStats) -> None:
+        prometheus(stats)
+        otel(stats)
+        if stats.final:
+            finals.append(stats)
+
+    client: MongoClient[dict[str, Any]] = MongoClient(simulator.uri)
+    coll = client.db.coll
+    store = MemoryTokenStore()
+    dead: list[Any] = []
+    policy = changestream.OnError(retries=1, backoff_initial=0,
+                                  dead_letter=lambda change, exc: dead.append(change))
+    run_consume(coll, export, 50, on_error=policy, store=store)
+    run_consume(coll, export, 30, on_error=policy, store=store)  # a restart: counts from 0
+    client.close()
+    assert [(s.handled, s.retries, s.dead_letters) for s in finals] == [(50, 1, 1), (30, 1, 1)]
+
+    def prom(name: str) -> float | None:
+        value: float | None = registry.get_sample_value(name, {"stream": "orders"})
+        return value
+
+    assert prom("changestream_events_handled_total") == 80
+    assert prom("changestream_handler_retries_total") == 2
+    assert prom("changestream_dead_letters_total") == 2
+    data = reader.get_metrics_data()
+    assert data is not None
+    otel_points = {
+        metric.name: [p.value for p in metric.data.data_points]
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    }
+    assert otel_points["changestream.events.handled"] == [80]
+    assert otel_points["changestream.handler.retries"] == [2]
+    assert otel_points["changestream.dead_letters"] == [2]
+    assert finals[0].run_id != finals[1].run_id
+
+
+def test_a_dead_letter_that_raises_is_not_counted(simulator: Any) -> None:
+    client: MongoClient[dict[str, Any]] = MongoClient(simulator.uri)
+    finals: list[ConsumeStats] = []
+
+    def broken(change: Any, exc: BaseException) -> None:
+        raise RuntimeError("the dead-letter queue is down")
+
+    with pytest.raises(RuntimeError, match="the dead-letter queue is down"):
+        run_consume(client.db.coll, lambda s: finals.append(s) if s.final else None, 10,
+                    on_error=changestream.OnError(retries=0, dead_letter=broken),
+                    store=MemoryTokenStore())
+    client.close()
+    assert [s.dead_letters for s in finals] == [0]
+
+
+def test_async_consume_counts_a_dead_letter_only_once_it_returned(simulator: Any) -> None:
+    import asyncio
+
+    from pymongo import AsyncMongoClient
+
+    import changestream.aio
+
+    finals: list[ConsumeStats] = []
+
+    async def main() -> None:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(simulator.uri)
+        coll = client.db.coll
+        await coll.insert_many([{"i": i} for i in range(5)])
+        taken: list[Any] = []
+
+        async def dead_letter(change: Any, exc: BaseException) -> None:
+            if change["fullDocument"]["i"] == 3:
+                raise RuntimeError("the dead-letter queue is down")
+            taken.append(change)
+
+        async def handle(change: Any) -> None:
+            raise ValueError("poison")
+
+        with pytest.raises(RuntimeError, match="the dead-letter queue is down"):
+            await changestream.aio.consume(
+                lambda token: changestream.aio.watch(
+                    coll, resume_after=token, start_at_operation_time=Timestamp(0, 1),
+                    max_await_time_ms=50),
+                handle, MemoryTokenStore(),
+                on_stats=lambda s: finals.append(s) if s.final else None,
+                on_error=changestream.OnError(retries=0, dead_letter=dead_letter),
+            )
+        assert len(taken) == 3
+        await client.close()
+
+    asyncio.run(main())
+    assert [s.dead_letters for s in finals] == [3]

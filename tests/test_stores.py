@@ -232,6 +232,93 @@ def test_mongo_stores_check_their_arguments(mongodb_uri: str) -> None:
             AsyncMongoTokenStore(client.db.c, "k")  # type: ignore[arg-type]
 
 
+# -- FileTokenStore durability: fsync every save, or every fsync_interval seconds ----------------
+def json_util_loads(text: str) -> Any:
+    from bson import json_util
+
+    return json_util.loads(text)
+
+
+def counted_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return calls
+
+
+def test_file_store_fsyncs_every_save_by_default_or_once_per_fsync_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    import changestream.stores as stores
+
+    fsyncs = counted_fsyncs(monkeypatch)
+    every = FileTokenStore(tmp_path / "every.json")
+    for _ in range(10):
+        every.save(NEW)
+    assert len(fsyncs) == 20 and every.fsync_interval == 0  # the file and its directory
+
+    now = [1000.0]
+    monkeypatch.setattr(stores, "time", types.SimpleNamespace(monotonic=lambda: now[0],
+                                                              time=stores.time.time))
+    fsyncs.clear()
+    relaxed = FileTokenStore(tmp_path / "relaxed.json", fsync_interval=2.0)
+    for n in range(10):  # 0.5 s apart: the first save, then one every 2 s
+        relaxed.save({"_data": f"82{n:08X}"})
+        now[0] += 0.5
+    assert len(fsyncs) == 2 * 3
+    assert (tmp_path / ".relaxed.json.recent").exists()
+    loaded = relaxed.load()
+    assert loaded is not None and loaded.token == {"_data": f"82{9:08X}"}  # each save is there
+    assert "fsync_interval=2.0" in repr(relaxed)
+
+
+def test_saves_between_fsyncs_survive_the_process_and_a_torn_one_falls_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "token.json"
+    store = FileTokenStore(path, fsync_interval=3600)
+    store.save(OLD)  # the first save is the fsynced replacement
+    store.save({"_data": "82AA"}, batch_id=1)  # these overwrite the companion in place
+    store.save(NEW, batch_id=2)
+    # A process crash loses nothing: another process (a restart) reads the last save.
+    loaded = FileTokenStore(path).load()
+    assert loaded is not None and same_bson(loaded.token, NEW) and loaded.batch_id == 2
+    assert same_bson(json_util_loads(path.read_text())["token"], OLD)  # the file: replaced whole
+    companion = tmp_path / ".token.json.recent"
+    for damage in (b"", b"\0" * 64, companion.read_bytes()[:40],  # what a power loss may leave
+                   companion.read_bytes().replace(b"04BB", b"04BC")):  # a bit flipped
+        companion.write_bytes(damage)
+        caplog.clear()
+        loaded = FileTokenStore(path).load()
+        assert loaded is not None and same_bson(loaded.token, OLD)
+        if damage:
+            assert "is damaged (a crash before its fsync)" in caplog.text
+    # The next fsynced save supersedes the companion.
+    store = FileTokenStore(path, fsync_interval=3600)
+    store.save(NEW)
+    store.save(OLD)
+    store = FileTokenStore(path, fsync_interval=3600)
+    store.save({"_data": "82CC"})
+    loaded = store.load()
+    assert loaded is not None and loaded.token == {"_data": "82CC"}
+    # Deleting the token file starts afresh: the companion is ignored.
+    path.unlink()
+    assert FileTokenStore(path).load() is None
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "1", True, None])
+def test_file_store_refuses_a_bad_fsync_interval(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match="fsync_interval must be a number of seconds >= 0"):
+        FileTokenStore(tmp_path / "t.json", fsync_interval=bad)
+
+
 # -- FileTokenStore hardening -------------------------------------------------------------------
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo (POSIX)")
 def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:

@@ -81,7 +81,7 @@ class HandlerCalls:
         self.retries = 0
         """Handler calls repeated after an exception."""
         self.dead_letters = 0
-        """Changes passed to ``dead_letter``."""
+        """Changes ``dead_letter`` took (it returned)."""
         self._lock = threading.Lock()
 
     @property
@@ -115,8 +115,11 @@ class HandlerCalls:
         policy = self.policy
         if policy is None or policy.dead_letter is None:
             return None
-        with self._lock:
-            self.dead_letters += 1
         log.warning("the handler failed %d times on a change (%s); passed to dead_letter",
                     policy.retries + 1, describe_error(exc))
         return policy.dead_letter
+
+    def dead_lettered(self) -> None:
+        """``dead_letter`` returned: the change is counted (one that raised is not)."""
+        with self._lock:
+            self.dead_letters += 1

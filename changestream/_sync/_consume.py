@@ -37,9 +37,11 @@ from ._snapshot_watch import stream_opener
 from ._stats_timer import start_stats_timer
 from ._stream import ChangeStream
 from ._sync_io import (
+    ABANDONED,
     bounded,
     call_handler,
     call_store,
+    next_or_stop,
     report_gap,
     stop_setter,
     wait_for_stop,
@@ -187,8 +189,13 @@ def consume(
                     save()
                 current_token = stream.carried_token
                 while not stop.is_set():
-                    with call_bound(stream, run.call_timeout):
+                    if stream.buffered > 1:  # from the buffer: no I/O, no bound (per change)
                         change = stream.try_next()
+                    else:  # a getMore may wait: asyncio abandons it when stop is set
+                        with call_bound(stream, run.call_timeout):
+                            change = next_or_stop(stream, stop)
+                        if change is ABANDONED:
+                            break
                     token = current_token()
                     step = run.polled(change, token, stream.alive, stream.stalled)
                     if step is HANDLE:
@@ -196,7 +203,8 @@ def consume(
                             if pool is None:
                                 call_handler(handler, change, run.calls)
                             else:  # the stored token never trails the window: store first
-                                pool.room()
+                                if not pool.room(stop):
+                                    break  # stop came while waiting for room: not admitted
                                 # room counts from the watermark about to be stored, not from
                                 # one that moves on while the store writes
                                 watermark, handled, free = pool.window()

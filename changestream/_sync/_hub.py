@@ -18,8 +18,18 @@ a ``$match`` on event fields evaluated client-side (``match=``, the subset in
 * ``"disconnect"``: the subscriber receives :class:`SubscriberDisconnected`
   after the changes already queued, and the hub forgets it.
 
-When the stream ends (``stop()``, an invalidate, an error) every subscription
-ends after its queued items: iteration stops, or raises the stream's error.
+A subscriber's own failure stays its own: a ``where`` that raises ends that
+subscription with the error, and the hub feeds the others. A subscription that
+is closed, left by its ``with`` block, or dropped (garbage-collected) without
+``close()`` releases the hub: the hub holds only the subscription's inbox, never
+the subscription, so a finalizer can tell the hub it is gone.
+
+When the hub ends (``stop()``, an invalidate, an error) every subscription ends
+after its queued items: iteration stops, or raises the stream's error. Ending
+never waits for a subscriber (only the hub fills a queue, so it keeps room for
+the end), and ``stop()`` wakes a hub waiting for a ``"block"`` subscriber, so a
+stopped hub always ends.
+
 The sync hub uses threads and ``queue.Queue``; ``Hub.start()`` runs it on a
 daemon thread.
 """
@@ -28,7 +38,9 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Mapping
+from types import TracebackType
 from typing import Any
 
 from .._hub_items import _END, DEFAULT_MAX_QUEUE, POLICIES, Gap, SubscriberDisconnected, _Failed
@@ -37,12 +49,21 @@ from ._stream import ChangeStream
 
 __all__ = ["Hub", "Subscription"]
 
-class Subscription:
-    """One subscriber's view of the hub: iterate it for the changes its filter accepts."""
+class _Inbox:
+    """What the hub holds for one subscription: its queue, filter, policy and counters.
+
+    Never the :class:`Subscription` itself, so a subscription the program drops
+    is collected, and its finalizer marks the inbox ``done``.
+
+    The queue itself is unbounded and only the hub puts changes into it, so the hub
+    keeps it at ``max_queue`` changes (plus a :class:`Gap` and the end, which therefore
+    never wait). A ``"block"`` hub waits for ``room``: set by the subscriber when it takes
+    a change while the hub waits, by :meth:`Hub.stop`, by :meth:`close` and by the
+    finalizer of a dropped subscription.
+    """
 
     def __init__(
         self,
-        hub: Hub,
         where: Callable[[Any], bool] | None,
         match: Mapping[str, Any] | None,
         max_queue: int,
@@ -54,86 +75,167 @@ class Subscription:
             raise ValueError(f"max_queue must be an integer >= 1, not {max_queue!r}")
         if where is not None and not callable(where):
             raise ValueError(f"where must be a function of the change, not {where!r}")
-        self._hub = hub
-        self._where = where
-        self._match = None if match is None else compile_match(match)
+        self.where = where
+        self.match = None if match is None else compile_match(match)
         self.max_queue = max_queue
         self.on_full = on_full
-        # Two spare slots beyond max_queue: a Gap or the disconnect, then the end.
-        spare = 0 if on_full == "block" else 2
-        self._queue: Any = queue.Queue(max_queue + spare)
-        self._gap: Gap | None = None
-        self._last_token: Any = None
+        self.queue: Any = queue.Queue()
+        self.room = threading.Event()
+        self.waiting = False
+        """The hub waits for ``room`` (a subscriber that takes a change sets it)."""
+        self.gap: Gap | None = None
+        self.last_token: Any = None
         self.delivered = 0
-        """Changes queued for this subscriber."""
         self.dropped = 0
-        """Changes dropped (``"drop"``), each reported in a :class:`Gap`."""
+        self.done = False
+        """The hub feeds this inbox no more (ended, failed, disconnected, closed, dropped)."""
         self.closed = False
+        """The subscriber closed it: iteration ends at once."""
 
     def wants(self, change: Any) -> bool:
-        """Does this subscriber's filter accept ``change``?"""
-        if self._match is not None and not self._match(change):
+        if self.match is not None and not self.match(change):
             return False
-        return self._where is None or bool(self._where(change))
+        return self.where is None or bool(self.where(change))
 
-    def offer(self, change: Any, token: Any) -> None:
-        """Queue ``change`` under the subscription's policy (called by the hub)."""
-        q = self._queue
+    def wake(self) -> None:
+        """Wake a hub waiting for room; from any thread (a finalizer, another thread's stop)."""
+        self.room.set()
+
+    def offer(self, change: Any, token: Any, stopping: Callable[[], bool]) -> None:
+        """Queue ``change`` under the policy; a "block" wait ends when ``stopping()`` or done."""
+        q = self.queue
         if self.on_full == "block":
-            q.put(change)
+            while q.qsize() >= self.max_queue:
+                # waiting, cleared, then checked: a set() after the check is not missed
+                self.waiting = True
+                self.room.clear()
+                try:
+                    if self.done or stopping():
+                        return
+                    if q.qsize() >= self.max_queue:
+                        self.room.wait()
+                finally:
+                    self.waiting = False
+            if self.done:
+                return
+            q.put_nowait(change)
         elif q.qsize() >= self.max_queue:
             if self.on_full == "disconnect":
-                self.closed = True
-                q.put_nowait(_Failed(SubscriberDisconnected(
+                self.finish(SubscriberDisconnected(
                     f"the subscriber fell {self.max_queue} changes behind the hub "
                     f"(max_queue, on_full='disconnect'); resume after "
-                    f"{self._last_token!r} with a stream of its own, or subscribe again"
-                )))
+                    f"{self.last_token!r} with a stream of its own, or subscribe again"
+                ))
                 return
-            if self._gap is None:
-                self._gap = Gap(0, self._last_token, token)
-            self._gap.dropped += 1
-            self._gap.until_token = token
+            if self.gap is None:
+                self.gap = Gap(0, self.last_token, token)
+            self.gap.dropped += 1
+            self.gap.until_token = token
             self.dropped += 1
             return
         else:
-            if self._gap is not None:
-                q.put_nowait(self._gap)
-                self._gap = None
+            if self.gap is not None:
+                q.put_nowait(self.gap)
+                self.gap = None
             q.put_nowait(change)
         self.delivered += 1
-        self._last_token = token
+        self.last_token = token
 
-    def end(self, error: BaseException | None) -> None:
-        """The hub ended: the pending gap, then the end (or the error), after what is queued."""
-        if self.closed:
+    def finish(self, error: BaseException | None) -> None:
+        """End the inbox: the pending gap, then the end (or the error), after what is queued.
+
+        Never waits (the queue is unbounded: nothing but the hub fills it).
+        """
+        if self.done:
             return
-        self.closed = True
-        q = self._queue
-        if self._gap is not None:
-            q.put(self._gap)
-            self._gap = None
-        q.put(_END if error is None else _Failed(error))
+        self.done = True
+        q = self.queue
+        if self.gap is not None:
+            q.put_nowait(self.gap)
+            self.gap = None
+        q.put_nowait(_END if error is None else _Failed(error))
+
+    def close(self) -> None:
+        """The subscriber closed it: drop what is queued, release a waiting hub."""
+        self.done = self.closed = True
+        q = self.queue
+        while not q.empty():
+            q.get_nowait()
+        q.put_nowait(_END)  # a reader waiting elsewhere ends too
+        self.wake()
+
+    def abandon(self) -> None:
+        """The subscription was garbage-collected (its finalizer, on any thread)."""
+        self.done = True
+        if self.waiting:
+            self.wake()
+
+
+class Subscription:
+    """One subscriber's view of the hub: iterate it for the changes its filter accepts.
+
+    Use it as a context manager (``with hub.subscribe() as changes:``) or call
+    :meth:`close`: a subscription left without either still releases the hub once it is
+    garbage-collected, but a ``"block"`` subscriber that stops reading and is still
+    referenced holds the hub (and every other subscriber) until :meth:`Hub.stop`.
+    """
+
+    def __init__(self, inbox: _Inbox, forget: Callable[[_Inbox], None]) -> None:
+        self._inbox = inbox
+        self._forget = forget
+        weakref.finalize(self, inbox.abandon)
+        self.max_queue = inbox.max_queue
+        self.on_full = inbox.on_full
+
+    @property
+    def delivered(self) -> int:
+        """Changes queued for this subscriber."""
+        return self._inbox.delivered
+
+    @property
+    def dropped(self) -> int:
+        """Changes dropped (``"drop"``), each reported in a :class:`Gap`."""
+        return self._inbox.dropped
+
+    @property
+    def closed(self) -> bool:
+        """The hub feeds this subscription no more (closed, ended, failed or disconnected)."""
+        return self._inbox.done
+
+    def wants(self, change: Any) -> bool:
+        """Does this subscriber's filter accept ``change``?"""
+        return self._inbox.wants(change)
 
     def close(self) -> None:
         """Stop receiving: the hub forgets this subscription (and is never blocked by it)."""
-        self.closed = True
-        self._hub._forget(self)
-        q = self._queue
-        while not q.empty():
-            q.get_nowait()
+        self._inbox.close()
+        self._forget(self._inbox)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
     def __iter__(self) -> Subscription:
         return self
 
     def __next__(self) -> Any:
         """The next change (or :class:`Gap`); ends with the hub, raises its error."""
-        item = self._queue.get()
+        inbox = self._inbox
+        if inbox.closed:
+            raise StopIteration
+        item = inbox.queue.get()
+        if inbox.waiting:  # the hub waits for room: there is some now
+            inbox.room.set()
         if item is _END:
-            self._queue.put_nowait(_END)  # iterating again ends again
+            inbox.queue.put_nowait(_END)  # iterating again ends again
             raise StopIteration
         if isinstance(item, _Failed):
-            self._queue.put_nowait(item)
+            inbox.queue.put_nowait(item)
             raise item.error
         return item
 
@@ -148,17 +250,19 @@ class Hub:
             inserts = hub.subscribe(match={"operationType": "insert"})
             big = hub.subscribe(where=lambda c: c["fullDocument"]["total"] > 1000,
                                 on_full="drop")
-            task = asyncio.create_task(hub.run())
-            for change in inserts: ...
+            # ... each subscriber iterates its subscription elsewhere ...
+            hub.run()  # until stop() or the stream ends
 
-    Subscribe before :meth:`run` to see every change from the stream's start;
-    a later subscription sees the changes from then on. The hub never closes the
-    stream (its owner does); :meth:`stop` ends :meth:`run` after the current poll.
+    The sync ``Hub.start()`` runs :meth:`run` on a daemon thread; an asyncio program runs
+    it as a task. Subscribe before :meth:`run` to see every change from the stream's start;
+    a later subscription sees the changes from then on. The hub never closes the stream
+    (its owner does); :meth:`stop` ends :meth:`run` after the current poll (at most the
+    stream's ``max_await_time_ms``), whatever any subscriber does.
     """
 
     def __init__(self, stream: ChangeStream[Any]) -> None:
         self._stream = stream
-        self._subscriptions: list[Subscription] = []
+        self._inboxes: list[_Inbox] = []
         self._lock = threading.Lock()
         self._stopping = False
         self.changes = 0
@@ -176,24 +280,34 @@ class Hub:
         on_full: str = "block",
     ) -> Subscription:
         """A new subscription (see the module docstring for ``match``, ``max_queue``, ``on_full``)."""
-        subscription = Subscription(self, where, match, max_queue, on_full)
+        inbox = _Inbox(where, match, max_queue, on_full)
         with self._lock:
-            self._subscriptions.append(subscription)
-        return subscription
+            self._inboxes.append(inbox)
+        return Subscription(inbox, self._forget)
 
     @property
     def subscriptions(self) -> int:
         """Subscriptions the hub still feeds."""
-        return len(self._subscriptions)
-
-    def _forget(self, subscription: Subscription) -> None:
         with self._lock:
-            if subscription in self._subscriptions:
-                self._subscriptions.remove(subscription)
+            return sum(not inbox.done for inbox in self._inboxes)
+
+    def _forget(self, inbox: _Inbox) -> None:
+        with self._lock:
+            if inbox in self._inboxes:
+                self._inboxes.remove(inbox)
+
+    def _stopped(self) -> bool:
+        return self._stopping
 
     def stop(self) -> None:
-        """End :meth:`run` after the current poll (at most ``max_await_time_ms``)."""
+        """End :meth:`run` after the current poll (at most ``max_await_time_ms``), even while
+        it waits for a full ``"block"`` subscriber (safe from any thread)."""
         self._stopping = True
+        with self._lock:
+            inboxes = list(self._inboxes)
+        for inbox in inboxes:
+            if inbox.waiting:
+                inbox.wake()
 
     def run(self) -> None:
         """Read the stream and feed the subscriptions until :meth:`stop` or the stream ends."""
@@ -207,20 +321,27 @@ class Hub:
                 self.changes += 1
                 token = stream.resume_token
                 with self._lock:
-                    subscriptions = list(self._subscriptions)
-                for subscription in subscriptions:
-                    if subscription.closed:
-                        self._forget(subscription)
-                    elif subscription.wants(change):
-                        subscription.offer(change, token)
+                    inboxes = list(self._inboxes)
+                for inbox in inboxes:
+                    if inbox.done:
+                        self._forget(inbox)
+                        continue
+                    try:
+                        wanted = inbox.wants(change)
+                    except Exception as exc:  # this subscriber's filter: its error, not the hub's
+                        inbox.finish(exc)
+                        self._forget(inbox)
+                        continue
+                    if wanted:
+                        inbox.offer(change, token, self._stopped)
         except BaseException as exc:
             error = self.error = exc
             raise
         finally:
             with self._lock:
-                subscriptions, self._subscriptions = self._subscriptions, []
-            for subscription in subscriptions:
-                subscription.end(error if isinstance(error, Exception) else None)
+                inboxes, self._inboxes = self._inboxes, []
+            for inbox in inboxes:
+                inbox.finish(error if isinstance(error, Exception) else None)
 
     def start(self) -> Hub:
         """Run the hub on a daemon thread (``stop()`` then ``join()`` to end it)."""

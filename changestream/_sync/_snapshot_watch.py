@@ -122,8 +122,9 @@ class SnapshotThenWatch:
     # -- the consumers' view (changestream._stream_view.StreamView) -----------------------------
     @property
     def buffered(self) -> int:
-        """Changes the change stream holds unreturned (0 during the copy: each poll reads)."""
-        return 0 if self._stream is None else self._stream.buffered
+        """Changes the change stream holds unreturned; during the copy, the records fetched
+        and not yet returned (a poll then needs no I/O either)."""
+        return self._run.fetched if self._stream is None else self._stream.buffered
 
     @property
     def stalled(self) -> bool:

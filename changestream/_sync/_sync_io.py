@@ -21,7 +21,19 @@ from .._consumer.history import HistoryGap
 from .._consumer.options import ConsumeOptions
 from ._stream import ChangeStream
 
-__all__ = ["bounded", "call_handler", "call_store", "report_gap", "stop_setter", "wait_for_stop"]
+__all__ = [
+    "ABANDONED",
+    "bounded",
+    "call_handler",
+    "call_store",
+    "next_or_stop",
+    "report_gap",
+    "stop_setter",
+    "wait_for_stop",
+]
+
+ABANDONED: Any = object()
+"""Never returned here (see :func:`next_or_stop`)."""
 
 
 def call_store(method: Callable[..., Any], *args: Any) -> Any:
@@ -42,6 +54,7 @@ def call_handler(handler: Callable[[Any], object], change: Any, calls: HandlerCa
         if dead_letter is None:
             raise
         dead_letter(change, exc)
+        calls.dead_lettered()
 
 
 def report_gap(options: ConsumeOptions, gap: HistoryGap | None) -> None:
@@ -52,6 +65,13 @@ def report_gap(options: ConsumeOptions, gap: HistoryGap | None) -> None:
 def wait_for_stop(stop: threading.Event, seconds: float) -> None:
     """Sleep ``seconds``, or less if ``stop`` is set meanwhile."""
     stop.wait(seconds)
+
+
+def next_or_stop(stream: ChangeStream[Any], stop: threading.Event) -> Any:
+    """``stream.try_next()``: a sync getMore in flight cannot be abandoned from another
+    thread (the sync stream's ``close()`` lets it finish, at most ``max_await_time_ms``)
+    without closing a pooled connection under PyMongo, so a stop waits for it."""
+    return stream.try_next()
 
 
 def stop_setter(stop: threading.Event) -> Callable[[], object]:

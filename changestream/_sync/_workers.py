@@ -24,6 +24,10 @@ __all__ = ["ThreadWorkers"]
 log = logging.getLogger("changestream.consume")
 
 
+_STOP_CHECK = 0.05
+"""Seconds between looks at ``stop`` while the fetching thread waits for room."""
+
+
 class ThreadWorkers:
     """``workers`` threads calling the handler, per-key order and the low watermark kept by ``lanes``.
 
@@ -59,15 +63,23 @@ class ThreadWorkers:
         """The first exception a handler call ended with (after the ``on_error`` policy)."""
 
     # -- the fetching thread --------------------------------------------------------------------
-    def room(self) -> None:
+    def room(self, stop: threading.Event | None = None) -> bool:
         """Wait while ``max_in_flight`` changes are in flight (until a quarter is free again);
-        raises a handler's failure. The caller stores the moved watermark, then submits."""
+        raises a handler's failure. The caller stores the moved watermark, then submits.
+
+        ``False``: ``stop`` was set meanwhile (nothing is admitted: the caller stops, and
+        ``drain_timeout`` bounds what follows). A stop or a signal sets an event nobody
+        here is notified of, so the wait looks at it every :data:`_STOP_CHECK` seconds.
+        """
         with self._lock:
             lanes = self._lanes
             if lanes.full:
                 while not lanes.roomy and self.failure is None:
-                    self._room.wait()
+                    if stop is not None and stop.is_set():
+                        return False
+                    self._room.wait(_STOP_CHECK)
             self._raise_failure()
+        return True
 
     def submit(self, change: Any, token: Any) -> None:
         """Hand ``change`` (followed by ``token``) to the workers (after :meth:`room`)."""

@@ -23,7 +23,19 @@ from .._consumer.history import HistoryGap
 from .._consumer.options import ConsumeOptions
 from ._stream import AsyncChangeStream
 
-__all__ = ["bounded", "call_handler", "call_store", "report_gap", "stop_setter", "wait_for_stop"]
+__all__ = [
+    "ABANDONED",
+    "bounded",
+    "call_handler",
+    "call_store",
+    "next_or_stop",
+    "report_gap",
+    "stop_setter",
+    "wait_for_stop",
+]
+
+ABANDONED: Any = object()
+"""What :func:`next_or_stop` returns when ``stop`` came while a getMore waited."""
 
 
 async def call_store(method: Callable[..., Any], *args: Any) -> Any:
@@ -49,6 +61,7 @@ async def call_handler(handler: Callable[[Any], Any], change: Any, calls: Handle
         if dead_letter is None:
             raise
         await _once(dead_letter, change, exc)
+        calls.dead_lettered()
 
 
 async def _once(function: Callable[..., Any], *args: Any) -> None:
@@ -68,6 +81,31 @@ async def wait_for_stop(stop: asyncio.Event, seconds: float) -> None:
     """Sleep ``seconds``, or less if ``stop`` is set meanwhile."""
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def next_or_stop(stream: AsyncChangeStream[Any], stop: asyncio.Event) -> Any:
+    """``stream.try_next()``, abandoned if ``stop`` is set while its getMore waits.
+
+    A stop must not wait for the server's await (``max_await_time_ms``, 1 s by default)
+    once the last change is handled. Cancelling the call is what the stream allows: it
+    closes and kills its cursor in the background. Nothing is lost: whatever that getMore
+    would have brought is after every handled change, so after the stored token.
+    Returns :data:`ABANDONED` then. A buffered change is returned without a task.
+    """
+    if stream.buffered > 1 or stop.is_set():  # no I/O while two or more wait
+        return await stream.try_next()
+    fetch = asyncio.ensure_future(stream.try_next())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((fetch, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not fetch.done():
+            fetch.cancel()
+            await asyncio.wait((fetch,))  # the stream's own clean-up runs before we go on
+    if fetch.cancelled():
+        return ABANDONED
+    return fetch.result()
 
 
 def stop_setter(stop: asyncio.Event) -> Callable[[], object]:

@@ -34,9 +34,11 @@ from .._metrics import StatsCallback, StatsReporter
 from ..errors import describe_error
 from ..stores import AsyncTokenStore, TokenStore  # sync: from ..stores import TokenStore
 from ._async_io import (
+    ABANDONED,
     bounded,
     call_handler,
     call_store,
+    next_or_stop,
     report_gap,
     stop_setter,
     wait_for_stop,
@@ -207,8 +209,13 @@ async def consume(
                     await save()
                 current_token = stream.carried_token
                 while not stop.is_set():
-                    with call_bound(stream, run.call_timeout):
+                    if stream.buffered > 1:  # from the buffer: no I/O, no bound (per change)
                         change = await stream.try_next()
+                    else:  # a getMore may wait: asyncio abandons it when stop is set
+                        with call_bound(stream, run.call_timeout):
+                            change = await next_or_stop(stream, stop)
+                        if change is ABANDONED:
+                            break
                     token = current_token()
                     step = run.polled(change, token, stream.alive, stream.stalled)
                     if step is HANDLE:
@@ -216,7 +223,8 @@ async def consume(
                             if pool is None:
                                 await call_handler(handler, change, run.calls)
                             else:  # the stored token never trails the window: store first
-                                await pool.room()
+                                if not await pool.room(stop):
+                                    break  # stop came while waiting for room: not admitted
                                 # room counts from the watermark about to be stored, not from
                                 # one that moves on while the store writes
                                 watermark, handled, free = pool.window()

@@ -65,19 +65,29 @@ class AsyncWorkers:
         """The first exception a handler call ended with (after the ``on_error`` policy)."""
 
     # -- the consuming coroutine ------------------------------------------------------------------
-    async def room(self) -> None:
+    async def room(self, stop: asyncio.Event | None = None) -> bool:
         """Wait while ``max_in_flight`` changes are in flight (until a quarter is free again);
-        raises a handler's failure. The caller stores the moved watermark, then submits."""
+        raises a handler's failure. The caller stores the moved watermark, then submits.
+
+        ``False``: ``stop`` was set meanwhile (nothing is admitted: the caller stops, and
+        ``drain_timeout`` bounds what follows).
+        """
         lanes = self._lanes
         if lanes.full:
             while not lanes.roomy and self.failure is None:
+                if stop is not None and stop.is_set():
+                    return False
                 self._room.clear()
                 self._waiting = True
                 try:
-                    await self._room.wait()
+                    if stop is None:
+                        await self._room.wait()
+                    else:
+                        await _first_of(self._room.wait(), stop.wait())
                 finally:
                     self._waiting = False
         self._raise_failure()
+        return True
 
     def submit(self, change: Any, token: Any) -> None:
         """Hand ``change`` (followed by ``token``) to the tasks (after :meth:`room`).
@@ -228,3 +238,13 @@ class AsyncWorkers:
                     self._start()
         finally:
             self._tasks.discard(asyncio.current_task())
+
+
+async def _first_of(*waits: Coroutine[Any, Any, Any]) -> None:
+    """Wait until one of ``waits`` is done; cancel the others."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

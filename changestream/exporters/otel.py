@@ -11,8 +11,10 @@ Instruments are created on the meter given, else on
 ``opentelemetry.metrics.get_meter("changestream")`` (the global meter
 provider: configure the SDK and its exporter as usual). The same names as the
 Prometheus exporter, dotted: ``changestream.events.handled``,
-``changestream.resumes``, ``changestream.reopens``, ``changestream.tokens.stored``
-(counters); ``changestream.events.rate`` (events/s), ``changestream.lag``
+``changestream.resumes``, ``changestream.reopens``, ``changestream.tokens.stored``,
+``changestream.handler.retries``, ``changestream.dead_letters`` (counters, monotonic
+for the life of the process: an exporter reused by a later ``consume`` call adds that
+call's counts); ``changestream.events.rate`` (events/s), ``changestream.lag``
 (seconds), ``changestream.oplog.headroom`` (seconds; absent where it cannot be
 read), ``changestream.last_stored_token.timestamp`` (Unix seconds)
 (observable gauges reporting the latest stats).
@@ -33,7 +35,7 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Counter, Meter, Observation
 
-from .._metrics import ConsumeStats
+from .._metrics import ConsumeStats, RunIncrements
 
 __all__ = ["OpenTelemetryExporter"]
 
@@ -56,6 +58,17 @@ class _Instruments:
         self.stored = meter.create_counter(
             "changestream.tokens.stored", unit="{token}", description="Tokens stored"
         )
+        self.counters: dict[str, Counter] = {
+            "handled": self.handled, "resumes": self.resumes, "reopens": self.reopens,
+            "stored": self.stored,
+            "retries": meter.create_counter(
+                "changestream.handler.retries", unit="{call}",
+                description="Handler calls repeated on the same change (on_error)"),
+            "dead_letters": meter.create_counter(
+                "changestream.dead_letters", unit="{event}",
+                description="Changes on_error's dead_letter took"),
+        }
+        """The counter of each :data:`~changestream._metrics.COUNTERS` field."""
         for name, read, unit, description in (
             ("changestream.events.rate", lambda s: s.events_per_second, "{event}/s",
              "Handled changes per second (last interval)"),
@@ -100,6 +113,7 @@ class OpenTelemetryExporter:
         meter = metrics.get_meter("changestream") if meter is None else meter
         self._attributes = dict(attributes or {})
         self._latest: ConsumeStats | None = None
+        self._increments = RunIncrements()
         with _LOCK:
             instruments = _INSTRUMENTS.get(meter)
             if instruments is None:
@@ -108,15 +122,8 @@ class OpenTelemetryExporter:
         self._instruments = instruments
 
     def __call__(self, stats: ConsumeStats) -> None:
-        before = self._latest
-        shared = self._instruments
-        counters: tuple[tuple[Counter, int, int], ...] = (
-            (shared.handled, stats.handled, 0 if before is None else before.handled),
-            (shared.resumes, stats.resumes, 0 if before is None else before.resumes),
-            (shared.reopens, stats.reopens, 0 if before is None else before.reopens),
-            (shared.stored, stats.stored, 0 if before is None else before.stored),
-        )
-        for counter, now, was in counters:
-            if now > was:
-                counter.add(now - was, self._attributes)
+        counters = self._instruments.counters
+        for name, increase in self._increments(stats).items():
+            if increase:
+                counters[name].add(increase, self._attributes)
         self._latest = stats

@@ -14,6 +14,11 @@ are the labels that tell the loops apart (``PrometheusExporter(stream="orders")`
 same label names (else one ``ValueError`` says which); two exporters with the
 same label values count into the same series (use one per loop).
 
+The counters are monotonic for the life of the process: an exporter reused by a
+later ``consume`` call (a restart of the loop) adds that call's counts to what the
+earlier calls reported (each call counts from 0; :attr:`ConsumeStats.run_id` tells
+them apart).
+
 Metrics (``namespace`` prefix, default ``changestream``; every one carries the
 labels given as keyword arguments):
 
@@ -28,6 +33,8 @@ name                                          type     meaning
 ``changestream_resumes_total``                counter  automatic resumes inside the stream
 ``changestream_reopens_total``                counter  streams reopened by the loop
 ``changestream_tokens_stored_total``          counter  tokens written to the store
+``changestream_handler_retries_total``        counter  handler calls repeated under ``on_error``
+``changestream_dead_letters_total``           counter  changes ``on_error``'s ``dead_letter`` took
 ``changestream_last_stored_token_timestamp``  gauge    cluster time of the last stored token (Unix s)
 ============================================  =======  ==============================================
 """
@@ -42,7 +49,7 @@ from typing import Any
 import prometheus_client
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from .._metrics import ConsumeStats
+from .._metrics import ConsumeStats, RunIncrements
 
 __all__ = ["PrometheusExporter", "serve"]
 
@@ -59,7 +66,15 @@ class _Family:
     resumes: Counter
     reopens: Counter
     stored: Counter
+    retries: Counter
+    dead_letters: Counter
     stored_time: Gauge
+
+    def counters(self) -> dict[str, Counter]:
+        """The counter of each :data:`~changestream._metrics.COUNTERS` field."""
+        return {"handled": self.handled, "resumes": self.resumes, "reopens": self.reopens,
+                "stored": self.stored, "retries": self.retries,
+                "dead_letters": self.dead_letters}
 
 
 _FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, _Family]] = (
@@ -101,6 +116,9 @@ def _family(registry: CollectorRegistry, namespace: str, labels: tuple[str, ...]
             resumes=counter("resumes", "Automatic resumes inside the change stream"),
             reopens=counter("reopens", "Change streams reopened by the consume loop"),
             stored=counter("tokens_stored", "Resume tokens written to the store"),
+            retries=counter("handler_retries",
+                            "Handler calls repeated on the same change (on_error)"),
+            dead_letters=counter("dead_letters", "Changes on_error's dead_letter took"),
             stored_time=gauge(
                 "last_stored_token_timestamp",
                 "Cluster time of the last stored token (Unix seconds)",
@@ -134,23 +152,18 @@ class PrometheusExporter:
         registry = REGISTRY if registry is None else registry
         self._family = family = _family(registry, namespace, tuple(sorted(labels)))
         self._labels = labels
-        self._seen = ConsumeStats(0, 0.0, None, None, 0, 0, 0, None, 0.0)
-        for total in (family.handled, family.resumes, family.reopens, family.stored):
+        self._increments = RunIncrements()
+        self._counters = family.counters()
+        for total in self._counters.values():
             total.labels(**labels)  # exported as 0 from the start, not absent
 
     def __call__(self, stats: ConsumeStats) -> None:
         labels = self._labels
-        seen = self._seen
         family = self._family
-        # Counters only go up: add what happened since the previous report.
-        for metric, now, before in (
-            (family.handled, stats.handled, seen.handled),
-            (family.resumes, stats.resumes, seen.resumes),
-            (family.reopens, stats.reopens, seen.reopens),
-            (family.stored, stats.stored, seen.stored),
-        ):
-            if now > before:
-                metric.labels(**labels).inc(now - before)
+        # Counters only go up: add what happened since this run's previous report.
+        for name, increase in self._increments(stats).items():
+            if increase:
+                self._counters[name].labels(**labels).inc(increase)
         family.rate.labels(**labels).set(stats.events_per_second)
         if stats.lag is not None:
             family.lag.labels(**labels).set(stats.lag.total_seconds())
@@ -158,4 +171,3 @@ class PrometheusExporter:
             family.headroom.labels(**labels).set(stats.oplog_headroom.total_seconds())
         if stats.last_stored_token_time is not None:
             family.stored_time.labels(**labels).set(stats.last_stored_token_time.timestamp())
-        self._seen = stats

@@ -315,3 +315,71 @@ def test_a_crash_redelivers_at_most_max_in_flight_even_while_saves_are_slow(run:
         assert 1 < widest <= max_in_flight, widest
 
     run(scenario)
+
+
+def test_a_stop_after_the_last_change_does_not_wait_for_the_getmore_in_flight(run: Run) -> None:
+    # A long await makes the old wait plain: the stop waited for the getMore to come back.
+    slow_await = {"max_await_time_ms": 10_000}
+
+    async def scenario(ctx: Ctx) -> None:
+        start = await start_token(ctx.coll)
+        ctx.writer.insert_many([{"_id": i} for i in range(20)])
+        stop = asyncio.Event()
+        handled: list[int] = []
+        stopped_at: list[float] = []
+
+        async def handle(change: Any) -> None:
+            handled.append(change["documentKey"]["_id"])
+            if len(handled) == 20:
+                await asyncio.sleep(0.2)  # the loop is back in a getMore by now
+                stopped_at.append(asyncio.get_running_loop().time())
+                stop.set()
+
+        store = stored_at(start)
+        await consume(lambda token: watch(ctx.coll, resume_after=token, **slow_await), handle,
+                      store, stop=stop, workers=4)
+        waited = asyncio.get_running_loop().time() - stopped_at[0]
+        assert sorted(handled) == list(range(20))
+        assert waited < 5, f"the stop waited {waited:.1f} s for the getMore's await"
+        # Nothing lost: the stored token is after the last change, and the stream goes on.
+        ctx.writer.insert_one({"_id": 20})
+        stream = await watch(ctx.coll, resume_after=store.load().token, **FAST)  # type: ignore[union-attr]
+        first = None
+        while first is None:
+            first = await stream.try_next()
+        await stream.close()
+        assert first["documentKey"]["_id"] == 20
+
+    run(scenario)
+
+
+def test_stop_while_waiting_for_room_at_max_in_flight_returns_within_drain_timeout(
+    run: Run,
+) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        start = await start_token(ctx.coll)
+        ctx.writer.insert_many([{"_id": i} for i in range(40)])
+        release = asyncio.Event()
+        handled: list[int] = []
+
+        async def handle(change: Any) -> None:
+            if change["documentKey"]["_id"] == 0:
+                await asyncio.wait_for(release.wait(), 60)  # holds the watermark
+            handled.append(change["documentKey"]["_id"])
+
+        stop = asyncio.Event()
+        store = stored_at(start)
+        task = asyncio.create_task(consume(
+            lambda token: watch(ctx.coll, resume_after=token, **FAST), handle, store,
+            stop=stop, workers=4, max_in_flight=6, drain_timeout=1))
+        while len(handled) < 5:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # the loop now waits for room behind change 0
+        stop.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), 10)
+        finally:
+            release.set()
+        assert store.load().token == start  # type: ignore[union-attr]
+
+    run(scenario)

@@ -213,6 +213,43 @@ def test_max_in_flight_bounds_fetching_behind_one_slow_change(coll: Any) -> None
     assert sorted(handled) == list(range(result[0].handled))
 
 
+def test_stop_while_waiting_for_room_at_max_in_flight_returns_within_drain_timeout(
+    coll: Any,
+) -> None:
+    start = start_token(coll)
+    coll.insert_many([{"_id": i} for i in range(40)])
+    release = threading.Event()
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    def handle(change: Any) -> None:
+        if change["documentKey"]["_id"] == 0:
+            release.wait(60)  # one stuck call holds the watermark: the window fills
+        with lock:
+            handled.append(change["documentKey"]["_id"])
+
+    stop = threading.Event()
+    store = stored_at(start)
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(changestream.consume(
+        lambda token: changestream.watch(coll, resume_after=token, **FAST), handle, store,
+        stop=stop, workers=4, max_in_flight=6, drain_timeout=1)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while len(handled) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # the loop now waits for room behind change 0
+    stopped = time.monotonic()
+    stop.set()
+    thread.join(15)
+    took = time.monotonic() - stopped
+    release.set()
+    assert result, "consume ignored stop while waiting for room at max_in_flight"
+    assert took < 10
+    # The stuck call never finished in time: the stored token is still before it.
+    assert same(store.load().token, start)  # type: ignore[union-attr]
+
+
 def test_stop_lets_admitted_changes_finish_within_drain_timeout(coll: Any) -> None:
     start = start_token(coll)
     coll.insert_many([{"_id": i} for i in range(20)])

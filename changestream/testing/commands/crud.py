@@ -22,6 +22,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.regex import Regex
 
+from ..core._mongomock import run_pipeline
 from ..core.context import CommandContext
 from ..core.cursors import cursor_reply
 from ..core.errors import CommandError
@@ -658,8 +659,6 @@ def read_documents(ctx: CommandContext, coll: str, query: dict[str, Any]) -> lis
 
 def _view_documents(ctx: CommandContext, view: CollectionState, depth: int) -> list[dict[str, Any]]:
     """Evaluate a view (possibly on another view) with mongomock's pipeline engine."""
-    from mongomock.aggregate import process_pipeline
-
     if depth > 20:
         raise CommandError(
             165,
@@ -674,8 +673,7 @@ def _view_documents(ctx: CommandContext, view: CollectionState, depth: int) -> l
     else:
         base = list(source.documents())
     try:
-        cursor = process_pipeline(base, None, view.options.get("pipeline", []), None)  # type: ignore[no-untyped-call]
-        return list(cursor)
+        return run_pipeline(base, view.options.get("pipeline", []))
     except CommandError:
         raise
     except Exception as exc:  # mongomock's errors

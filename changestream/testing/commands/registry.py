@@ -59,8 +59,3 @@ def build_registry(modules: tuple[ModuleType, ...] = MODULES) -> Mapping[str, Co
 
 REGISTRY: Mapping[str, CommandSpec] = build_registry()
 """Read-only: the dispatcher of every deployment shares it."""
-
-
-def load_all() -> Mapping[str, CommandSpec]:
-    """The registry (kept for callers that asked for it to be loaded)."""
-    return REGISTRY

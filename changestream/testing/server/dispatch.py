@@ -122,7 +122,7 @@ class Dispatcher:
     def __init__(self, deployment: Deployment, member: Member) -> None:
         self.deployment = deployment
         self.member = member
-        self.registry = commands.load_all()
+        self.registry = commands.REGISTRY
         aliases: dict[str, set[str]] = {}
         for name, spec in self.registry.items():
             aliases.setdefault(spec.name, set()).add(name)

@@ -258,6 +258,20 @@ def test_the_fence_lists_every_mongomock_name_it_touches() -> None:
     assert [name for name in sorted(touched) if name not in doc] == []
 
 
+MAX_LINES = 750
+LONG_BY_NATURE = {f"{PACKAGE}.changestreams.keystring": "one codec, mongod's KeyString format"}
+
+
+def test_no_module_is_over_750_lines() -> None:
+    """One responsibility per module: a module past 750 lines holds more than one (issue 29)."""
+    long = {
+        module: n
+        for module, path in module_files(ROOT, PACKAGE).items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES and module not in LONG_BY_NATURE
+    }
+    assert long == {}, f"split these by concern: {long}"
+
+
 def test_command_modules_are_listed_in_the_registry() -> None:
     """Every module of ``commands`` that defines a command is in the explicit list."""
     from changestream.testing.commands import registry

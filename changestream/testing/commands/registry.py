@@ -21,6 +21,7 @@ from . import (
     failpoints,
     indexes,
     listing,
+    reads,
     transactions,
     users,
 )
@@ -30,6 +31,7 @@ MODULES: tuple[ModuleType, ...] = (
     admin,
     auth,
     crud,
+    reads,
     bulk_write,
     ddl,
     diagnostics,

@@ -28,6 +28,7 @@ from ..replset import ReplicaSet
 from ..storage.persist import DbPathError
 from .balancer import LoadBalancer
 from .config_server import ClusterState
+from .dbpath import check_sharded_dbpath
 from .mongos import Mongos
 
 _PORT_ATTEMPTS = 20
@@ -93,6 +94,7 @@ class ShardedCluster:
         self.balancer: LoadBalancer | None = None
         self._started = False
         self._stopped = False
+        self._keep_files = False
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> ShardedCluster:
@@ -100,6 +102,8 @@ class ShardedCluster:
             raise RuntimeError("this ShardedCluster was already started")
         self._started = True
         try:
+            if self.dbpath is not None:
+                check_sharded_dbpath(self.dbpath, self.state)
             self.config.start()
             restored = self.state.restored_shards()
             for info in restored:
@@ -114,6 +118,7 @@ class ShardedCluster:
                 self.balancer = LoadBalancer(self._host, targets)
                 self.balancer.start()
         except BaseException:
+            self._keep_files = True  # a failed start leaves the dbpath as it found it
             self.stop()
             raise
         return self
@@ -149,7 +154,14 @@ class ShardedCluster:
         for mongos in self._mongos:
             mongos.stop()
         failed: list[DbPathError] = []
-        for rs in [*self.state.replica_sets(), *self.state.pending.values(), self.config]:
+        sets = [*self.state.replica_sets(), *self.state.pending.values(), self.config]
+        generation = (self.config.deployment.generation or 0) + 1
+        for rs in sets:
+            if self._keep_files:
+                rs.deployment.close(save=False)
+            else:  # every file of this stop says so (a file from another stop is refused)
+                rs.deployment.generation = generation
+        for rs in sets:
             try:
                 rs.stop()
             except DbPathError as exc:  # every other member still stops

@@ -188,6 +188,18 @@ class ClusterState:
                     if state is not None:
                         state.shard_key = sharded.fields
 
+    def shard_holdings(self, shard: str) -> tuple[list[str], list[str]]:
+        """The databases ``shard`` is primary of and the sharded collections it has chunks
+        of, as the config server's documents say (before the routing table is rebuilt)."""
+        primaries = sorted(
+            str(doc["_id"]) for doc in self._config_docs("databases") if doc.get("primary") == shard
+        )
+        held = {c["uuid"] for c in self._config_docs("chunks") if c.get("shard") == shard}
+        chunked = sorted(
+            str(doc["_id"]) for doc in self._config_docs("collections") if doc["uuid"] in held
+        )
+        return primaries, chunked
+
     def _config_docs(self, coll: str) -> list[dict[str, Any]]:
         deployment = self.config.deployment
         with deployment.lock:

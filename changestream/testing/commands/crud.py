@@ -42,6 +42,10 @@ from .spec import command
 
 _WRITABLE_SYSTEM_COLLECTIONS = frozenset({"system.js"})
 MAX_WRITE_BATCH = 100_000
+INSERT_BATCH_DOCS = 64
+"""mongod's ``internalInsertMaxBatchSize``: documents an insert commits together."""
+INSERT_BATCH_BYTES = 256 * 1024
+"""mongod's ``insertVectorMaxBytes``: a batch is committed once its documents reach this."""
 BSON_OBJ_MAX_USER_SIZE = 16 * 1024 * 1024
 """mongod's ``BSONObjMaxUserSize``: the largest document it stores."""
 _SIZE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
@@ -327,10 +331,54 @@ def insert(ctx: CommandContext) -> dict[str, Any]:
     state = ensure_collection(unit, ctx.db, coll)
     n = 0
     errors: list[dict[str, Any]] = []
+    batch: list[tuple[int, int, Any]] = []
+    size = 0
     for i, raw in enumerate(documents):
-        if unit.statement(stmt_ids[i]) is not NOT_EXECUTED:
+        if unit.statement(stmt_ids[i], commit=False) is not NOT_EXECUTED:
             n += 1
             continue
+        batch.append((i, stmt_ids[i], raw))
+        size += _bson_size(raw) if isinstance(raw, dict) else 0
+        if i + 1 < len(documents) and len(batch) < INSERT_BATCH_DOCS and size < INSERT_BATCH_BYTES:
+            continue
+        inserted, stop = _insert_batch(ctx, unit, state, batch, errors, ordered=ordered)
+        n += inserted
+        batch, size = [], 0
+        if stop:
+            break
+    if batch:
+        n += _insert_batch(ctx, unit, state, batch, errors, ordered=ordered)[0]
+    return _write_reply(ctx, unit, n, errors)
+
+
+def _insert_batch(
+    ctx: CommandContext,
+    unit: WriteUnit,
+    state: CollectionState,
+    batch: list[tuple[int, int, Any]],
+    errors: list[dict[str, Any]],
+    *,
+    ordered: bool,
+) -> tuple[int, bool]:
+    """Insert ``(index, stmtId, document)``s as one write unit of work, as mongod's
+    ``insertBatchAndHandleErrors`` does: a batch that fails to commit is tried again one
+    document at a time. Returns (inserted, stop)."""
+    try:
+        unit.commit()
+    except CommandError as err:
+        if len(batch) > 1 and not unit.in_transaction:
+            inserted = 0
+            for item in batch:
+                one, stop = _insert_batch(ctx, unit, state, [item], errors, ordered=ordered)
+                inserted += one
+                if stop:
+                    return inserted, True
+            return inserted, False
+        errors.append(write_error(batch[0][0], err))
+        return 0, ordered
+    inserted = 0
+    for i, stmt_id, raw in batch:
+        unit.stmt_id = stmt_id
         try:
             insert_one(ctx, unit, state, raw)
         except (CommandError, DuplicateKey) as err:
@@ -339,12 +387,11 @@ def insert(ctx: CommandContext) -> dict[str, Any]:
                 raise as_command_error(err) from None
             errors.append(write_error(i, err))
             if ordered:
-                break
+                return inserted, True
             continue
         unit.done(None)
-        n += 1
-    unit.commit_point()  # an insert command commits its documents together
-    return _write_reply(ctx, unit, n, errors)
+        inserted += 1
+    return inserted, False
 
 
 UpdateResult = tuple[int, int, tuple[Any] | None]
@@ -389,7 +436,6 @@ def run_statement(unit: WriteUnit, stmt_id: int, run: Callable[[], Any]) -> Any:
         return previous
     result = run()
     unit.done(result)
-    unit.commit_point()
     return result
 
 

@@ -189,8 +189,12 @@ class Dispatcher:
             else:
                 self._check_role(spec, secondary_ok)
                 fields = spec.handler(ctx)
+            if ctx.close_connection:
+                raise CloseConnection
             return self._success(ctx, spec, target, fields)
         except CommandError as err:
+            if ctx is not None and ctx.close_connection:
+                raise CloseConnection from None
             return self.error_reply(ctx, err)
         except CloseConnection:
             raise

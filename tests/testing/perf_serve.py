@@ -48,7 +48,7 @@ from bson.timestamp import Timestamp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all  # noqa: E402
+from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo  # noqa: E402
 from changestream.testing.core.cursors import cursor_reply  # noqa: E402
 from changestream.testing.core.versions import get_profile  # noqa: E402
 from changestream.testing.server.wire import encode_document  # noqa: E402
@@ -112,7 +112,6 @@ def _drain(
 
 
 def cursor_level(args: argparse.Namespace) -> None:
-    load_all()
     d = Deployment(get_profile(args.version))
     _run(d, {"insert": "marker", "documents": [{}]})
     start = d.last_applied()

@@ -28,7 +28,7 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure, WriteError
 
 from changestream.testing import ReplicaSet
-from changestream.testing.server import transport, wire
+from changestream.testing.server import wire, workers
 from changestream.testing.server.listener import MemberServer
 from tests.testing.test_connection_lifecycle import HEADER, RawConnection
 
@@ -227,11 +227,11 @@ def test_requests_wait_while_no_thread_can_be_started(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     threads = _FailingThreads()
-    monkeypatch.setattr(transport, "threading", threads.module)
+    monkeypatch.setattr(workers, "threading", threads.module)
     with ReplicaSet("8.0", noop_interval=0) as rs:
         assert rs.primary is not None
         threads.fail = True
-        with caplog.at_level(logging.WARNING, logger=transport.__name__):
+        with caplog.at_level(logging.WARNING, logger=workers.__name__):
             conns = [RawConnection(rs.primary) for _ in range(3)]
             for conn in conns:
                 conn.send({"ping": 1, "$db": "admin"})
@@ -329,7 +329,7 @@ def test_a_pool_that_grew_for_a_burst_shrinks_while_light_traffic_goes_on() -> N
     requests keep coming: each goes to the worker idle the shortest time. (A FIFO hand-out
     gave every idle worker a task now and then, and a pool kept hundreds of threads
     for as long as any client polled.)"""
-    pool = transport.WorkerPool("test-pool", idle_seconds=0.5)
+    pool = workers.WorkerPool("test-pool", idle_seconds=0.5)
     release = threading.Event()
     try:
         for _ in range(40):  # forty operations that wait, as getMores do

@@ -44,7 +44,7 @@ from changestream.testing.changestreams.resume_token import (
     event_token,
 )
 from changestream.testing.changestreams.transform import EventTransformer
-from changestream.testing.commands import REGISTRY, load_all
+from changestream.testing.commands import REGISTRY
 from changestream.testing.core.codec import ENCODE_OPTIONS
 from changestream.testing.core.cursors import CursorBatch
 from changestream.testing.core.errors import CommandError
@@ -52,8 +52,6 @@ from changestream.testing.core.event_cache import EventCache
 from changestream.testing.core.oplog import OplogEntry
 from changestream.testing.core.versions import get_profile
 from changestream.testing.storage.deployment import Deployment
-
-load_all()
 
 NOW = 1_700_000_000.0
 UUID_A = uuid.UUID("a5093abb-38fe-4b9e-a67f-01bb1a96d812")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all
+from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo
 from changestream.testing.core.errors import CommandError
 from changestream.testing.core.oplog import OplogEntry
 from changestream.testing.core.versions import get_profile
@@ -17,7 +17,6 @@ ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 
 
 def make(version: str = "8.0") -> Deployment:
-    load_all()
     return Deployment(get_profile(version))
 
 

@@ -214,6 +214,40 @@ def test_app_name_filter(client: Client, rs: ReplicaSet) -> None:
         assert error_of(lambda: ping(victim))["code"] == 2
 
 
+class _Heartbeats(monitoring.ServerHeartbeatListener):
+    def __init__(self) -> None:
+        self.outcomes: list[str] = []
+
+    def started(self, event: monitoring.ServerHeartbeatStartedEvent) -> None:
+        pass
+
+    def succeeded(self, event: monitoring.ServerHeartbeatSucceededEvent) -> None:
+        self.outcomes.append("succeeded")
+
+    def failed(self, event: monitoring.ServerHeartbeatFailedEvent) -> None:
+        details = getattr(event.reply, "details", None) or {}
+        self.outcomes.append(f"failed: {details.get('code')}")
+
+
+def test_app_name_filter_fails_the_first_hello_of_a_new_connection(
+    client: Client, rs: ReplicaSet
+) -> None:
+    """mongod reads a hello's client metadata before failCommand, so a failpoint for one
+    ``appName`` fails the handshake of that application's new connections too (issue 33,
+    item 20: the Node.js driver's "should resume on ServerSelectionError" tests)."""
+    fail(client, errorCode=91, failCommands=["hello", "isMaster"], appName="monitored")
+    heartbeats = _Heartbeats()
+    monitored: Client = MongoClient(
+        rs.uri, appname="monitored", event_listeners=[heartbeats], heartbeatFrequencyMS=500,
+        serverSelectionTimeoutMS=1500,
+    )  # fmt: skip
+    with monitored, pytest.raises(Exception, match="Failing command via 'failCommand' failpoint"):
+        ping(monitored)
+    assert heartbeats.outcomes, "the monitor checked the server"
+    assert set(heartbeats.outcomes) == {"failed: 91"}, heartbeats.outcomes
+    assert ping(client)["ok"] == 1.0  # another application's hellos pass
+
+
 def test_namespace_filter(client: Client) -> None:
     fail(client, errorCode=2, failCommands=["killCursors"], namespace="db.a")
     assert error_of(lambda: client.db.command("killCursors", "a", cursors=[]))["code"] == 2

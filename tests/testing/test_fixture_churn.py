@@ -7,11 +7,14 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
+import pymongo
 import pytest
 from bson.timestamp import Timestamp
 
 from changestream.testing import ReplicaSet, ShardedCluster
+from changestream.testing.core import event_cache
 from tests.support import raw_command
 
 
@@ -61,3 +64,72 @@ def test_a_stopped_sharded_cluster_leaves_no_thread() -> None:
         raw_command(c.mongoses[0], {"insert": "c", "documents": [{"_id": 1}], "$db": "db"})
     left = [t.name for t in threading.enumerate() if t.ident not in before]
     assert left == []
+
+
+def _simulator_threads(before: set[int | None]) -> list[str]:
+    """Threads started since ``before`` that are not PyMongo's (``pymongo_*``: a closed
+    MongoClient signals its monitors and kill-cursors thread, which end on their next wake,
+    about half a second later; they belong to the client, not to the deployment)."""
+    return sorted(
+        t.name
+        for t in threading.enumerate()
+        if t.ident not in before and not t.name.startswith("pymongo")
+    )
+
+
+def test_100_deployments_with_pymongo_clients_leave_no_simulator_thread() -> None:
+    """Issue 33, item 11: after ``stop()`` returns, no thread the deployment started is alive,
+    with PyMongo's own change streams and monitors on it (awaitable hellos, getMores)."""
+    before = {t.ident for t in threading.enumerate()}
+    for i in range(100):
+        open_at_stop = i % 10 == 0
+        with ReplicaSet("8.0", members=1 + i % 3, noop_interval=0.05) as rs:
+            client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+                # closed after the stop, a client waits this long to send endSessions
+                rs.uri, serverSelectionTimeoutMS=500 if open_at_stop else 5000
+            )
+            with client.db.c.watch(max_await_time_ms=50) as stream:
+                client.db.c.insert_one({"i": i})
+                assert stream.next()["operationType"] == "insert"
+            if not open_at_stop:
+                client.close()  # as a fixture does; every tenth stays open through the stop
+        left = _simulator_threads(before)
+        client.close()
+        assert left == [], f"after deployment {i}: {left} outlived stop()"
+
+
+def test_the_event_cache_joins_an_idle_timer_started_while_it_closes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream released on a worker while the deployment stops: ``close()`` must not meet an
+    idle timer that is made but not started (it could not join it, and the timer would start
+    after ``stop()`` returned)."""
+    cache = event_cache.EventCache(idle_seconds=60)
+    cache.put(1, "shape", ["event"], 10)
+    release = cache.acquire()
+    closed = threading.Event()
+    errors: list[BaseException] = []
+    closers: list[threading.Thread] = []
+
+    def close() -> None:
+        try:
+            cache.close()
+        except BaseException as exc:
+            errors.append(exc)
+        closed.set()
+
+    class Timer(threading.Timer):
+        def start(self) -> None:
+            closer = threading.Thread(target=close)
+            closers.append(closer)
+            closer.start()
+            closed.wait(0.5)  # the old code's close() ran here, between making and starting
+            super().start()
+
+    monkeypatch.setattr(event_cache.threading, "Timer", Timer)
+    before = {t.ident for t in threading.enumerate()}
+    release()
+    assert closed.wait(5)
+    closers[0].join(5)
+    assert errors == []
+    assert [t.name for t in threading.enumerate() if t.ident not in before] == []

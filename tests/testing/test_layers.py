@@ -195,6 +195,83 @@ def test_a_client_import_is_found(tmp_path: Path) -> None:
     ]
 
 
+FENCE = f"{PACKAGE}.core._mongomock"
+"""The one module allowed to import mongomock (its internals are listed at its top)."""
+
+
+def importers_of(root: Path, package: str, target: str) -> list[str]:
+    """Every module of ``package`` that imports ``target`` (at any level, annotation-only
+    imports included), as ``"module (line n)"``."""
+    found = []
+    for module, path in module_files(root, package).items():
+        base = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for name in _imported_modules(node, base):
+                if name == target or name.startswith(target + "."):
+                    found.append(f"{module} (line {getattr(node, 'lineno', 0)})")
+    return found
+
+
+def test_only_the_fence_imports_mongomock() -> None:
+    """mongomock's untyped internals are reached through ``core/_mongomock.py`` alone, so a
+    new mongomock is checked in one place (issue 29)."""
+    client_root = ROOT.parent
+    users = importers_of(client_root, "changestream", "mongomock")
+    assert any(u.startswith(FENCE + " ") for u in users), "the fence imports mongomock"
+    assert [u for u in users if not u.startswith(FENCE + " ")] == []
+
+
+def test_a_mongomock_import_outside_the_fence_is_found(tmp_path: Path) -> None:
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "def f():\n    from mongomock import aggregate\n",
+            "b.py": "import mongomock.filtering as f\n",
+            "c.py": "import mongomockery\n",
+        },
+    )
+    assert sorted(importers_of(root, "pkg", "mongomock")) == ["pkg.a (line 2)", "pkg.b (line 1)"]
+
+
+def test_the_fence_lists_every_mongomock_name_it_touches() -> None:
+    """Each mongomock attribute the fence reads is named in its docstring."""
+    from changestream.testing.core import _mongomock
+
+    path = Path(_mongomock.__file__)
+    tree = ast.parse(path.read_text())
+    aliases = {"mongomock"} | {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "mongomock"
+        for alias in node.names
+    }
+    touched = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in aliases
+    }
+    assert {"filter_applies", "_Parser", "_PIPELINE_HANDLERS", "process_pipeline"} <= touched
+    doc = _mongomock.__doc__ or ""
+    assert [name for name in sorted(touched) if name not in doc] == []
+
+
+MAX_LINES = 750
+LONG_BY_NATURE = {f"{PACKAGE}.changestreams.keystring": "one codec, mongod's KeyString format"}
+
+
+def test_no_module_is_over_750_lines() -> None:
+    """One responsibility per module: a module past 750 lines holds more than one (issue 29)."""
+    long = {
+        module: n
+        for module, path in module_files(ROOT, PACKAGE).items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES and module not in LONG_BY_NATURE
+    }
+    assert long == {}, f"split these by concern: {long}"
+
+
 def test_command_modules_are_listed_in_the_registry() -> None:
     """Every module of ``commands`` that defines a command is in the explicit list."""
     from changestream.testing.commands import registry

@@ -278,3 +278,80 @@ def test_serve_sharded_keeps_its_data_and_requires_auth(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# -- a sharded dbpath with a part missing or stale (issue 33, item 19) ---------------------------
+
+
+def _cluster_with_data(dbpath: Path, docs: range) -> None:
+    """A two-shard cluster in ``dbpath`` holding ``docs`` in ``db.c`` (hashed: both shards)."""
+    with (
+        ShardedCluster("8.0", shards=2, mongoses=1, dbpath=dbpath, noop_interval=0) as cluster,
+        MongoClient(cluster.uri) as client,
+    ):
+        if "db.c" not in cluster.state.table.collections:
+            client.admin.command("shardCollection", "db.c", key={"_id": "hashed"})
+        client.db.c.insert_many([{"_id": i} for i in docs])
+
+
+def _start_fails(dbpath: Path) -> str:
+    cluster = ShardedCluster("8.0", shards=2, mongoses=1, dbpath=dbpath, noop_interval=0)
+    with pytest.raises(DbPathError) as exc:
+        cluster.start()
+    return str(exc.value)
+
+
+def _files(dbpath: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(dbpath)): p.read_bytes() for p in sorted(dbpath.rglob(SNAPSHOT))}
+
+
+@pytest.mark.parametrize("part", ["shard file", "shard directory"])
+def test_a_sharded_dbpath_missing_a_shard_fails_naming_it(tmp_path: Path, part: str) -> None:
+    _cluster_with_data(tmp_path, range(100))
+    shard1 = tmp_path / "shard1"
+    if part == "shard file":
+        (shard1 / SNAPSHOT).unlink()
+        missing = shard1 / SNAPSHOT
+    else:
+        for path in shard1.iterdir():
+            path.unlink()
+        shard1.rmdir()
+        missing = shard1
+    kept = _files(tmp_path)
+    message = _start_fails(tmp_path)
+    assert message.startswith(f"{missing} is missing: the config server lists shard 'shard1' (")
+    assert "chunks of db.c" in message
+    assert _files(tmp_path) == kept, "a failed start leaves the files as they were"
+
+
+def test_a_sharded_dbpath_missing_the_config_server_fails_naming_it(tmp_path: Path) -> None:
+    _cluster_with_data(tmp_path, range(100))
+    for path in (tmp_path / "config").iterdir():
+        path.unlink()
+    (tmp_path / "config").rmdir()
+    message = _start_fails(tmp_path)
+    assert message.startswith(f"{tmp_path / 'config' / SNAPSHOT} is missing, but {tmp_path} ")
+    assert "shard0, shard1" in message
+
+
+def test_a_shard_file_from_an_older_stop_fails_naming_it(tmp_path: Path) -> None:
+    _cluster_with_data(tmp_path, range(50))
+    old = (tmp_path / "shard0" / SNAPSHOT).read_bytes()
+    _cluster_with_data(tmp_path, range(50, 100))
+    (tmp_path / "shard0" / SNAPSHOT).write_bytes(old)
+    message = _start_fails(tmp_path)
+    assert message.startswith(
+        f"{tmp_path / 'shard0' / SNAPSHOT} is from another stop of this cluster than the "
+        "config server's data (generation 1, the config server's 2)"
+    )
+
+
+def test_the_files_of_one_stop_start_together_again(tmp_path: Path) -> None:
+    _cluster_with_data(tmp_path, range(50))
+    _cluster_with_data(tmp_path, range(50, 100))
+    with (
+        ShardedCluster("8.0", shards=2, mongoses=1, dbpath=tmp_path, noop_interval=0) as cluster,
+        MongoClient(cluster.uri) as client,
+    ):
+        assert client.db.c.count_documents({}) == 100
+    assert {persist.snapshot_generation(p.parent) for p in tmp_path.rglob(SNAPSHOT)} == {(True, 3)}

@@ -217,3 +217,34 @@ def test_a_44_replica_set() -> None:
         assert decode_token(event["_id"]).version == 1
         assert isinstance(event["clusterTime"], Timestamp)
         client.close()
+
+
+def test_resume_after_the_last_fragment_of_a_split_event(client: Client) -> None:
+    """The last fragment's token resumes at the next event, as on mongod (issue 33, item 18).
+
+    mongod re-splits the event, drops the fragments before the token's and lets
+    EnsureResumeTokenPresent swallow the token's own; the simulator used to fail with 280
+    ("the resumed stream produced a different split").
+    """
+    db = client.split_resume
+    db.create_collection("c", changeStreamPreAndPostImages={"enabled": True})
+    big = 10 * 1024 * 1024
+    db.c.insert_one({"_id": 1, "v": "q" * big})
+    pipeline = [{"$changeStreamSplitLargeEvent": {}}]
+    options: dict[str, Any] = {"full_document_before_change": "required"}
+    with db.c.watch(pipeline, max_await_time_ms=AWAIT_MS, **options) as stream:
+        db.c.update_one({"_id": 1}, {"$set": {"v": "z" * big}})
+        db.c.insert_one({"_id": 2})
+        fragments = [stream.next() for _ in range(2)]
+        following = stream.next()
+    assert [f["splitEvent"] for f in fragments] == [
+        {"fragment": 1, "of": 2},
+        {"fragment": 2, "of": 2},
+    ]
+    resume_options = {**options, "max_await_time_ms": AWAIT_MS}
+    with db.c.watch(pipeline, resume_after=fragments[1]["_id"], **resume_options) as stream:
+        after = stream.next()
+        assert (after["operationType"], after["_id"]) == ("insert", following["_id"])
+    with db.c.watch(pipeline, resume_after=fragments[0]["_id"], **resume_options) as stream:
+        assert stream.next()["_id"] == fragments[1]["_id"]
+        assert stream.next()["_id"] == following["_id"]

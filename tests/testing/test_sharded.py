@@ -305,6 +305,11 @@ def test_resume_after_a_split_event_fragment_through_mongos(
             fragments[1]["_id"],
             {"fragment": 2, "of": 2},
         )
+    db.c.insert_one({"_id": 2})
+    # the last fragment's token resumes at the next event (issue 33, item 18)
+    with db.c.watch(pipeline, resume_after=fragments[1]["_id"], **options) as stream:
+        after = wait_until(stream.try_next, "the event after the last fragment")
+        assert (after["operationType"], after["documentKey"]) == ("insert", {"_id": 2})
 
 
 def test_resume_after_through_the_other_mongos_and_unknown_token(

@@ -20,7 +20,7 @@ from pymongo.errors import OperationFailure
 
 from changestream.testing import ReplicaSet, get_profile
 from changestream.testing.commands.aggregate import aggregate
-from changestream.testing.commands.crud import find
+from changestream.testing.commands.reads import find
 from changestream.testing.core.context import CommandContext, ConnectionInfo
 from changestream.testing.core.errors import CommandError
 from changestream.testing.storage.deployment import Deployment

@@ -13,7 +13,7 @@ from bson.min_key import MinKey
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all
+from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo
 from changestream.testing.core.errors import CommandError
 from changestream.testing.core.oplog import OplogEntry
 from changestream.testing.core.versions import get_profile
@@ -30,7 +30,6 @@ from changestream.testing.storage.deployment import Deployment
 
 @pytest.fixture
 def dep() -> Deployment:
-    load_all()
     return Deployment(get_profile("8.0"))
 
 

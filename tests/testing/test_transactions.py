@@ -10,7 +10,7 @@ import pytest
 from bson.binary import Binary
 from bson.int64 import Int64
 
-from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all
+from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo
 from changestream.testing.core.errors import CommandError
 from changestream.testing.core.versions import get_profile
 from changestream.testing.storage.deployment import Deployment
@@ -54,7 +54,6 @@ class Session:
 
 @pytest.fixture
 def dep() -> Deployment:
-    load_all()
     deployment = Deployment(get_profile("8.0"))
     Session(deployment).run({"insert": "c", "documents": [{"_id": 1, "n": 0}]})
     return deployment
@@ -253,12 +252,10 @@ def test_retryable_write_numbers_and_multi_statements(dep: Deployment) -> None:
 
 
 def test_transaction_commands_are_admin_only() -> None:
-    load_all()
     assert REGISTRY["commitTransaction"].admin_only and REGISTRY["abortTransaction"].admin_only
 
 
 def test_retried_statement_ids_are_reported_from_6_0() -> None:
-    load_all()
     old = Deployment(get_profile("5.0"))
     s = Session(old)
     body = {"insert": "c", "documents": [{"_id": 1}]}

@@ -10,7 +10,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo, load_all
+from changestream.testing.commands import REGISTRY, CommandContext, ConnectionInfo
 from changestream.testing.core.errors import CommandError
 from changestream.testing.core.versions import get_profile
 from changestream.testing.storage.deployment import Deployment
@@ -288,7 +288,6 @@ def test_upsert_document_seeds_from_query_equalities() -> None:
 
 @pytest.fixture
 def dep() -> Deployment:
-    load_all()
     deployment = Deployment(get_profile("8.0"))
     run(deployment, {"insert": "c", "documents": [{"_id": 1, "a": [1, 2, 1]}, {"_id": 2, "a": []}]})
     return deployment
@@ -378,7 +377,6 @@ def test_images_are_attached_when_enabled(dep: Deployment) -> None:
 
 
 def test_4x_updates_keep_the_post_image_for_legacy_descriptions() -> None:
-    load_all()
     old = Deployment(get_profile("4.4"))
     run(old, {"insert": "c", "documents": [{"_id": 1, "a": [1, 2, 3]}]})
     since = old.oplog.end_seq

@@ -23,10 +23,9 @@ from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
-from mongomock import OperationFailure
-from mongomock import aggregate as mm_aggregate
-from mongomock import filtering as mm_filtering
 
+from ..core import _mongomock
+from ..core._mongomock import OperationFailure
 from ..core.errors import CommandError
 from ..storage.order import type_name as bson_type_name
 
@@ -50,20 +49,14 @@ PER_DOCUMENT_STAGES: Final = frozenset(
 )
 """The stages this module evaluates (all that mongod allows in a change stream)."""
 
-# mongomock is untyped: reach it through typed aliases.
-_filter_applies: Callable[[Any, Any], bool] = mm_filtering.filter_applies
+_filter_applies = _mongomock.filter_applies
 
 _KEEP: Final = "$$KEEP"
 _PRUNE: Final = "$$PRUNE"
 _DESCEND: Final = "$$DESCEND"
 _REDACT_VARS: Final = {"KEEP": _KEEP, "PRUNE": _PRUNE, "DESCEND": _DESCEND}
 
-_KNOWN_OPERATORS: Final = frozenset(
-    op
-    for name in dir(mm_aggregate)
-    if name.endswith("_operators")
-    for op in getattr(mm_aggregate, name)
-)
+_KNOWN_OPERATORS: Final = _mongomock.KNOWN_OPERATORS | {"$mergeObjects"}
 
 
 # -- formatting helpers shared with the rest of the change-stream engine ---------------------------
@@ -102,34 +95,27 @@ def value_to_string(value: Any) -> str:
 
 
 # -- expressions ---------------------------------------------------------------------------------
-_base_parse: Callable[[Any, Any], Any] = mm_aggregate._Parser.parse
+def _merge_objects(parse: Callable[[Any], Any], args: Any) -> dict[str, Any]:
+    """``$mergeObjects``, which mongomock's evaluator lacks."""
+    merged: dict[str, Any] = {}
+    for arg in args if isinstance(args, list) else [args]:
+        try:
+            value = parse(arg)
+        except KeyError:
+            continue
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise CommandError(
+                40400,
+                f"$mergeObjects requires object inputs, but input {value_to_string(value)} "
+                f"is of type {type_name(value)}",
+            )
+        merged.update(value)
+    return merged
 
 
-class _Parser(mm_aggregate._Parser):
-    """mongomock's expression evaluator plus the operators it lacks ($mergeObjects)."""
-
-    def parse(self, expression: Any) -> Any:
-        if isinstance(expression, dict) and len(expression) == 1 and "$mergeObjects" in expression:
-            return self._merge_objects(expression["$mergeObjects"])
-        return _base_parse(self, expression)
-
-    def _merge_objects(self, args: Any) -> dict[str, Any]:
-        merged: dict[str, Any] = {}
-        for arg in args if isinstance(args, list) else [args]:
-            try:
-                value = self.parse(arg)
-            except KeyError:
-                continue
-            if value is None:
-                continue
-            if not isinstance(value, dict):
-                raise CommandError(
-                    40400,
-                    f"$mergeObjects requires object inputs, but input {value_to_string(value)} "
-                    f"is of type {type_name(value)}",
-                )
-            merged.update(value)
-        return merged
+_EXTRA_OPERATORS: Final[Mapping[str, _mongomock.ExtraOperator]] = {"$mergeObjects": _merge_objects}
 
 
 def _eval_error(exc: Exception) -> CommandError:
@@ -137,9 +123,6 @@ def _eval_error(exc: Exception) -> CommandError:
     if "Unrecognized expression" in msg:
         return CommandError(168, msg)
     return CommandError(2, msg)
-
-
-_new_parser: Callable[..., _Parser] = _Parser
 
 
 def evaluate(
@@ -171,9 +154,8 @@ def evaluate(
     user_vars: dict[str, Any] = dict(variables or {})
     if root is not None and root is not current:
         user_vars["ROOT"] = root
-    parser = _new_parser(current, user_vars=user_vars, ignore_missing_keys=True)
     try:
-        return parser.parse(expr)
+        return _mongomock.evaluate(expr, current, user_vars=user_vars, extra=_EXTRA_OPERATORS)
     except KeyError:
         return MISSING
     except (OperationFailure, NotImplementedError, TypeError, ValueError) as exc:

@@ -8,7 +8,7 @@ imports each of them explicitly and builds the read-only :data:`REGISTRY`.
 from __future__ import annotations
 
 from ..core.context import CLIENT_CHECK_SECONDS, CommandContext, ConnectionInfo
-from .registry import REGISTRY, load_all
+from .registry import REGISTRY
 from .spec import CommandSpec, Handler, command
 
 __all__ = [
@@ -19,5 +19,4 @@ __all__ = [
     "ConnectionInfo",
     "Handler",
     "command",
-    "load_all",
 ]

@@ -122,8 +122,7 @@ def hello(ctx: CommandContext) -> dict[str, Any]:
             f"BSON field '{ctx.name}.helloOk' is the wrong type '{type(hello_ok).__name__}', "
             "expected type 'bool'",
         )
-    take_client_metadata(body, conn)
-    offered = compression_offer(ctx)
+    offered = compression_offer(ctx)  # the client metadata: taken by the dispatcher
     _check_quiesce(member)
     if ("topologyVersion" in body) != ("maxAwaitTimeMS" in body):
         raise CommandError(

@@ -11,11 +11,7 @@ documents: the per-document stages with the change-stream evaluator, the rest
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
-
-from mongomock import OperationFailure
-from mongomock import aggregate as mm_aggregate
 
 from ..changestreams.cursor import ChangeStreamCursor
 from ..changestreams.pipeline import PER_DOCUMENT_STAGES, compile_stage, type_name
@@ -26,6 +22,7 @@ from ..changestreams.stage import (
     lite_parse,
     parse_change_stream,
 )
+from ..core._mongomock import STAGE_HANDLERS, OperationFailure
 from ..core.context import CommandContext
 from ..core.cursors import cursor_reply
 from ..core.errors import CommandError
@@ -48,13 +45,6 @@ if TYPE_CHECKING:
 
 DEFAULT_BATCH_SIZE: Final = 101
 _VIEW_DEPTH_LIMIT: Final = 20
-
-_MongomockStage = Callable[[list[dict[str, Any]], Any, Any], list[dict[str, Any]]]
-_MONGOMOCK_STAGES: Final[dict[str, _MongomockStage]] = {
-    name: handler
-    for name, handler in mm_aggregate._PIPELINE_HANDLERS.items()
-    if handler is not None and name not in ("$out", "$lookup", "$graphLookup", "$facet")
-}
 
 
 # -- command parsing ---------------------------------------------------------------------------
@@ -208,7 +198,7 @@ def run_stage(docs: list[dict[str, Any]], name: str, spec: Any) -> list[dict[str
     if name in PER_DOCUMENT_STAGES:
         stage = compile_stage(name, spec)
         return [out for doc in docs if (out := stage(doc)) is not None]
-    handler = _MONGOMOCK_STAGES.get(name)
+    handler = STAGE_HANDLERS.get(name)
     if handler is None:
         raise CommandError(
             115, f"The simulator does not implement the {name} stage outside change streams"

@@ -25,7 +25,7 @@ from typing import Any
 from ..core.context import CommandContext
 from ..core.errors import CommandError
 from ..storage import type_name
-from .crud import hinted_key, read_documents
+from .reads import hinted_key, read_documents
 from .spec import command
 
 _EXPLAINABLE = frozenset(

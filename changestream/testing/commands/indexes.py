@@ -60,11 +60,6 @@ _INDEX_PLUGINS = frozenset({"text", "2d", "2dsphere", "geoHaystack", "hashed", "
 # ======================================================================================
 
 
-def index_name(key: dict[str, Any]) -> str:
-    """The default index name (``a_1_b_-1``)."""
-    return "_".join(f"{field}_{value}" for field, value in key.items())
-
-
 def _normalize_index_spec(ctx: CommandContext, raw: Any, coll: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise CommandError(14, "The 'indexes' field must be an array of objects")

@@ -21,6 +21,7 @@ from . import (
     failpoints,
     indexes,
     listing,
+    reads,
     transactions,
     users,
 )
@@ -30,6 +31,7 @@ MODULES: tuple[ModuleType, ...] = (
     admin,
     auth,
     crud,
+    reads,
     bulk_write,
     ddl,
     diagnostics,
@@ -59,8 +61,3 @@ def build_registry(modules: tuple[ModuleType, ...] = MODULES) -> Mapping[str, Co
 
 REGISTRY: Mapping[str, CommandSpec] = build_registry()
 """Read-only: the dispatcher of every deployment shares it."""
-
-
-def load_all() -> Mapping[str, CommandSpec]:
-    """The registry (kept for callers that asked for it to be loaded)."""
-    return REGISTRY

@@ -131,6 +131,10 @@ class CommandContext:
     is_change_stream: bool = False
     """Set by aggregate/getMore on a change stream (for error labels)."""
     extra_reply: dict[str, Any] = field(default_factory=dict)
+    close_connection: bool = False
+    """The command runs to its end but its reply is never sent: the connection closes
+    instead (``onPrimaryTransactionalWrite``'s ``closeConnection``: mongod ends the session
+    and the operation carries on)."""
 
     @property
     def target(self) -> Any:

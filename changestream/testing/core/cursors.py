@@ -185,11 +185,6 @@ class CursorManager:
         with self._lock:
             return list(self._slots)
 
-    def get_ns(self, cid: int) -> str | None:
-        with self._lock:
-            slot = self._slots.get(cid)
-            return slot.cursor.ns if slot else None
-
 
 def cursor_reply(cid: int, ns: str, batch: CursorBatch, *, first: bool) -> dict[str, Any]:
     """The ``{"cursor": {...}}`` reply body in mongod's field order.

@@ -87,7 +87,9 @@ class EventCache:
                 return
             timer = self._idle_timer = threading.Timer(self.idle_seconds, self._expire)
             timer.daemon = True
-        timer.start()
+            # started under the lock: close() (another thread) then joins a started timer,
+            # never one it cannot join yet that would start after the deployment stopped
+            timer.start()
 
     def _expire(self) -> None:
         with self._lock:

@@ -161,11 +161,6 @@ class Oplog:
         return self._offset + len(self._entries)
 
     @property
-    def first_ts(self) -> Timestamp | None:
-        with self._cond:
-            return self._entries[0].ts if self._entries else None
-
-    @property
     def last_ts(self) -> Timestamp | None:
         with self._cond:
             return self._entries[-1].ts if self._entries else None

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import commands
 from ..commands import CommandContext, CommandSpec, ConnectionInfo
+from ..commands.admin import take_client_metadata
 from ..core.errors import CloseConnection, CommandError, change_stream_labels
 from ..core.failpoints import CommandTarget
 from ..core.topology import topology_version
@@ -122,7 +123,7 @@ class Dispatcher:
     def __init__(self, deployment: Deployment, member: Member) -> None:
         self.deployment = deployment
         self.member = member
-        self.registry = commands.load_all()
+        self.registry = commands.REGISTRY
         aliases: dict[str, set[str]] = {}
         for name, spec in self.registry.items():
             aliases.setdefault(spec.name, set()).add(name)
@@ -171,6 +172,11 @@ class Dispatcher:
                         "Transaction numbers are only allowed on a replica set member or mongos",
                     )
             names = self._aliases.get(spec.name) or frozenset({spec.name, name})
+            if not names.isdisjoint(_HELLO_COMMANDS):
+                # mongod preloads a hello's client metadata before failCommand is evaluated
+                # (service_entry_point_common.cpp), so ``appName`` matches a new connection's
+                # first hello too
+                take_client_metadata(body, conn)
             target = CommandTarget(names, _namespace(db, spec, body, body[name]), conn.app_name)
             self._fail_command(target, conn, spec, body)
             if spec.name != "getMore":  # getMore checks its cursor's time limit too
@@ -183,8 +189,12 @@ class Dispatcher:
             else:
                 self._check_role(spec, secondary_ok)
                 fields = spec.handler(ctx)
+            if ctx.close_connection:
+                raise CloseConnection
             return self._success(ctx, spec, target, fields)
         except CommandError as err:
+            if ctx is not None and ctx.close_connection:
+                raise CloseConnection from None
             return self.error_reply(ctx, err)
         except CloseConnection:
             raise

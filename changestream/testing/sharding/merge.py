@@ -64,10 +64,6 @@ class _Remote:
     buffer: deque[dict[str, Any]] = field(default_factory=deque)
     exhausted: bool = False
 
-    @property
-    def promise_key(self) -> str:
-        return _key(self.promise)
-
 
 class MergedChangeStream:
     """The cursor mongos registers for a ``$changeStream`` aggregate."""

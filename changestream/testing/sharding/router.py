@@ -15,7 +15,7 @@ from .routing import ShardedCollection
 from .shards import Shard
 
 if TYPE_CHECKING:
-    from .cluster import ClusterState
+    from .config_server import ClusterState
 
 
 class Router:

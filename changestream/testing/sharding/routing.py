@@ -47,10 +47,6 @@ class ShardedCollection:
     def fields(self) -> tuple[str, ...]:
         return tuple(self.key)
 
-    @property
-    def hashed_field(self) -> str | None:
-        return next((name for name, kind in self.key.items() if kind == "hashed"), None)
-
     def key_of(self, doc: dict[str, Any]) -> tuple[Any, ...]:
         """The shard key value of ``doc`` (missing fields are null; hashed fields hashed)."""
         values = []

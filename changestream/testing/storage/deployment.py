@@ -141,6 +141,10 @@ class Deployment:
         cluster); None: look the document up in this deployment."""
         self.dbpath = None if dbpath is None else Path(dbpath)
         """Where :meth:`close` keeps the data for the next start (None: in memory only)."""
+        self.generation: int | None = None
+        """A sharded cluster's generation, recorded in this deployment's file at every clean
+        stop of the cluster, so a file from another stop is told apart (None: not a shard or
+        config server, or a file written before generations)."""
         self._dbpath_lock = None if self.dbpath is None else DbPathLock(self.dbpath)
         try:
             if self.dbpath is not None and persist.has_snapshot(self.dbpath):

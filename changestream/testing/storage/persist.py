@@ -15,7 +15,7 @@ holds an exclusive lock on its ``mongod.lock`` file, as mongod does.
 The file fails loudly rather than load wrong data::
 
     "CSSIMDB" 0x00 | header (BSON: format, serverVersion, set name, term, cluster
-    time, users) | records (BSON, one per collection, document, oplog entry) |
+    time, users, clusterGeneration for a sharded cluster's files) | records (BSON, one per collection, document, oplog entry) |
     "CSSIMEND" | record count (uint64 BE) | SHA-256 of everything before it
 
 Reading checks, in this order, and names the file and the fault in a
@@ -136,6 +136,7 @@ def _header(deployment: Deployment) -> dict[str, Any]:
         "clusterTime": deployment.clock.current(),
         "oplogTruncated": deployment.oplog.truncated,
         "users": [_user_doc(user) for user in deployment.users.all()],
+        **({} if deployment.generation is None else {"clusterGeneration": deployment.generation}),
     }
 
 
@@ -242,6 +243,24 @@ def _entry(doc: dict[str, Any]) -> OplogEntry:
 
 def has_snapshot(dbpath: Path) -> bool:
     return (dbpath / SNAPSHOT).is_file()
+
+
+def snapshot_generation(dbpath: Path) -> tuple[bool, int | None]:
+    """``(readable, clusterGeneration)`` from the header of ``dbpath``'s snapshot, without
+    reading the rest (a file that is not readable here fails with its own error when loaded)."""
+    try:
+        with open(dbpath / SNAPSHOT, "rb") as f:
+            if f.read(len(MAGIC)) != MAGIC:
+                return True, None  # format 1: written before generations
+            raw_length = f.read(4)
+            length = int.from_bytes(raw_length, "little")
+            if len(raw_length) < 4 or not 5 <= length <= 16 * 1024 * 1024:
+                return False, None
+            header = bson.decode(raw_length + f.read(length - 4), codec_options=DECODE_OPTIONS)
+    except (OSError, bson.errors.BSONError):
+        return False, None
+    generation = header.get("clusterGeneration")
+    return True, generation if isinstance(generation, int) else None
 
 
 def restore(deployment: Deployment, dbpath: Path) -> None:
@@ -385,6 +404,8 @@ def _load(
     deployment.oplog.truncated = bool(meta.get("oplogTruncated"))
     deployment.clock.advance(meta["clusterTime"])
     deployment.term = int(meta["term"])
+    generation = meta.get("clusterGeneration")
+    deployment.generation = None if generation is None else int(generation)
     users = deployment.users
     with users.lock:
         for doc in meta.get("users", ()):

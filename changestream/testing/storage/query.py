@@ -14,8 +14,8 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
-from mongomock import filtering as _mm_filtering
 
+from ..core import _mongomock
 from ..core.errors import CommandError
 from .order import bson_repr, id_key
 from .where import compile_where
@@ -102,7 +102,7 @@ def matches(query: dict[str, Any], doc: dict[str, Any]) -> bool:
         rest = {k: v for k, v in query.items() if k != "$where"}
         return compile_where(query["$where"])(doc) and matches(rest, doc)
     try:
-        return bool(_mm_filtering.filter_applies(query, doc))  # type: ignore[no-untyped-call]
+        return _mongomock.filter_applies(query, doc)
     except CommandError:
         raise
     except NotImplementedError as exc:

@@ -32,7 +32,7 @@ from bson.binary import Binary
 from bson.int64 import Int64
 
 from ..core.context import CommandContext
-from ..core.errors import CloseConnection, CommandError
+from ..core.errors import CommandError
 
 NO_AUTH_UID: Binary = Binary(hashlib.sha256(b"").digest(), 0)
 """``lsid.uid`` of sessions when auth is disabled: SHA-256 of the empty user name."""
@@ -233,8 +233,8 @@ class WriteUnit:
 
     In a retryable write, each statement is announced with :meth:`statement`
     (which tells whether it already ran) and confirmed with :meth:`done`;
-    :meth:`commit_point` marks where mongod commits (once per insert command,
-    once per update or delete statement), which is where the
+    :meth:`commit` is where mongod commits a write unit of work (once per update or
+    delete statement, once per batch of inserted documents), which is where the
     ``onPrimaryTransactionalWrite`` failpoint acts.
     """
 
@@ -247,8 +247,6 @@ class WriteUnit:
         self.stmt_id: int | None = None
         self.retried: list[int] = []
         """Statement ids this retry did not execute again (``retriedStmtIds``)."""
-        self._close_after_commit = False
-        self._failpoint_checked = False
 
     @classmethod
     def open(cls, ctx: CommandContext, *, ddl: bool = False) -> WriteUnit:
@@ -280,11 +278,12 @@ class WriteUnit:
         start = int(first) if isinstance(first, int) else 0
         return list(range(start, start + count))
 
-    def statement(self, stmt_id: int) -> Any:
+    def statement(self, stmt_id: int, *, commit: bool = True) -> Any:
         """Start statement ``stmt_id``: its recorded result if this retryable write ran it.
 
         Otherwise :data:`NOT_EXECUTED`, and the statement's oplog entries will
-        carry ``stmt_id``.
+        carry ``stmt_id``; with ``commit`` the statement is its own write unit of
+        work (:meth:`commit`), as an update or delete statement is.
         """
         self.stmt_id = stmt_id
         if self.retry is None:
@@ -292,7 +291,8 @@ class WriteUnit:
         if stmt_id in self.retry.executed:
             self.retried.append(stmt_id)
             return self.retry.executed[stmt_id]
-        self._check_failpoint()
+        if commit:
+            self.commit()
         return NOT_EXECUTED
 
     def done(self, result: Any) -> None:
@@ -300,31 +300,28 @@ class WriteUnit:
         if self.retry is not None and self.stmt_id is not None:
             self.retry.executed[self.stmt_id] = result
 
-    def commit_point(self) -> None:
-        """Where mongod commits: ``onPrimaryTransactionalWrite`` closes the connection here."""
-        self._failpoint_checked = False
-        if self._close_after_commit:
-            raise CloseConnection
+    def commit(self) -> None:
+        """``onPrimaryTransactionalWrite``, where mongod commits a write unit of work of a
+        retryable write (``TransactionParticipant``, after each write).
 
-    def _check_failpoint(self) -> None:
-        """``onPrimaryTransactionalWrite``, evaluated once per commit of a retryable write.
-
-        ``failBeforeCommitExceptionCode`` fails the statement before it writes
-        anything; otherwise (``closeConnection``, default true) the write is
-        kept and the connection closes before the reply. mongod evaluates it
-        when the write commits, so unlike here an update that matches nothing
-        does not trigger it there.
+        ``closeConnection`` (default true) ends the connection but not the operation: the
+        command runs to its end and its reply is never sent. ``failBeforeCommitExceptionCode``
+        fails the write before it is applied (the connection also closes unless
+        ``closeConnection`` is false). mongod evaluates it when the write commits, so unlike
+        here an update that matches nothing does not trigger it there.
         """
-        if self._failpoint_checked:
+        if self.retry is None:
             return
-        self._failpoint_checked = True
         data = self.ctx.member.failpoints.on_primary_transactional_write()
         if data is None:
             return
+        if data.get("closeConnection", True) is not False:
+            self.ctx.close_connection = True
         code = data.get("failBeforeCommitExceptionCode")
         if isinstance(code, int) and not isinstance(code, bool):
-            raise CommandError(code, "Failing write for test due to failpoint")
-        self._close_after_commit = data.get("closeConnection", True) is not False
+            raise CommandError(
+                code, "Failing write due to failpoint. The write must not be reflected."
+            )
 
     def log(
         self,

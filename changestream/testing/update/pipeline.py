@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from bson.decimal128 import Decimal128
-from mongomock import aggregate as _mm_aggregate
 
+from ..core import _mongomock
 from ..core.errors import CommandError
 from ..storage import (
     bson_repr,
@@ -33,7 +33,7 @@ def _evaluate(expr: Any, doc: dict[str, Any]) -> Any:
     if isinstance(expr, str) and expr == "$$ROOT":
         return copy_value(doc)
     try:
-        return _mm_aggregate._parse_expression(expr, doc, ignore_missing_keys=True)  # type: ignore[no-untyped-call]
+        return _mongomock.evaluate(expr, doc)
     except KeyError:
         return _MISSING
     except NotImplementedError as exc:

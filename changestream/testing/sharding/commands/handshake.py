@@ -12,7 +12,6 @@ from ...commands.admin import (
     auth_fields,
     await_topology_change,
     compression_offer,
-    take_client_metadata,
 )
 from ...core.codec import MAX_MESSAGE_SIZE
 from ...core.context import CommandContext
@@ -30,8 +29,7 @@ def hello(router: Router, ctx: CommandContext) -> dict[str, Any]:
     """mongos's handshake: ``msg: "isdbgrid"``, no set name; ``serviceId`` behind a load balancer."""
     body, conn, member = ctx.body, ctx.connection, ctx.member
     profile = router.profile
-    take_client_metadata(body, conn)
-    offered = compression_offer(ctx)
+    offered = compression_offer(ctx)  # the client metadata: taken by the dispatcher
     if ("topologyVersion" in body) != ("maxAwaitTimeMS" in body):
         raise CommandError(
             31368, "A request with a 'topologyVersion' must include 'maxAwaitTimeMS'"

@@ -284,6 +284,18 @@ class ChangeStreamMachine:
         """Resumes in a row that brought no successful getMore and no document (0: healthy)."""
         return self._idle_resumes
 
+    def in_flight_kill(self) -> KillCursors | None:
+        """The killCursors of the cursor a getMore is waiting on, changing nothing (``None``:
+        no getMore in flight, or a load-balanced cursor that lives on its one connection).
+
+        A close from another thread or task sends it on a connection of its own, so the
+        server interrupts the getMore at once (``CursorKilled``) instead of after its await.
+        """
+        cursor = self._cursor
+        if self._state.flight is not Act.GETMORE or cursor is None or cursor.load_balanced:
+            return None
+        return kill_command(cursor.id, cursor.collection, cursor.database, cursor.address)
+
     @property
     def busy(self) -> bool:
         """An operation is in progress."""

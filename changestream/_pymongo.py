@@ -344,6 +344,11 @@ class _Transport:
             "client": self._client,
         }
 
+    def _aside_kwargs(self, route: _Route, effective_read_preference: Any) -> dict[str, Any]:
+        """:meth:`_command_kwargs` without the stream's session: a command sent from another
+        thread or task while the session is in use by the stream's own command."""
+        return {**self._command_kwargs(route, effective_read_preference), "session": None}
+
     def _reply(self, reply: Mapping[str, Any], checkout: _Checkout, wire_version: int) -> CommandResult:
         return _decoded(reply, self._reply_codec), ReplyInfo(checkout.address, wire_version,
                                                              checkout.load_balanced)
@@ -412,6 +417,17 @@ class SyncTransport(_Transport):
         except Exception as exc:
             return error_info(exc, wire_version)
 
+    def run_aside(self, kill: KillCursors) -> None:
+        """Best effort: ``kill`` on a connection of its own, without the stream's session, while
+        the stream's getMore waits on another (a close from another thread: the server then
+        interrupts that getMore). Failures are ignored: the close that follows cleans up."""
+        with contextlib.suppress(Exception):
+            route = _route(self._client, kill)
+            server = self._client._select_server(route.selector, None, route.operation,
+                                                 address=route.address)
+            with self._client._conn_from_server(route.selector, server, None) as (conn, read_pref):
+                conn.command(kill.database, route.spec, **self._aside_kwargs(route, read_pref))
+
     def _release(self) -> None:
         """Check in a pinned connection (load-balanced mode)."""
         pin, self._pin = self._pin, None
@@ -472,6 +488,18 @@ class AsyncTransport(_Transport):
             return self._reply(reply, checkout, conn.max_wire_version)
         except Exception as exc:
             return error_info(exc, wire_version)
+
+    async def run_aside(self, kill: KillCursors) -> None:
+        """:meth:`SyncTransport.run_aside`, awaited."""
+        with contextlib.suppress(Exception):
+            route = _route(self._client, kill)
+            server = await self._client._select_server(route.selector, None, route.operation,
+                                                       address=route.address)
+            async with self._client._conn_from_server(route.selector, server, None) as (
+                conn, read_pref
+            ):
+                await conn.command(kill.database, route.spec,
+                                   **self._aside_kwargs(route, read_pref))
 
     async def _release(self) -> None:
         """Check in a pinned connection (load-balanced mode)."""

@@ -43,6 +43,7 @@ from ._sync_io import (
     call_store,
     next_or_stop,
     report_gap,
+    stop_closes,
     stop_setter,
     wait_for_stop,
 )
@@ -175,6 +176,7 @@ def consume(
         try:
             with pymongo.timeout(run.open_timeout()):
                 stream = open_stream(run.opening())
+            current.stream = stream  # a stop now closes it (the sync twin; see stop_closes)
         except Exception as exc:
             if run.history_lost(exc):
                 return True
@@ -191,11 +193,13 @@ def consume(
                 while not stop.is_set():
                     if stream.buffered > 1:  # from the buffer: no I/O, no bound (per change)
                         change = stream.try_next()
-                    else:  # a getMore may wait: asyncio abandons it when stop is set
+                    else:  # a getMore may wait: a stop abandons it (see stop_closes)
                         with call_bound(stream, run.call_timeout):
                             change = next_or_stop(stream, stop)
                         if change is ABANDONED:
                             break
+                    if change is None and stop.is_set() and not stream.alive:
+                        break  # closed by the stop (the sync twin's stop_closes)
                     token = current_token()
                     step = run.polled(change, token, stream.alive, stream.stalled)
                     if step is HANDLE:
@@ -251,7 +255,7 @@ def consume(
 
     start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
     try:
-        with signals_stop(stop_on_signals, stop_setter(stop)):
+        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop) as current:
             while tenacity.Retrying(sleep=sleep, **run.retrying())(session):
                 pass
     except Exception as exc:

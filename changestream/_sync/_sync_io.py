@@ -28,12 +28,13 @@ __all__ = [
     "call_store",
     "next_or_stop",
     "report_gap",
+    "stop_closes",
     "stop_setter",
     "wait_for_stop",
 ]
 
 ABANDONED: Any = object()
-"""Never returned here (see :func:`next_or_stop`)."""
+"""Never returned here: a stop closes the stream instead (see :func:`stop_closes`)."""
 
 
 def call_store(method: Callable[..., Any], *args: Any) -> Any:
@@ -68,10 +69,48 @@ def wait_for_stop(stop: threading.Event, seconds: float) -> None:
 
 
 def next_or_stop(stream: ChangeStream[Any], stop: threading.Event) -> Any:
-    """``stream.try_next()``: a sync getMore in flight cannot be abandoned from another
-    thread (the sync stream's ``close()`` lets it finish, at most ``max_await_time_ms``)
-    without closing a pooled connection under PyMongo, so a stop waits for it."""
+    """``stream.try_next()``; a ``stop`` set while its getMore waits closes the stream from
+    :func:`stop_closes`'s thread (the stream kills the cursor aside, so the server ends the
+    getMore at once) and this returns ``None`` from a stream no longer alive."""
     return stream.try_next()
+
+
+class CurrentStream:
+    """The stream a run polls now (:func:`stop_closes` closes it when ``stop`` is set)."""
+
+    def __init__(self) -> None:
+        self.stream: ChangeStream[Any] | None = None
+
+
+STOP_CHECK = 0.05
+"""Seconds between the stop watcher's looks at ``stop`` (a ``threading.Event`` a user sets:
+no callback tells when)."""
+
+
+@contextlib.contextmanager
+def stop_closes(stop: threading.Event) -> Iterator[CurrentStream]:
+    """While the block runs, ``stop`` set by another thread closes :attr:`CurrentStream.stream`:
+    a stop after the last change does not wait for the getMore in flight (its await, 1 s by
+    default). Nothing is lost: that getMore's changes come after every handled one."""
+    current = CurrentStream()
+    finished = threading.Event()
+
+    def watch() -> None:
+        while not finished.is_set():
+            if stop.wait(STOP_CHECK):
+                stream = current.stream
+                if stream is not None and not finished.is_set():
+                    with contextlib.suppress(Exception):
+                        stream.close()
+                return
+
+    watcher = threading.Thread(target=watch, name="changestream-stop", daemon=True)
+    watcher.start()
+    try:
+        yield current
+    finally:
+        finished.set()
+        watcher.join()
 
 
 def stop_setter(stop: threading.Event) -> Callable[[], object]:

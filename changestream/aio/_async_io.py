@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pymongo
@@ -30,6 +30,7 @@ __all__ = [
     "call_store",
     "next_or_stop",
     "report_gap",
+    "stop_closes",
     "stop_setter",
     "wait_for_stop",
 ]
@@ -106,6 +107,22 @@ async def next_or_stop(stream: AsyncChangeStream[Any], stop: asyncio.Event) -> A
     if fetch.cancelled():
         return ABANDONED
     return fetch.result()
+
+
+class CurrentStream:
+    """The stream a run polls now (the sync twin closes it on ``stop``; see
+    :func:`stop_closes`)."""
+
+    def __init__(self) -> None:
+        self.stream: AsyncChangeStream[Any] | None = None
+
+
+@contextlib.contextmanager
+def stop_closes(stop: asyncio.Event) -> Iterator[CurrentStream]:
+    """Nothing to watch here: :func:`next_or_stop` races each waiting poll against ``stop``.
+    (The sync twin's ``stop`` is a ``threading.Event``: a thread watches it and closes the
+    current stream.)"""
+    yield CurrentStream()
 
 
 def stop_setter(stop: asyncio.Event) -> Callable[[], object]:

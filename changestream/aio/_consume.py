@@ -40,6 +40,7 @@ from ._async_io import (
     call_store,
     next_or_stop,
     report_gap,
+    stop_closes,
     stop_setter,
     wait_for_stop,
 )
@@ -195,6 +196,7 @@ async def consume(
         try:
             with pymongo.timeout(run.open_timeout()):
                 stream = await open_stream(run.opening())
+            current.stream = stream  # a stop now closes it (the sync twin; see stop_closes)
         except Exception as exc:
             if run.history_lost(exc):
                 return True
@@ -211,11 +213,13 @@ async def consume(
                 while not stop.is_set():
                     if stream.buffered > 1:  # from the buffer: no I/O, no bound (per change)
                         change = await stream.try_next()
-                    else:  # a getMore may wait: asyncio abandons it when stop is set
+                    else:  # a getMore may wait: a stop abandons it (see stop_closes)
                         with call_bound(stream, run.call_timeout):
                             change = await next_or_stop(stream, stop)
                         if change is ABANDONED:
                             break
+                    if change is None and stop.is_set() and not stream.alive:
+                        break  # closed by the stop (the sync twin's stop_closes)
                     token = current_token()
                     step = run.polled(change, token, stream.alive, stream.stalled)
                     if step is HANDLE:
@@ -271,7 +275,7 @@ async def consume(
 
     start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
     try:
-        with signals_stop(stop_on_signals, stop_setter(stop)):
+        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop) as current:
             while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):
                 pass
     except Exception as exc:

@@ -217,10 +217,15 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
     async def close(self) -> None:
         """Kill the server cursor and end the stream's implicit session (idempotent).
 
-        May be called from another thread or task: a waiting :meth:`next`
-        stops after its current getMore returns.
+        May be called from another thread or task: a getMore that a waiting :meth:`next`
+        or :meth:`try_next` has in flight is interrupted (its cursor is killed on a
+        connection of its own, so the server ends it at once instead of after
+        ``max_await_time_ms``), and that call returns ``None`` or stops iterating.
         """
         self._close_requested = True
+        kill = self._machine.in_flight_kill()  # (only while another call waits on a getMore)
+        if kill is not None:
+            await self._transport.run_aside(kill)
         async with self._lock:
             await self._settle()  # async-only
             with self._deadline():

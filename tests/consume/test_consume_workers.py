@@ -672,3 +672,39 @@ def test_a_crash_redelivers_at_most_max_in_flight_even_while_saves_are_slow(coll
     )
     assert result.handled == total
     assert 1 < widest <= max_in_flight, widest
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_stop_after_the_last_change_does_not_wait_for_the_getmore_in_flight(
+    coll: Any, workers: int
+) -> None:
+    """A long await makes the old wait plain: the stop waited for the getMore to come back
+    (the sync stream now kills the cursor aside when closed from the stop's thread)."""
+    slow_await = {"max_await_time_ms": 10_000}
+    start = start_token(coll)
+    coll.insert_many([{"_id": i} for i in range(20)])
+    stop = threading.Event()
+    handled: list[int] = []
+    stopped_at: list[float] = []
+    lock = threading.Lock()
+
+    def handle(change: Any) -> None:
+        with lock:
+            handled.append(change["documentKey"]["_id"])
+            last = len(handled) == 20
+        if last:
+            threading.Timer(0.2, lambda: (stopped_at.append(time.monotonic()), stop.set())).start()
+
+    store = stored_at(start)
+    changestream.consume(lambda token: changestream.watch(coll, resume_after=token, **slow_await),
+                         handle, store, stop=stop, workers=workers)
+    waited = time.monotonic() - stopped_at[0]
+    assert sorted(handled) == list(range(20))
+    assert waited < 5, f"the stop waited {waited:.1f} s for the getMore's await"
+    # Nothing lost: the stored token is after the last change, and the stream goes on.
+    coll.insert_one({"_id": 20})
+    with changestream.watch(coll, resume_after=store.load().token, **FAST) as stream:  # type: ignore[union-attr]
+        first = None
+        while first is None:
+            first = stream.try_next()
+    assert first["documentKey"]["_id"] == 20

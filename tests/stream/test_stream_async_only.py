@@ -65,6 +65,24 @@ def test_close_from_another_task_stops_a_waiting_next(run: Run) -> None:
     run(scenario)
 
 
+def test_close_from_another_task_interrupts_a_long_getmore(run: Run) -> None:
+    """The waiting getMore is killed aside: the close does not wait out its 10 s await."""
+
+    async def scenario(ctx: Ctx) -> None:
+        stream = await watch(ctx.coll, max_await_time_ms=10_000)
+        waiting = asyncio.create_task(stream.try_next())
+        await _wait_for_getmores(ctx.recorder, 1)
+        await asyncio.sleep(0.2)  # the getMore is now waiting on the server
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await stream.close()
+        assert await asyncio.wait_for(waiting, 5) is None
+        assert loop.time() - started < 3, "close waited for the getMore's await"
+        assert not stream.alive
+
+    run(scenario)
+
+
 def test_cancellation_kills_the_cursor_and_keeps_the_token(run: Run) -> None:
     async def scenario(ctx: Ctx) -> None:
         stream = await watch(ctx.coll, **FAST)

@@ -74,6 +74,25 @@ def test_close_from_another_thread_stops_a_blocked_next(coll: Any, recorder: Rec
     assert not stream.alive and recorder.names()[-1] == "killCursors"
 
 
+def test_close_from_another_thread_interrupts_a_long_getmore(coll: Any,
+                                                             recorder: Recorder) -> None:
+    """The waiting getMore is killed aside: the close does not wait out its 10 s await."""
+    import time
+
+    stream = changestream.watch(coll, max_await_time_ms=10_000)
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(stream.try_next()))
+    thread.start()
+    while recorder.names().count("getMore") < 1:
+        thread.join(0.01)
+    thread.join(0.2)  # the getMore is now waiting on the server
+    started = time.monotonic()
+    stream.close()
+    thread.join(5)
+    assert time.monotonic() - started < 3, "close waited for the getMore's await"
+    assert not thread.is_alive() and outcome == [None] and not stream.alive
+
+
 def test_keyboard_interrupt_kills_the_cursor_and_keeps_the_token(coll: Any,
                                                                  recorder: Recorder) -> None:
     stream = changestream.watch(coll, **FAST)

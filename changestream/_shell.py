@@ -84,23 +84,6 @@ def call_deadline(setup: StreamSetup) -> contextlib.AbstractContextManager[None]
     return pymongo.timeout(setup.timeout_ms / 1000)
 
 
-def abandon(stream: Any) -> None:
-    """``__del__`` of both shells: a stream dropped without ``close()`` cleans up later.
-
-    As PyMongo's own cursors do, the open cursor is queued for the client's
-    background killCursors task and the implicit session goes back to the pool;
-    no I/O here. Closing the stream is still the way to release the cursor at once.
-    """
-    try:
-        machine, transport, closing = stream._machine, stream._transport, stream._close_requested
-    except AttributeError:  # __init__ failed early
-        return
-    if closing or not machine.alive:
-        return
-    with contextlib.suppress(Exception):  # at interpreter exit PyMongo may be gone
-        transport.abandon(machine.abandon())
-
-
 class StreamProgress:
     """What both shells show of a stream's progress (read from the machine; no I/O)."""
 
@@ -218,8 +201,20 @@ class StreamShell(StreamProgress):
         return self._machine.alive
 
     def __del__(self) -> None:
-        """Dropped without ``close()``: see :func:`abandon`."""
-        abandon(self)
+        """Dropped without ``close()``: the stream cleans up later.
+
+        As PyMongo's own cursors do, the open cursor is queued for the client's
+        background killCursors task and the implicit session goes back to the pool;
+        no I/O here. Closing the stream is still the way to release the cursor at once.
+        """
+        try:
+            machine, transport, closing = self._machine, self._transport, self._close_requested
+        except AttributeError:  # __init__ failed early
+            return
+        if closing or not machine.alive:
+            return
+        with contextlib.suppress(Exception):  # at interpreter exit PyMongo may be gone
+            transport.abandon(machine.abandon())
 
     def _deadline(self) -> contextlib.AbstractContextManager[None]:
         """The per-call CSOT budget (see :func:`call_deadline`)."""

@@ -18,7 +18,7 @@ from pymongo.synchronous.database import Database as PyMongoDatabase
 from pymongo.synchronous.mongo_client import MongoClient
 
 from .._options import ChangeStreamOptions
-from ._stream import ChangeStream
+from ._stream import ChangeStream, open_stream
 
 if TYPE_CHECKING:
     # The types of the generated option parameters (see tools/gen_watch_signatures.py).
@@ -214,9 +214,7 @@ def watch(
         # END generated watch options
         **unknown_options,  # unknown names: from_kwargs raises, listing the valid ones
     )
-    stream: ChangeStream[Any] = ChangeStream(target, options)
-    stream._start()
-    return stream
+    return open_stream(target, options)
 
 
 def unwrap(target: Any) -> Any:

@@ -239,5 +239,17 @@ class ChangeStream(StreamShell, Generic[_T]):
         self._run(interruptible=False)
 
 
+def open_stream(
+    target: Any,
+    options: ChangeStreamOptions,
+) -> ChangeStream[Any]:
+    """A new stream with its initial aggregate run (what :func:`watch` returns)."""
+    stream: ChangeStream[Any] = ChangeStream(
+        target, options,
+    )
+    stream._start()
+    return stream
+
+
 _VIEW: type[StreamView] = ChangeStream
 """What ``consume`` and the hub read of it (checked by ``mypy``: see :mod:`changestream._stream_view`)."""

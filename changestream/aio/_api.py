@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from .._options import ChangeStreamOptions
-from ._stream import AsyncChangeStream, TokenCallback
+from ._stream import AsyncChangeStream, TokenCallback, open_stream
 
 if TYPE_CHECKING:
     # The types of the generated option parameters (see tools/gen_watch_signatures.py).
@@ -214,10 +214,6 @@ async def watch(
         # END generated watch options
         **unknown_options,  # unknown names: from_kwargs raises, listing the valid ones
     )
-    stream: AsyncChangeStream[Any] = AsyncChangeStream(
-        target, options, on_resume_token_change=on_resume_token_change
-    )
-    await stream._start()
-    return stream
+    return await open_stream(target, options, on_resume_token_change=on_resume_token_change)
 
 

@@ -343,5 +343,22 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
     # async-only: end
 
 
+async def open_stream(
+    target: Any,
+    options: ChangeStreamOptions,
+    # async-only: begin
+    *,
+    on_resume_token_change: TokenCallback | None = None,
+    # async-only: end
+) -> AsyncChangeStream[Any]:
+    """A new stream with its initial aggregate run (what :func:`watch` returns)."""
+    stream: AsyncChangeStream[Any] = AsyncChangeStream(
+        target, options,
+        on_resume_token_change=on_resume_token_change,  # async-only
+    )
+    await stream._start()
+    return stream
+
+
 _VIEW: type[StreamView] = AsyncChangeStream
 """What ``consume`` and the hub read of it (checked by ``mypy``: see :mod:`changestream._stream_view`)."""

@@ -74,3 +74,77 @@ def test_a_class_lacking_a_member_is_caught() -> None:
 
     assert "take_carried" in missing_members(HalfStream)
     assert not isinstance(HalfStream(), StreamView)
+
+
+# -- nobody else reads a stream's private members ------------------------------------------------
+STREAM_MODULES = ("_shell.py", "aio/_stream.py", "_sync/_stream.py", "aio/_snapshot_watch.py",
+                  "_sync/_snapshot_watch.py")
+"""Where the stream classes live: their private members are theirs alone."""
+
+
+def _private_names_of_streams(root: Any) -> set[str]:
+    """Every ``self._name`` a stream class assigns or defines (its private members)."""
+    import ast
+
+    names: set[str] = set()
+    for relative in STREAM_MODULES:
+        tree = ast.parse((root / relative).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for item in ast.walk(node):
+                    if (isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                            and item.name.startswith("_") and not item.name.startswith("__")):
+                        names.add(item.name)
+                    if (isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name)
+                            and item.value.id == "self" and item.attr.startswith("_")
+                            and not item.attr.startswith("__")):
+                        names.add(item.attr)
+    return names
+
+
+def private_stream_reads(root: Any) -> list[str]:
+    """``module:line name`` of each read of a stream's private member outside its class's
+    modules: ``x._name`` on anything but ``self``/``cls``, or ``getattr(x, "_name")``."""
+    import ast
+
+    private = _private_names_of_streams(root)
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative in STREAM_MODULES or relative.startswith("testing/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = None
+            if (isinstance(node, ast.Attribute) and node.attr in private
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                name = node.attr
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                  and isinstance(node.args[1], ast.Constant) and node.args[1].value in private):
+                name = str(node.args[1].value)
+            if name is not None:
+                found.append(f"{relative}:{node.lineno} {name}")
+    return found
+
+
+def test_no_module_reads_a_streams_private_members() -> None:
+    from pathlib import Path
+
+    root = Path(changestream.__file__).parent
+    assert {"_machine", "_take_guarded", "_start"} <= _private_names_of_streams(root)
+    assert private_stream_reads(root) == [], (
+        "read through changestream._stream_view.StreamView (or a public method) instead"
+    )
+
+
+def test_a_private_read_is_found(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    root = Path(changestream.__file__).parent
+    package = tmp_path / "pkg"
+    for relative in STREAM_MODULES:
+        (package / relative).parent.mkdir(parents=True, exist_ok=True)
+        (package / relative).write_text((root / relative).read_text())
+    (package / "consumer.py").write_text(
+        "def f(stream):\n    return stream._machine, getattr(stream, '_take_guarded', None)\n")
+    assert private_stream_reads(package) == ["consumer.py:2 _machine", "consumer.py:2 _take_guarded"]

@@ -161,7 +161,7 @@ def _sink_failure(exc: BaseException, target: str, sink: Any) -> str:
         return (f"the disk holding {target} is full (No space left on device): the failed "
                 f"batch was not committed and the table holds {held}; free some space, then "
                 f"run again: it resumes from there")
-    return f"{type(exc).__name__}: {' '.join(text.split())}"
+    return f"{type(exc).__name__}: {text}"  # (say() makes it one line)
 
 
 def _schema_text(value: str) -> str:

@@ -87,6 +87,7 @@ class Mongos:
             users=cluster.users,
         )
         self.deployment.oplog = Oplog()  # a mongos keeps no oplog: operationTime = cluster time
+        self.deployment.cs_metrics.router = True
         self.member = self.deployment.members[0]
         self.member.host = host
         self.service_id = ObjectId()

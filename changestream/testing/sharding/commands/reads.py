@@ -208,6 +208,8 @@ def _change_stream(
     if ctx.body.get("explain"):
         return {"stages": [{name: value} for name, value in stages]}
     passthrough = {k: ctx.body[k] for k in _PASSTHROUGH if k in ctx.body}
+    if isinstance(spec_stage, dict):
+        ctx.deployment.cs_metrics.router_stream_opened(spec_stage)
     cursor = MergedChangeStream(router, ctx.db, coll, pipeline, spec, passthrough, session_id(ctx))
     batch = cursor.open()
     cid = ctx.deployment.cursors.register(cursor, ctx.member.name)

@@ -91,7 +91,7 @@ class Mongos:
         self.member = self.deployment.members[0]
         self.member.host = host
         self.service_id = ObjectId()
-        self.router = Router(cluster, self.service_id)
+        self.router = Router(cluster, self.service_id, self.deployment.cs_metrics)
         self.server: MongosServer | None = None
         self.lb_server: MongosServer | None = None
 

@@ -116,3 +116,29 @@ def test_pymongo_aggregate_with_v2_and_ignore_removed_shards_on_a_replica_set(
     with client.db.c.aggregate(pipeline, maxAwaitTimeMS=50) as cursor:
         client.db.c.insert_one({"_id": 3})
         assert cursor.next()["documentKey"] == {"_id": 3}
+
+
+@pytest.mark.parametrize(
+    ("version", "by_default"), [("8.2.0", True), ("8.2", False), ("9.0", False)]
+)
+def test_expanded_fields_by_default_only_on_820(version: str, by_default: bool) -> None:
+    """always_show_expanded_fields.js (8.2.0), reverted in 8.2.1 (SERVER-109626): without
+    showExpandedEvents, collectionUUID, disambiguatedPaths and rename's operationDescription;
+    create events and nsType still need showExpandedEvents."""
+    with ReplicaSet(version) as rs:
+        client: Client = pymongo.MongoClient(rs.uri)
+        try:
+            coll = client.db.c
+            with coll.watch(max_await_time_ms=50) as stream:
+                client.db.create_collection("c")
+                coll.insert_one({"_id": 1})
+                coll.update_one({"_id": 1}, {"$set": {"a": 1}})
+                coll.rename("d")
+                insert, update, rename = stream.next(), stream.next(), stream.next()
+            assert insert["operationType"] == "insert"  # no create event without the flag
+            assert ("collectionUUID" in insert) is by_default
+            assert ("disambiguatedPaths" in update["updateDescription"]) is by_default
+            assert ("operationDescription" in rename) is by_default
+            assert "nsType" not in insert
+        finally:
+            client.close()

@@ -106,6 +106,25 @@ def test_a_chunk_move_moves_the_cursor_to_the_new_owner(
     assert scope == mongos["targeterScope"]["collection"]["dbPresent"] + 1
 
 
+def test_a_database_stream_follows_a_chunk_to_another_shard(
+    cluster: ShardedCluster, client: Client
+) -> None:
+    client.admin.command("enableSharding", "dbwide", primaryShard=cluster.shard_names[0])
+    client.admin.command("shardCollection", "dbwide.c", key={"x": 1})
+    before = client.admin.command("serverStatus")["metrics"]["changeStreams"]["shardTargeting"]
+    with client.dbwide.watch(max_await_time_ms=5000) as stream:
+        client.admin.command("moveChunk", "dbwide.c", find={"x": 1}, to=cluster.shard_names[1])
+        client.dbwide.c.insert_one({"x": 1})  # now on shard1
+        # the primary (shard0) can hold the database's other collections, so the stream still
+        # reads it: a write there moves its promise past the first event (no 10 s no-op)
+        client.dbwide.other.insert_one({"x": 2})
+        assert stream.next()["fullDocument"]["x"] == 1
+    after = client.admin.command("serverStatus")["metrics"]["changeStreams"]["shardTargeting"]
+    assert after["controlEvents"]["moveChunk"] == before["controlEvents"]["moveChunk"] + 1
+    dbs = after["targeterScope"]["database"]["dbPresent"]
+    assert dbs == before["targeterScope"]["database"]["dbPresent"] + 1
+
+
 def test_a_stream_on_a_database_not_created_yet(cluster: ShardedCluster, client: Client) -> None:
     status = client.admin.command("serverStatus")["metrics"]["changeStreams"]["shardTargeting"]
     with client.later.c.watch(max_await_time_ms=2000) as stream:

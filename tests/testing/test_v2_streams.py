@@ -163,7 +163,8 @@ class _Errors(monitoring.CommandListener):
 
 def test_an_fcv_downgrade_sends_an_open_v2_stream_back_to_v1() -> None:
     """234 "Downgrading change stream reader to v1 version"; PyMongo resumes (the error is
-    labelled resumable) and mongos picks v1 for the resumed stream: no event lost."""
+    labelled resumable) and mongos picks v1 for the resumed stream: no event lost. Back at
+    9.0, new streams read v2 again; one starting before the upgrade reads v1."""
     errors = _Errors()
     with ShardedCluster("9.0", shards=2, mongoses=1, noop_interval=0.2) as cluster:
         client: Client = pymongo.MongoClient(cluster.uri, event_listeners=[errors])
@@ -180,10 +181,20 @@ def test_an_fcv_downgrade_sends_an_open_v2_stream_back_to_v1() -> None:
                 assert stream.next()["documentKey"] == {"_id": 2}
                 assert 234 in errors.codes
                 assert opened(cluster) == [before[0] + 1, before[1] + 1]  # resumed as v1
+            # back to 9.0: placement history is recorded from now on, so a new stream reads
+            # v2 while one starting before the upgrade still reads v1
+            client.admin.command("enableSharding", "g", primaryShard=cluster.shard_names[0])
+            before_upgrade = client.admin.command("ping")["operationTime"]
+            client.admin.command("setFeatureCompatibilityVersion", "9.0", confirm=True)
+            before = opened(cluster)
+            aggregate(client, "g", "c", {})
+            assert opened(cluster) == [before[0] + 1, before[1]]
+            aggregate(client, "g", "c", {"startAtOperationTime": before_upgrade})
+            assert opened(cluster) == [before[0] + 2, before[1] + 1]
             shard: Client = pymongo.MongoClient(cluster.shards[0].uri)
             fcv = shard.admin.command("getParameter", 1, featureCompatibilityVersion=1)
             shard.close()
-            assert fcv["featureCompatibilityVersion"] == {"version": "8.0"}
+            assert fcv["featureCompatibilityVersion"] == {"version": "9.0"}
         finally:
             client.close()
 

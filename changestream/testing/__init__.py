@@ -1,7 +1,7 @@
 """A wire-level MongoDB replica-set simulator for tests (``changestream.testing``).
 
 Any MongoDB driver can connect to it: it speaks OP_MSG on loopback and
-emulates mongod 4.2 to 8.2 change streams, failpoints and failover. It
+emulates mongod 4.2 to 9.1 change streams, failpoints and failover. It
 imports nothing from the ``changestream`` client.
 """
 

@@ -30,7 +30,7 @@ const { EJSON } = BSON;
 const CHECK_TIMEOUT_MS = 30_000;
 const AWAIT_MS = 200; // maxAwaitTimeMS of every stream: idle getMores return quickly
 const NO_AUTH_UID = 'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'; // sha256("")
-const WIRE_VERSIONS = { '4.2': 8, '4.4': 9, '5.0': 13, '6.0': 17, '7.0': 21, '8.0': 25 };
+const WIRE_VERSIONS = { '4.2': 8, '4.4': 9, '5.0': 13, '6.0': 17, '7.0': 21, '8.0': 25, '9.0': 29 };
 
 // ------------------------------------------------------------------------------------------------
 // small assertion helpers: every failure names what was expected and what came back
@@ -510,7 +510,12 @@ checks.expanded_events = async ({ db, info }) => {
       same(e.collectionUUID, uuid, `${e.operationType} collectionUUID`);
       same(e.ns, ns, `${e.operationType} ns`);
     }
-    keysOf(create, 'create', ['_id', 'operationType', 'clusterTime', 'collectionUUID', 'wallTime', 'ns', 'operationDescription']);
+    // nsType on create events from 8.1 (showExpandedEvents), after every other field
+    const [vMajor, vMinor] = info.versionArray;
+    const hasNsType = vMajor > 8 || (vMajor === 8 && vMinor >= 1);
+    keysOf(create, 'create', ['_id', 'operationType', 'clusterTime', 'collectionUUID', 'wallTime', 'ns', 'operationDescription',
+      ...(hasNsType ? ['nsType'] : [])]);
+    if (hasNsType) same(create.nsType, 'collection', 'create nsType');
     same(create.operationDescription.idIndex, { v: 2, key: { _id: 1 }, name: '_id_' }, 'create operationDescription.idIndex');
     keysOf(ci, 'createIndexes', ['_id', 'operationType', 'clusterTime', 'collectionUUID', 'wallTime', 'ns', 'operationDescription']);
     same(ci.operationDescription, { indexes: [{ v: 2, key: { x: 1 }, name: 'x_1' }] }, 'createIndexes operationDescription');

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "fidelity.mjs"
-VERSIONS = ["6.0", "7.0", "8.0"]
+VERSIONS = ["6.0", "7.0", "8.0", "9.0"]
 SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed$")
 _install_lock = threading.Lock()
 

@@ -171,6 +171,10 @@ class ChangeStreamCursor:
         self._out: deque[_Out] = deque()
         self._invalidated_by: dict[str, Any] | None = None
         self._closed = False
+        self._metrics = deployment.cs_metrics
+        self._examined = 0
+        """Oplog entries read since the last batch (``cursor.docsExamined``)."""
+        self._read_bytes = 0
 
     # -- the ServerCursor protocol ------------------------------------------------------------
     def first_batch(self, batch_size: int) -> CursorBatch:
@@ -207,6 +211,19 @@ class ChangeStreamCursor:
 
     # -- batching -----------------------------------------------------------------------------
     def _batch(
+        self, limit: int | None, deadline: float | None, conn: ConnectionInfo | None
+    ) -> CursorBatch:
+        batch = self._fill(limit, deadline, conn)
+        self._metrics.batch_returned(
+            len(batch.documents),
+            sum(len(getattr(doc, "raw", b"")) for doc in batch.documents),
+            self._examined,
+            self._read_bytes,
+        )
+        self._examined = self._read_bytes = 0
+        return batch
+
+    def _fill(
         self, limit: int | None, deadline: float | None, conn: ConnectionInfo | None
     ) -> CursorBatch:
         docs: list[dict[str, Any]] = []
@@ -327,6 +344,8 @@ class ChangeStreamCursor:
     # -- the stage chain ----------------------------------------------------------------------
     def _process(self, entry: OplogEntry, seq: int) -> None:
         """Fill ``_out`` with what ``entry`` (at ``seq``) gives; its events from the cache."""
+        self._examined += 1
+        self._read_bytes += entry.size
         transform = self._transform
         if transform.resuming:  # the events take the version of the client's token
             events: Sequence[RawEvent] = transform.events(entry)
@@ -373,6 +392,7 @@ class ChangeStreamCursor:
         size = len(event.raw)
         ts = raw.cluster_time
         if size > SPLIT_THRESHOLD and self._split_events:
+            self._metrics.add("largeEventsSplit")
             for fragment, fragment_size in self._split(out, raw.token, skip):
                 self._out.append((fragment, fragment_size, ts))
             return
@@ -385,6 +405,7 @@ class ChangeStreamCursor:
         if out is not doc:
             _check_id(out, doc["_id"])
         if size > MAX_EVENT_BYTES:
+            self._metrics.add("largeEventsFailed")
             first = next(iter(out.items()), None)
             shown = "EOO" if first is None else f"{first[0]}: {_bson_string(first[1])}"
             raise CommandError(

@@ -58,7 +58,7 @@ KNOWN_STAGES: Final = frozenset(
 FULL_DOCUMENT_MODES: Final = ("default", "updateLookup", "whenAvailable", "required")
 BEFORE_CHANGE_MODES: Final = ("off", "whenAvailable", "required")
 READER_VERSIONS: Final = ("v1", "v2")
-"""``$changeStream.version`` values of 8.2 (``ignoreRemovedShards`` comes with 9.0: unknown here)."""
+"""``$changeStream.version`` values (8.2+; ``ignoreRemovedShards`` comes with 9.0)."""
 _INTERNAL_DBS: Final = ("admin", "config", "local")
 
 
@@ -84,6 +84,11 @@ class ChangeStreamSpec:
     """Version of the tokens this stream mints (for events after the resume point)."""
     pipeline: Pipeline = field(default_factory=lambda: Pipeline(()))
     split_large_events: bool = False
+    reader_version: str | None = None
+    """``version`` as given (``"v1"``/``"v2"``); only mongos acts on it."""
+    ignore_removed_shards: bool = False
+    """``ignoreRemovedShards: true`` (9.0+): a v2 stream through mongos skips removed shards."""
+    show_migration_events: bool = False
 
     @property
     def scope(self) -> str:
@@ -163,6 +168,10 @@ class _SpecParser:
     def __init__(self, profile: VersionProfile) -> None:
         self.profile = profile
         bool_fields = {"allChangesForCluster", "showMigrationEvents", "allowToRunOnConfigDB"}
+        if profile.show_commit_timestamp:
+            bool_fields.add("showCommitTimestamp")  # internal; only prepared transactions use it
+        if profile.ignore_removed_shards:
+            bool_fields.add("ignoreRemovedShards")
         if profile.expanded_events:
             bool_fields |= {
                 "showExpandedEvents",
@@ -199,9 +208,9 @@ class _SpecParser:
             if value not in BEFORE_CHANGE_MODES:
                 raise _bad_enum(name, value)
             return value
-        if name == "version" and self.profile.major_minor >= (8, 2):
-            # 8.2+: the reader version, an IDL enum (SERVER-104755); "v2" changes only how mongos
-            # targets shards, and this simulator's mongos already reads from every shard it must.
+        if name == "version" and self.profile.reader_version:
+            # 8.2+: the reader version, an IDL enum (SERVER-104755); a mongod (replica set or
+            # shard) always reads v1, mongos decides (sharding/merge.py).
             if not isinstance(value, str):
                 raise _wrong_type(name, value, "string")
             if value not in READER_VERSIONS:
@@ -342,6 +351,9 @@ def parse_change_stream(
         token_version=default_token_version(profile, generate_v2_tokens, split=split),
         pipeline=pipeline,
         split_large_events=split,
+        reader_version=options.get("version"),
+        ignore_removed_shards=bool(options.get("ignoreRemovedShards")),
+        show_migration_events=bool(options.get("showMigrationEvents")),
     )
 
 

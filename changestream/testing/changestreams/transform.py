@@ -105,6 +105,9 @@ class EventTransformer:
         self._db_prefix = spec.db + "."
         self._show_system = spec.show_system_events
         self._expanded = spec.show_expanded_events
+        self._fields = spec.show_expanded_events or profile.expanded_fields_by_default
+        """``collectionUUID``, ``operationDescription`` and ``disambiguatedPaths`` (8.2.0 shows
+        them without showExpandedEvents; the DDL events themselves still need it)."""
         self._view_events = spec.show_expanded_events and spec.scope != SCOPE_COLLECTION
         """View DDL events: only whole-db and cluster streams with showExpandedEvents."""
         self._wall = profile.wall_time
@@ -287,7 +290,7 @@ class EventTransformer:
         )
         doc["operationType"] = op_type
         doc["clusterTime"] = ts
-        if self._expanded and show_uuid and ui is not None:
+        if self._fields and show_uuid and ui is not None:
             doc["collectionUUID"] = ui
         if self._wall:
             doc["wallTime"] = wall
@@ -341,7 +344,7 @@ class EventTransformer:
             return update_description(
                 o["diff"],
                 legacy=self._legacy_updates,
-                show_expanded_events=self._expanded,
+                show_expanded_events=self._fields,
                 disambiguated_paths_supported=self._disambiguated,
                 post_image=entry.post_image,
             )
@@ -424,7 +427,7 @@ class EventTransformer:
         event = self._event(ts, txn_op_index, entry.ui, op_type, wall, txn, op_desc=op_desc, to=to)
         doc = event.doc
         doc["ns"] = ns
-        if self._expanded and op_desc is not None:
+        if self._fields and op_desc is not None:
             doc["operationDescription"] = op_desc
         if extra:
             doc.update(extra)

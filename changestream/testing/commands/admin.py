@@ -36,6 +36,7 @@ MAX_BSON_OBJECT_SIZE = 16 * 1024 * 1024
 MAX_WRITE_BATCH_SIZE = 100_000
 LOGICAL_SESSION_TIMEOUT_MINUTES = 30
 
+
 def await_topology_change(
     member: Member, client_tv: Any, max_await_ms: Any, conn: ConnectionInfo
 ) -> None:
@@ -272,11 +273,10 @@ def ping(ctx: CommandContext) -> dict[str, Any]:
 
 
 def _parameters(deployment: Deployment) -> dict[str, Any]:
-    major, minor = deployment.profile.major_minor
     return {
         "authenticationMechanisms": ["SCRAM-SHA-1", "SCRAM-SHA-256"],
         "enableTestCommands": True,
-        "featureCompatibilityVersion": {"version": f"{major}.{minor}"},
+        "featureCompatibilityVersion": {"version": deployment.fcv},
         "logLevel": 0,
         "maxTransactionLockRequestTimeoutMillis": 5,
         "minSnapshotHistoryWindowInSeconds": deployment.history.window_seconds,
@@ -307,7 +307,7 @@ def _set_snapshot_window(deployment: Deployment, value: Any) -> Any:
     if value < 0:
         raise CommandError(
             2,
-            f"Bad value for parameter \"minSnapshotHistoryWindowInSeconds\": {int(value)} is "
+            f'Bad value for parameter "minSnapshotHistoryWindowInSeconds": {int(value)} is '
             "not greater than or equal to 0",
         )
     old = deployment.history.window_seconds
@@ -327,7 +327,8 @@ def set_parameter(ctx: CommandContext) -> dict[str, Any]:
     unknown = [n for n in names if n not in _SETTABLE]
     if unknown:
         raise CommandError(
-            72, f"attempted to set unrecognized parameter [{unknown[0]}], use help:true to see options "
+            72,
+            f"attempted to set unrecognized parameter [{unknown[0]}], use help:true to see options ",
         )
     reply: dict[str, Any] = {}
     for name in names:
@@ -382,6 +383,9 @@ def server_status(ctx: CommandContext) -> dict[str, Any]:
         },
         "network": network,
     }
+    change_streams = deployment.cs_metrics.document()
+    if change_streams is not None:
+        reply["metrics"] = {"changeStreams": change_streams}
     if not deployment.standalone:
         reply["repl"] = _repl_info(deployment, member)
     reply["storageEngine"] = {

@@ -146,6 +146,10 @@ def aggregate(ctx: CommandContext) -> dict[str, Any]:
     return _plain(ctx, coll, stages, batch_size)
 
 
+_SCOPES = {"collection": "collection", "database": "db", "cluster": "cluster"}
+"""``changeStreams.scope.*`` by the spec's scope."""
+
+
 def _change_stream(
     ctx: CommandContext,
     coll: str | None,
@@ -170,6 +174,8 @@ def _change_stream(
     if ctx.body.get("explain"):
         return {"stages": [{name: value} for name, value in stages]}
     from_router = ctx.body.get("fromRouter") is True or ctx.body.get("fromMongos") is True
+    options = next(value for name, value in stages if name == "$changeStream")
+    deployment.cs_metrics.stream_opened(options, _SCOPES[spec.scope], from_router=from_router)
     cursor = ChangeStreamCursor(deployment, spec, lsid_id=_session_id(ctx), from_router=from_router)
     batch = cursor.first_batch(batch_size)
     cid = 0 if batch.exhausted else deployment.cursors.register(cursor, ctx.member.name)

@@ -103,6 +103,11 @@ class CursorManager:
         self._slots: dict[int, _Slot] = {}
         self._rng = random.Random()
 
+    def __len__(self) -> int:
+        """How many cursors are open."""
+        with self._lock:
+            return len(self._slots)
+
     def register(self, cursor: ServerCursor, member_name: str) -> int:
         """Store ``cursor`` and return its new id (a positive int64)."""
         with self._lock:

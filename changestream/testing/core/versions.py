@@ -51,6 +51,20 @@ class VersionProfile:
     """Index builds on non-empty collections log ``startIndexBuild``/``commitIndexBuild`` (4.4+)."""
     quiesce_mode: bool
     """Shutdown starts in quiesce mode: hello fails with ShutdownInProgress (91) (5.0+)."""
+    reader_version: bool
+    """``$changeStream.version`` (``"v1"``/``"v2"``) is parsed (8.2+, SERVER-104755)."""
+    show_commit_timestamp: bool
+    """``$changeStream.showCommitTimestamp`` is parsed (8.2.1+; 8.2.0 refuses the field)."""
+    expanded_fields_by_default: bool
+    """8.2.0 alone: ``collectionUUID``, rename's ``operationDescription`` and
+    ``disambiguatedPaths`` without ``showExpandedEvents`` (reverted in 8.2.1, SERVER-109626)."""
+    ignore_removed_shards: bool
+    """``$changeStream.ignoreRemovedShards`` is parsed (9.0+)."""
+    precise_shard_targeting: bool
+    """``featureFlagChangeStreamPreciseShardTargeting`` at FCV 9.0: mongos reads v2 (9.0+)."""
+    option_metrics: bool
+    """``serverStatus().metrics.changeStreams.option/scope/cursor/error`` on mongod (9.0+);
+    before, only ``changeStreams.showExpandedEvents`` (7.1+)."""
 
     @property
     def major_minor(self) -> tuple[int, int]:
@@ -85,6 +99,12 @@ def _profile(version: str, wire: int) -> VersionProfile:
         retried_stmt_ids=mm >= (6, 0),
         two_phase_index_builds=mm >= (4, 4),
         quiesce_mode=mm >= (5, 0),
+        reader_version=mm >= (8, 2),
+        show_commit_timestamp=full >= (8, 2, 1),
+        expanded_fields_by_default=full == (8, 2, 0),
+        ignore_removed_shards=mm >= (9, 0),
+        precise_shard_targeting=mm >= (9, 0),
+        option_metrics=mm >= (9, 0),
     )
 
 
@@ -96,8 +116,15 @@ VERSIONS: dict[str, VersionProfile] = {
     "7.0": _profile("7.0.16", 21),
     "8.0": _profile("8.0.4", 25),
     "8.2": _profile("8.2.1", 27),
+    "8.3": _profile("8.3.0", 28),
+    "9.0": _profile("9.0.0", 29),
+    "9.1": _profile("9.1.0", 30),
 }
-"""Emulated release lines, keyed by ``major.minor``."""
+"""Emulated release lines, keyed by ``major.minor``.
+
+Wire versions 28 (8.3) and 30 (9.1) are an assumption: mongod's ``wire_version.h`` names
+``WIRE_VERSION_90`` without a value the simulator could read; one per release, as 21 (7.0)
+to 25 (8.0) and 29 (9.0, per a driver's design notes), gives these (docs/testing.md)."""
 
 DEFAULT_VERSION = "8.0"
 

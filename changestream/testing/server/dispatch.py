@@ -330,6 +330,8 @@ class Dispatcher:
             labels = self._labels(ctx, err.code, None)
             if labels:
                 reply["errorLabels"] = labels
+        if ctx is not None and ctx.is_change_stream:
+            self.deployment.cs_metrics.stream_failed(err.code, reply.get("errorLabels", ()))
         if self.deployment.profile.topology_version and (
             err.code in NOT_PRIMARY_CODES
             or (err.code in _SHUTDOWN_CODES and self.member.shutting_down)

@@ -154,7 +154,10 @@ class ShardedCluster:
         for mongos in self._mongos:
             mongos.stop()
         failed: list[DbPathError] = []
-        sets = [*self.state.replica_sets(), *self.state.pending.values(), self.config]
+        sets = [
+            *self.state.replica_sets(), *self.state.pending.values(),
+            *self.state.retired.values(), self.config,
+        ]  # fmt: skip
         generation = (self.config.deployment.generation or 0) + 1
         for rs in sets:
             if self._keep_files:

@@ -12,14 +12,17 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bson.int64 import Int64
 from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
 
 from ..core.auth import Users
 from ..core.clock import ClusterClock
 from ..core.cursors import CursorManager
+from ..core.errors import CommandError
 from ..core.versions import VersionProfile
 from ..replset import ReplicaSet
 from ..storage.catalog import CollectionState
@@ -30,6 +33,26 @@ from .shards import Shard
 
 if TYPE_CHECKING:
     from .router import Router
+
+
+@dataclass(frozen=True, slots=True)
+class RemovedShard:
+    """A shard ``removeShard`` removed, and what it held when draining started."""
+
+    name: str
+    at: Timestamp
+    dbs: frozenset[str]
+    namespaces: frozenset[str]
+
+    def held(self, db: str, coll: str | None) -> bool:
+        """Could it have held data a stream on ``db.coll`` (``coll`` None: on ``db``) sees?"""
+        if db == "admin":
+            return True  # a cluster-wide stream
+        if db in self.dbs:
+            return True
+        if coll is None:
+            return any(ns.split(".", 1)[0] == db for ns in self.namespaces)
+        return f"{db}.{coll}" in self.namespaces
 
 
 class ClusterState:
@@ -43,8 +66,20 @@ class ClusterState:
         self.config = config
         self.users = users
         """The cluster's users (on the config server), shared by every mongos and shard."""
-        self.table = RoutingTable()
+        self.table = RoutingTable(clock)
         self.ddl_lock = threading.RLock()
+        major, minor = profile.major_minor
+        self.fcv = f"{major}.{minor}"
+        """The cluster's ``featureCompatibilityVersion``."""
+        self.placement_since: Any = Timestamp(1, 0) if profile.precise_shard_targeting else None
+        """Since when the config server records placement history (FCV 9.0+; None: not
+        recorded, so mongos reads v1)."""
+        self.draining: dict[str, tuple[set[str], set[str]]] = {}
+        """Shards ``removeShard`` is draining: the databases and collections they held."""
+        self.removed: list[RemovedShard] = []
+        self.retired: dict[str, ReplicaSet] = {}
+        """Removed shards' replica sets: still running until the user (or :meth:`stop`)
+        stops them, as a removed shard's mongod keeps running."""
         self._replica_sets: dict[str, ReplicaSet] = {}
         self.pending: dict[str, ReplicaSet] = {}
         """Replica sets started for the cluster but not added yet (``addShard`` takes them)."""
@@ -107,15 +142,83 @@ class ClusterState:
     def shard_documents(self) -> list[dict[str, Any]]:
         with self.table.lock:
             infos = list(self.table.shards)
-        return [
-            {
+        docs = []
+        for info in infos:
+            doc = {
                 "_id": info.name,
                 "host": f"{info.name}/" + ",".join(self._replica_sets[info.name].members),
                 "state": 1,
                 "topologyTime": info.added_at,
             }
-            for info in infos
-        ]
+            if info.name in self.draining:
+                doc["draining"] = True
+            docs.append(doc)
+        return docs
+
+    # -- removeShard ---------------------------------------------------------------------------
+    def remove_shard(self, name: str) -> dict[str, Any]:
+        """One ``removeShard`` call (``ShardingCatalogManager::removeShard``): the first starts
+        draining (the simulator's balancer moves the chunks at once), later ones report what
+        is left (databases to ``movePrimary``) until the shard is gone."""
+        with self.ddl_lock:
+            names = self.table.shard_names()
+            if name not in names:
+                raise CommandError(70, f"Shard {name} does not exist")
+            if not [n for n in names if n != name and n not in self.draining]:
+                raise CommandError(
+                    20, "Operation not allowed because it would remove the last shard"
+                )
+            if name not in self.draining:
+                with self.table.lock:
+                    dbs = {db for db, primary in self.table.databases.items() if primary == name}
+                    held = {ns for ns, c in self.table.collections.items() if name in c.shards()}
+                self.draining[name] = (dbs, held)
+                self._drain_chunks(name, [n for n in names if n != name and n not in self.draining])
+                return {"msg": "draining started successfully", "state": "started",
+                        "shard": name, **self._dbs_to_move(name)}  # fmt: skip
+            with self.table.lock:
+                chunks = sum(
+                    1 for c in self.table.collections.values() for k in c.chunks if k.shard == name
+                )
+                dbs_left = sum(1 for primary in self.table.databases.values() if primary == name)
+            if chunks or dbs_left:
+                return {"msg": "draining ongoing", "state": "ongoing",
+                        "remaining": {"chunks": Int64(chunks), "dbs": Int64(dbs_left),
+                                      "jumboChunks": Int64(0)},
+                        **self._dbs_to_move(name)}  # fmt: skip
+            dbs, held = self.draining.pop(name)
+            with self.table.lock:
+                self.table.shards = [s for s in self.table.shards if s.name != name]
+                self.table.version += 1
+                at = self.clock.tick()
+                self.removed.append(RemovedShard(name, at, frozenset(dbs), frozenset(held)))
+            self.retired[name] = self._replica_sets.pop(name)
+            self._config_shard.command(
+                "config", {"delete": "shards", "deletes": [{"q": {"_id": name}, "limit": 1}]}
+            )
+            return {"msg": "removeshard completed successfully", "state": "completed",
+                    "shard": name}  # fmt: skip
+
+    def _dbs_to_move(self, name: str) -> dict[str, Any]:
+        with self.table.lock:
+            dbs = sorted(db for db, primary in self.table.databases.items() if primary == name)
+        return {"note": "you need to drop or movePrimary these databases", "dbsToMove": dbs}
+
+    def _drain_chunks(self, name: str, others: list[str]) -> None:
+        with self.table.lock:
+            moves = [
+                (sharded, chunk)
+                for sharded in self.table.collections.values()
+                for chunk in sharded.chunks
+                if chunk.shard == name
+            ]
+        for i, (sharded, chunk) in enumerate(moves):
+            self.move_chunk(sharded, chunk, others[i % len(others)])
+
+    def removed_since(self, at: Timestamp) -> list[RemovedShard]:
+        """Shards removed after ``at`` (``anyShardRemovedSince``)."""
+        with self.table.lock:
+            return [r for r in self.removed if (r.at.time, r.at.inc) > (at.time, at.inc)]
 
     # -- load-balanced connections -----------------------------------------------------------
     def mark_load_balanced(self, mongos: str, conn_id: int) -> None:
@@ -258,6 +361,8 @@ class ClusterState:
         with self.table.lock:
             self.table.collections[ns] = sharded
             self.table.sharding_enabled.add(db)
+            if len(sharded.shards()) > 1:
+                self.table.note_placement("namespacePlacementChanged", db, coll)
         for rs in self.replica_sets():
             if rs is not primary.replica_set:
                 _ensure_copy(rs.deployment, state)
@@ -287,7 +392,9 @@ class ClusterState:
                     state.shard_key = sharded.fields
         if event == "reshardCollection":
             owners = sharded.chunks
-            sharded.chunks = self.table.initial_chunks(key, primary_name)
+            with self.table.lock:
+                sharded.chunks = self.table.initial_chunks(key, primary_name)
+                self.table.note_placement("namespacePlacementChanged", db, coll)
             for previous in {c.shard for c in owners}:
                 for chunk in sharded.chunks:
                     if chunk.shard != previous:
@@ -303,8 +410,10 @@ class ClusterState:
 
     def move_chunk(self, sharded: ShardedCollection, chunk: Chunk, to: str) -> None:
         source = chunk.shard
+        db, coll = sharded.ns.split(".", 1)
         with self.table.lock:
             chunk.shard = to
+            self.table.note_placement("moveChunk", db, coll)
         self._migrate(sharded, chunk, source, to)
         self.record_chunks(sharded)
 
@@ -344,6 +453,7 @@ class ClusterState:
                     src.catalog.detach(db, state.name)
             with self.table.lock:
                 self.table.databases[db] = to
+                self.table.note_placement("movePrimary", db)
         self.record_database(db, to)
 
     def mirror_collection(self, ns: str) -> None:
@@ -425,17 +535,31 @@ class ClusterState:
         return None
 
 
-def raise_unknown_host(host: str) -> None:
-    from ..core.errors import CommandError
+def set_cluster_fcv(cluster: ClusterState, version: str) -> None:
+    """The cluster's FCV: every shard's and the config server's; placement history is kept
+    from FCV 9.0 (``docs/change_streams.md``, "FCV compatibility and fallback")."""
+    cluster.fcv = version
+    for rs in [*cluster.replica_sets(), cluster.config]:
+        rs.deployment.fcv = version
+    recorded = cluster.profile.precise_shard_targeting and _fcv_tuple(version) >= (9, 0)
+    if not recorded:
+        cluster.placement_since = None
+    elif cluster.placement_since is None:
+        cluster.placement_since = cluster.clock.tick()
 
+
+def _fcv_tuple(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
+def raise_unknown_host(host: str) -> None:
     raise CommandError(
         96, f"could not add shard {host}: no replica set of this cluster is waiting to be added"
     )
 
 
 def raise_unknown_db(db: str) -> None:
-    from ..core.errors import CommandError
-
     raise CommandError(26, f"Database {db} not found")
 
 

@@ -14,6 +14,13 @@ client's resume token is there (``$_internalChangeStreamEnsureResumeTokenPresent
 New shards: the simulator's config-server promise is the cluster time read
 before each round of shard getMores (plus one tick); a shard added later gets
 a later ``addShard`` time, and mongos opens a cursor on it from that time on.
+
+Reader versions (``_determineChangeStreamReaderVersion``): v1 reads every shard; v2 (9.0 at
+FCV 9.0, unless ``version: "v1"``) reads only the shards that can hold data the stream
+sees (``data_shards``), opened on the first pull of the pipeline (the aggregate's, or the
+first getMore's after ``batchSize: 0``), and opens more at each placement change that
+concerns it (chunk moves, ``movePrimary``, the database's creation), from that change's
+time. Cluster-wide v2 streams read every shard, as v1.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ from ..core.context import CLIENT_CHECK_SECONDS
 from ..core.cursors import CursorBatch
 from ..core.errors import CommandError
 from .shards import Shard, remote_error
+
+V1: Final = "v1"
+V2: Final = "v2"
 
 if TYPE_CHECKING:
     from ..core.context import CommandContext, ConnectionInfo
@@ -63,6 +73,8 @@ class _Remote:
     promise: dict[str, Any]
     buffer: deque[dict[str, Any]] = field(default_factory=deque)
     exhausted: bool = False
+    retired: bool = False
+    """v2: the shard no longer holds the stream's data; dropped once its buffer is empty."""
 
 
 class MergedChangeStream:
@@ -80,6 +92,8 @@ class MergedChangeStream:
         spec: ChangeStreamSpec,
         passthrough: dict[str, Any],
         lsid_id: bytes | None,
+        *,
+        first_batch_size: int | None = None,
     ) -> None:
         self.ns = spec.ns
         self.lsid_id = lsid_id
@@ -114,10 +128,32 @@ class MergedChangeStream:
                 self._start = Timestamp(now.time, now.inc + 1)
             self._pbrt = encode_token(high_water_mark(self._start, self._version))
         self._token_found = False
+        self._coll = coll
+        self.reader = self._choose_reader()
+        """``"v1"`` or ``"v2"``: how this stream targets shards."""
+        self._deferred = self.reader == V2 and first_batch_size == 0
+        """v2 opens its shard cursors on the first pull: none with ``batchSize: 0``."""
+        self._placement_seen = 0
+
+    def _choose_reader(self) -> str:
+        """``_determineChangeStreamReaderVersion`` on mongos: v2 needs the feature flag (9.0
+        at FCV 9.0) and placement history at the start time; an explicit v1 is honoured."""
+        cluster = self._router.cluster
+        since = cluster.placement_since
+        if not self._router.profile.precise_shard_targeting or since is None:
+            return V1
+        if self._spec.reader_version == V1 or _ts_key(self._start) < _ts_key(since):
+            return V1
+        return V2
 
     # -- opening -------------------------------------------------------------------------------
     def open(self) -> CursorBatch:
-        """Open a cursor on every shard; mongos's first batch is always empty."""
+        """Open a cursor on every shard (v2: on those it needs); the first batch is empty."""
+        self._check_removed_shards()
+        if self.reader == V2:
+            self._count_targeter_scope()
+        if self._deferred:
+            return CursorBatch([], post_batch_resume_token=self._pbrt)
         try:
             self._open_new_shards(initial=True)
         except BaseException:
@@ -140,7 +176,83 @@ class MergedChangeStream:
             stages.append(stage)
         return stages
 
+    def _check_removed_shards(self) -> None:
+        """v1: no shard may have been removed since the start (286, sharded_agg_helpers.cpp);
+        v2 strict: no shard that held data it must read (mongod: ShardRemovedError, here
+        ShardNotFound, 70: see docs/testing.md); v2 with ``ignoreRemovedShards``: skip them."""
+        removed = self._router.cluster.removed_since(self._start)
+        if not removed:
+            return
+        if self.reader == V1:
+            raise CommandError(286, "Change stream events no more available due to removed shard")
+        if self._spec.ignore_removed_shards:
+            return
+        db = "admin" if self._spec.cluster else self._db
+        for shard in removed:
+            if shard.held(db, self._coll):
+                raise CommandError(
+                    70,
+                    "unable to establish all necessary cursors as at least one required shard "
+                    f"has been removed. Shard {shard.name} does not exist",
+                )
+
+    def _count_targeter_scope(self) -> None:
+        metrics = self._router.cluster_metrics
+        if self._spec.cluster:
+            metrics.add("shardTargeting.targeterScope.allDatabases")
+            return
+        present = self._router.table.primary_of(self._db) is not None
+        scope = "collection" if self._coll is not None else "database"
+        metrics.add(
+            f"shardTargeting.targeterScope.{scope}.{'dbPresent' if present else 'dbAbsent'}"
+        )
+
+    def _open_targeted_shards(self, *, initial: bool) -> None:
+        """v2: cursors on the shards that can hold the stream's data, more as it moves."""
+        table = self._router.table
+        with table.lock:
+            changes = table.placement[self._placement_seen :]
+            self._placement_seen = len(table.placement)
+            wanted = table.data_shards(self._db, self._coll)
+            if initial and any(_ts_key(c.at) > _ts_key(self._start) for c in changes):
+                wanted = set(table.shard_names())  # resuming across moves: every shard
+        mine = [  # a database stream sees every collection of its database
+            c for c in changes
+            if c.db == self._db and (self._coll is None or c.coll in (None, self._coll))
+        ]  # fmt: skip
+        if not initial:
+            for change in mine:
+                self._router.cluster_metrics.add(f"shardTargeting.controlEvents.{change.kind}")
+        if not initial and mine:
+            last = max((c.at for c in mine), key=_ts_key)
+            for name in [n for n, r in self._remotes.items() if n not in wanted and not r.retired]:
+                self._retire(self._remotes[name], last)
+        new = sorted(wanted - set(self._remotes))
+        if not new:
+            return
+        start = None
+        if not initial:
+            first = min((c.at for c in mine or changes), key=_ts_key, default=self._start)
+            start = max(first, self._start, key=_ts_key)
+        for name in new:
+            self._remotes[name] = self._open_remote(self._router.shard(name), start)
+
+    def _retire(self, remote: _Remote, at: Timestamp) -> None:
+        """Close the cursor of a shard that stopped holding the stream's data at ``at``:
+        what it had is buffered, and it promises nothing more below ``at`` (the control
+        event on its oplog says so on a real shard)."""
+        if not remote.exhausted:
+            self._poll_one(remote)
+            self._kill_remote(remote)
+        remote.exhausted = remote.retired = True
+        limit = encode_token(high_water_mark(at, self._version))
+        if _key(limit) > _key(remote.promise):
+            remote.promise = limit
+
     def _open_new_shards(self, *, initial: bool = False) -> None:
+        if self.reader == V2 and not self._spec.cluster:
+            self._open_targeted_shards(initial=initial)
+            return
         table = self._router.table
         if table.version == self._table_version:
             return
@@ -193,6 +305,13 @@ class MergedChangeStream:
         wait_ms = DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms
         deadline = time.monotonic() + wait_ms / 1000
         try:
+            if self.reader == V2 and self._router.cluster.placement_since is None:
+                # the FCV went below 9.0: the targeter switches to v1 (kDowngrading); the
+                # driver resumes and mongos then picks v1
+                raise CommandError(234, "Downgrading change stream reader to v1 version")
+            if self._deferred:
+                self._deferred = False
+                self._open_new_shards(initial=True)
             while True:
                 self._wake.clear()
                 cap = self._router.clock.current()
@@ -222,31 +341,37 @@ class MergedChangeStream:
 
     def _poll(self) -> None:
         """A getMore on every shard that has nothing buffered, without waiting."""
-        for remote in self._remotes.values():
+        for name, remote in list(self._remotes.items()):
+            if remote.retired and not remote.buffer:
+                del self._remotes[name]
+                remote.shard.deployment.oplog.unsubscribe(self._wake)
+                continue
             if remote.exhausted or remote.buffer:
                 continue
-            member = remote.member
-            if member.process_id != remote.process_id or not member.up or member.server is None:
-                raise CommandError(
-                    6,
-                    f"Error on remote shard {member.name} :: caused by :: "
-                    "Connection closed by peer",
-                )
-            reply = remote.shard.run(
-                self._db,
-                {"getMore": Int64(remote.cid), "collection": remote.collection, "maxTimeMS": 0},
-                member,
+            self._poll_one(remote)
+
+    def _poll_one(self, remote: _Remote) -> None:
+        member = remote.member
+        if member.process_id != remote.process_id or not member.up or member.server is None:
+            raise CommandError(
+                6,
+                f"Error on remote shard {member.name} :: caused by :: Connection closed by peer",
             )
-            if reply.get("ok") != 1.0:
-                remote.exhausted = True
-                raise remote_error(reply, member.name)
-            cursor = reply["cursor"]
-            remote.buffer.extend(cursor.get("nextBatch", ()))
-            token = cursor.get("postBatchResumeToken")
-            if token is not None:
-                remote.promise = token
-            if not cursor.get("id"):
-                remote.exhausted = True
+        reply = remote.shard.run(
+            self._db,
+            {"getMore": Int64(remote.cid), "collection": remote.collection, "maxTimeMS": 0},
+            member,
+        )
+        if reply.get("ok") != 1.0:
+            remote.exhausted = True
+            raise remote_error(reply, member.name)
+        cursor = reply["cursor"]
+        remote.buffer.extend(cursor.get("nextBatch", ()))
+        token = cursor.get("postBatchResumeToken")
+        if token is not None:
+            remote.promise = token
+        if not cursor.get("id"):
+            remote.exhausted = True
 
     def _release(self, limit: int | None, cap: Timestamp) -> CursorBatch:
         """Hand out what sorts at or below every shard's promise, in token order."""
@@ -338,14 +463,16 @@ class MergedChangeStream:
         remotes, self._remotes = list(self._remotes.values()), {}
         for remote in remotes:
             remote.shard.deployment.oplog.unsubscribe(self._wake)
-            if remote.exhausted:
-                continue
-            with contextlib.suppress(CommandError):
-                remote.shard.run(
-                    self._db,
-                    {"killCursors": remote.collection, "cursors": [Int64(remote.cid)]},
-                    remote.member,
-                )
+            if not remote.exhausted:
+                self._kill_remote(remote)
+
+    def _kill_remote(self, remote: _Remote) -> None:
+        with contextlib.suppress(CommandError):
+            remote.shard.run(
+                self._db,
+                {"killCursors": remote.collection, "cursors": [Int64(remote.cid)]},
+                remote.member,
+            )
 
 
 def _ts_key(ts: Timestamp) -> tuple[int, int]:

@@ -87,10 +87,11 @@ class Mongos:
             users=cluster.users,
         )
         self.deployment.oplog = Oplog()  # a mongos keeps no oplog: operationTime = cluster time
+        self.deployment.cs_metrics.router = True
         self.member = self.deployment.members[0]
         self.member.host = host
         self.service_id = ObjectId()
-        self.router = Router(cluster, self.service_id)
+        self.router = Router(cluster, self.service_id, self.deployment.cs_metrics)
         self.server: MongosServer | None = None
         self.lb_server: MongosServer | None = None
 

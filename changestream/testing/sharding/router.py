@@ -15,18 +15,23 @@ from .routing import ShardedCollection
 from .shards import Shard
 
 if TYPE_CHECKING:
+    from ..core.cs_metrics import ChangeStreamMetrics
     from .config_server import ClusterState
 
 
 class Router:
     """One mongos: its connections to the shards and what it routes by."""
 
-    def __init__(self, cluster: ClusterState, service_id: ObjectId) -> None:
+    def __init__(
+        self, cluster: ClusterState, service_id: ObjectId, metrics: ChangeStreamMetrics
+    ) -> None:
         self.cluster = cluster
         self.table = cluster.table
         self.clock = cluster.clock
         self.profile = cluster.profile
         self.service_id = service_id
+        self.cluster_metrics = metrics
+        """This mongos's ``serverStatus().metrics.changeStreams``."""
         self._shards: dict[str, Shard] = {}
         self.config = Shard("config", cluster.config)
 

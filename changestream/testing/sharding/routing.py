@@ -125,10 +125,28 @@ class ShardInfo:
     """The cluster time of its ``addShard``; mongos opens its change-stream cursor after it."""
 
 
+@dataclass(frozen=True, slots=True)
+class PlacementChange:
+    """A change of where a namespace's data lives, as the config server's placement history
+    records it: what a v2 change stream's shard targeter reacts to (a control event)."""
+
+    at: Any
+    """Its cluster time: data on a newly targeted shard is read from here."""
+    kind: str
+    """``moveChunk``, ``movePrimary``, ``namespacePlacementChanged`` or ``databaseCreated``
+    (the control events of ``change_stream_shard_targeter_metrics.cpp``)."""
+    db: str
+    coll: str | None = None
+
+
 class RoutingTable:
     """What every mongos routes by (thread-safe: one lock for the whole table)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Any = None) -> None:
+        self.clock = clock
+        """The cluster clock (ticks each placement change); None in unit tests."""
+        self.placement: list[PlacementChange] = []
+        """Every placement change since start, in cluster-time order (under ``lock``)."""
         self.lock = threading.RLock()
         self.shards: list[ShardInfo] = []
         self.databases: dict[str, str] = {}
@@ -142,6 +160,28 @@ class RoutingTable:
     def shard_names(self) -> list[str]:
         with self.lock:
             return [s.name for s in self.shards]
+
+    def note_placement(self, kind: str, db: str, coll: str | None = None) -> None:
+        """Record a placement change; call with ``lock`` held, with the change itself, so a
+        reader holding the lock sees both or neither (and writes after it get later times)."""
+        if self.clock is not None:
+            self.placement.append(PlacementChange(self.clock.tick(), kind, db, coll))
+
+    def data_shards(self, db: str, coll: str | None) -> set[str]:
+        """Shards that can hold data of ``db.coll`` (``coll`` None: of any collection of
+        ``db``): its chunks' shards, or the database's primary shard (none: no database)."""
+        with self.lock:
+            primary = self.databases.get(db)
+            if primary is None:
+                return set()
+            if coll is not None:
+                sharded = self.collections.get(f"{db}.{coll}")
+                return {primary} if sharded is None else set(sharded.shards())
+            found = {primary}
+            for ns, sharded in self.collections.items():
+                if ns.split(".", 1)[0] == db:
+                    found.update(sharded.shards())
+            return found
 
     def sharded(self, ns: str) -> ShardedCollection | None:
         with self.lock:
@@ -158,6 +198,7 @@ class RoutingTable:
                         counts[shard] += 1
                 primary = min(counts, key=lambda name: (counts[name], name))
                 self.databases[db] = primary
+                self.note_placement("databaseCreated", db)
             return primary
 
     def initial_chunks(self, key: dict[str, Any], primary: str) -> list[Chunk]:

@@ -27,6 +27,7 @@ from bson.timestamp import Timestamp
 from ..core.auth import Users
 from ..core.clock import ClusterClock
 from ..core.compression import CompressorSet, resolve
+from ..core.cs_metrics import ChangeStreamMetrics
 from ..core.cursors import CursorManager
 from ..core.event_cache import CACHE_BYTES, EventCache
 from ..core.failpoints import FailPointRegistry
@@ -132,6 +133,11 @@ class Deployment:
         self.topology_changed = threading.Condition()
         """Notified whenever a member's role or topologyVersion changes, or a member goes down."""
         self.event_cache = EventCache(event_cache_bytes)
+        self.cs_metrics = ChangeStreamMetrics(profile)
+        """``serverStatus().metrics.changeStreams`` of this process (a mongos sets ``router``)."""
+        major, minor = profile.major_minor
+        self.fcv = f"{major}.{minor}"
+        """``featureCompatibilityVersion`` (``setFeatureCompatibilityVersion`` changes it)."""
         """Change events already built from this oplog, shared by its streams."""
         self.users = users if isinstance(users, Users) else Users(users)
         """Who may authenticate, and whether commands need it (``--auth``); one shared by every

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ...commands.fcv import requested_fcv
 from ...core.context import CommandContext
 from ...core.errors import CommandError
+from ..config_server import set_cluster_fcv
 from ..routing import Chunk, compare_keys, key_document, parse_key_document
 from .spec import router_command
 
@@ -178,4 +180,24 @@ def reshard(router: Router, ctx: CommandContext) -> dict[str, Any]:
                 2, "refineCollectionShardKey: the new key must extend the current one"
             )
         router.cluster.change_key(sharded, key, ctx.name)
+    return {}
+
+
+@router_command("removeShard", "removeshard", admin_only=True, locks=False)
+def remove_shard(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    name = ctx.target
+    if not isinstance(name, str):
+        raise CommandError(2, "removeShard needs a shard name")
+    return router.cluster.remove_shard(name)
+
+
+@router_command("setFeatureCompatibilityVersion", admin_only=True, locks=False)
+def set_fcv(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    """The cluster's FCV; below 9.0 the config server stops recording placement history,
+    so open v2 change streams fall back to v1 (234 on their next getMore)."""
+    cluster = router.cluster
+    with cluster.ddl_lock:
+        version = requested_fcv(router.profile, ctx.body, cluster.fcv)
+        if version is not None:
+            set_cluster_fcv(cluster, version)
     return {}

@@ -208,7 +208,14 @@ def _change_stream(
     if ctx.body.get("explain"):
         return {"stages": [{name: value} for name, value in stages]}
     passthrough = {k: ctx.body[k] for k in _PASSTHROUGH if k in ctx.body}
-    cursor = MergedChangeStream(router, ctx.db, coll, pipeline, spec, passthrough, session_id(ctx))
+    if isinstance(spec_stage, dict):
+        ctx.deployment.cs_metrics.router_stream_opened(spec_stage)
+    options = ctx.body.get("cursor")
+    size = options.get("batchSize") if isinstance(options, dict) else None
+    cursor = MergedChangeStream(
+        router, ctx.db, coll, pipeline, spec, passthrough, session_id(ctx),
+        first_batch_size=size if isinstance(size, int) else None,
+    )  # fmt: skip
     batch = cursor.open()
     cid = ctx.deployment.cursors.register(cursor, ctx.member.name)
     return cursor_reply(cid, cursor.ns, batch, first=True)

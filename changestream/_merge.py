@@ -20,6 +20,7 @@ from typing import Any, Literal
 from bson import json_util
 from bson.json_util import JSONOptions
 
+from ._delta_json import relaxed_key
 from ._snapshot import SNAPSHOT_MARK
 from ._token import ResumeToken
 from .errors import ChangeStreamError
@@ -66,6 +67,8 @@ class MergeBatch:
 
 def key_json(key: Any, json_options: JSONOptions = RELAXED) -> str:
     """The key column's text for an ``_id``: Extended JSON, compact."""
+    if json_options is RELAXED:
+        return relaxed_key(key)
     return json_util.dumps(key, json_options=json_options, separators=(",", ":"))
 
 

@@ -165,6 +165,8 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
             save_every=args.batch, save_interval=args.batch_seconds, stop=stop,
             on_stats=progress, stats_interval=progress.interval, stop_on_signals=True,
         )
+        if progress.idle_stop:  # caught up: fold the change log, the table is the collection
+            sink.finish()
     except KeyboardInterrupt:
         _say("stopped")
         return 0

@@ -198,6 +198,7 @@ class Compaction:
     rows_written: int
     files_removed: int
     bytes_removed: int
+    bytes_written: int
 
 
 @dataclasses.dataclass
@@ -286,9 +287,11 @@ def compact(
                     target_file_size=target_file_size, commit_properties=properties,
                     storage_options=storage_options)
     removed = log_files + [sizes[p] for s in touched for p in s.paths]
+    table.update_incremental()
+    added = sum(f.size for f in _files(table) if f.path not in sizes)
     return Compaction(log_rows=sum(f.rows for f in log_files), base_rows_read=read[0],
                       rows_written=written.rows, files_removed=len(removed),
-                      bytes_removed=sum(f.size for f in removed))
+                      bytes_removed=sum(f.size for f in removed), bytes_written=added)
 
 
 def _segments(components: list[tuple[str, str, list[str]]], keys: list[str]) -> list[_Segment]:

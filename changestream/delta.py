@@ -55,8 +55,15 @@ from ._delta_layout import (
     with_seq,
 )
 from ._delta_schema import SchemaTextError, arrow_schema
-from ._merge import CANONICAL, RELAXED, MergeBatch, key_json, merge_ready
-from ._snapshot import is_snapshot_position
+from ._merge import (
+    CANONICAL,
+    RELAXED,
+    MergeBatch,
+    MergeColumns,
+    key_json,
+    merge_columns,
+)
+from ._snapshot import SNAPSHOT_MARK, is_snapshot_position
 from ._token import ResumeToken
 from .errors import ChangeStreamError
 from .stores import StoredToken, TokenStoreError
@@ -144,14 +151,22 @@ def merge_table(
     that does not fit raises :class:`DocumentSchemaError` naming the field,
     the ``_id`` and the value.
     """
-    json_options = _json_options(json_mode)
     rows = batch.rows
-    keys = [row.key_json for row in rows]
+    return _source([row.key_json for row in rows], [row.op for row in rows],
+                   [row.document for row in rows], schema, _json_options(json_mode))
+
+
+def _source(
+    keys: list[str],
+    ops: list[str],
+    documents: Sequence[Mapping[str, Any] | None],
+    schema: pa.Schema | None,
+    json_options: json_util.JSONOptions,
+) -> pa.Table:
     columns: dict[str, pa.Array] = {
         KEY: pa.array(keys, pa.string()),
-        OP: pa.array([row.op for row in rows], pa.string()),
+        OP: pa.array(ops, pa.string()),
     }
-    documents = [row.document for row in rows]
     if schema is None:
         columns[DOCUMENT] = pa.array(_json_texts(documents, json_options), pa.string())
         return pa.table(columns)
@@ -446,8 +461,8 @@ class DeltaSink:
             if first_load:
                 self._commit(self._base_rows(staged), batch_id, token, base=True)
             else:
-                batch = merge_ready(staged, full_document=self.full_document,
-                                    json_options=self._json_options)
+                batch = merge_columns(staged, full_document=self.full_document,
+                                      json_options=self._json_options)
                 self._commit(batch, batch_id, token)
         except BaseException:
             self._staged = staged + self._staged  # a retried save commits them
@@ -461,11 +476,12 @@ class DeltaSink:
         Only while the position is a copy of a new table: each key comes
         once, in no earlier row; after that, snapshot records are changes.
         """
-        for change in staged:
-            token = change.get("_id")
-            if not isinstance(token, Mapping) or not is_snapshot_position(token) \
-                    or token.get("phase") != "copy":
+        try:
+            if any(change["_id"]["_data"] != SNAPSHOT_MARK or change["_id"]["phase"] != "copy"
+                   for change in staged):
                 return False
+        except (KeyError, TypeError):
+            return False
         if self._position is _UNKNOWN:
             self.load()
         position = self._position
@@ -477,20 +493,15 @@ class DeltaSink:
         """Snapshot records as a merge table: one upsert per key, no collapse needed."""
         keys, documents = [], []
         for change in staged:
-            key = change.get("documentKey")
-            if isinstance(key, Mapping) and "_id" in key:
-                keys.append(key["_id"])
-                documents.append(change["fullDocument"])
+            try:
+                key = change["documentKey"]["_id"]
+            except (KeyError, TypeError):
+                continue  # a record of no document (snapshotInterrupted)
+            documents.append(change["fullDocument"])
+            keys.append(key)
         texts = [key_json(key, self._json_options) for key in keys]
-        columns: dict[str, pa.Array] = {
-            KEY: pa.array(texts, pa.string()),
-            OP: pa.array(["upsert"] * len(texts), pa.string()),
-        }
-        if self.schema is None:
-            columns[DOCUMENT] = pa.array(_json_texts(documents, self._json_options), pa.string())
-        else:
-            columns.update(document_columns(texts, documents, self.schema, self._json_options))
-        return pa.table(columns).sort_by(KEY)  # tight key ranges in the file's statistics
+        rows = _source(texts, ["upsert"] * len(texts), documents, self.schema, self._json_options)
+        return rows.sort_by(KEY)  # tight key ranges in the file's statistics
 
     # -- the handler -------------------------------------------------------------------------
     def __call__(self, change: Mapping[str, Any]) -> None:
@@ -532,8 +543,8 @@ class DeltaSink:
             self.skipped += 1  # before any conversion: cheap
             return False
         if not isinstance(batch, (MergeBatch, pa.Table)):
-            batch = merge_ready(batch, full_document=self.full_document,
-                                json_options=self._json_options)
+            batch = merge_columns(batch, full_document=self.full_document,
+                                  json_options=self._json_options)
         if not self._commit(batch, version, token, cleared=cleared):
             return False
         self._maybe_compact()
@@ -542,7 +553,7 @@ class DeltaSink:
     # -- committing ----------------------------------------------------------------------------
     def _commit(
         self,
-        batch: MergeBatch | pa.Table | None,
+        batch: MergeBatch | MergeColumns | pa.Table | None,
         version: int | None,
         token: Mapping[str, Any] | None,
         *,
@@ -553,6 +564,10 @@ class DeltaSink:
         if isinstance(batch, MergeBatch):
             cleared = batch.cleared
             source: pa.Table | None = merge_table(batch, self.schema, self.json_mode)
+        elif isinstance(batch, MergeColumns):
+            cleared = batch.cleared
+            source = _source(batch.keys, batch.ops, batch.documents, self.schema,
+                             self._json_options)
         else:
             source = batch
         metadata = {_META_APP: self.app_id}

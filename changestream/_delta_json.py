@@ -33,7 +33,7 @@ class _Unusual(Exception):
 def _default(value: Any) -> Any:
     kind = type(value)
     if kind is ObjectId:
-        return {"$oid": str(value)}
+        return {"$oid": value.binary.hex()}
     if kind is datetime.datetime:
         offset = value.utcoffset()
         if not offset and value.year >= 1970:
@@ -44,9 +44,27 @@ def _default(value: Any) -> Any:
     raise _Unusual
 
 
-_ENCODE: Callable[[Any], str] = json.JSONEncoder(default=_default, allow_nan=False).encode
-_ENCODE_COMPACT: Callable[[Any], str] = json.JSONEncoder(
-    default=_default, allow_nan=False, separators=(",", ":")).encode
+def _encoder(item_separator: str, key_separator: str) -> Callable[[Any], str]:
+    """``JSONEncoder(default=_default, allow_nan=False, ...).encode`` without its per-call set-up.
+
+    ``JSONEncoder.encode`` builds the C encoder anew for every document; built once here
+    (no circular-reference check: decoded BSON has no cycles).
+    """
+    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    if c_make_encoder is None:  # no C accelerator: the plain encoder
+        return json.JSONEncoder(default=_default, allow_nan=False,
+                                separators=(item_separator, key_separator)).encode
+    encode = c_make_encoder(None, _default, json.encoder.encode_basestring_ascii, None,
+                            key_separator, item_separator, False, False, False)
+
+    def run(value: Any) -> str:
+        return "".join(encode(value, 0))
+
+    return run
+
+
+_ENCODE = _encoder(", ", ": ")
+_ENCODE_COMPACT = _encoder(",", ":")
 
 
 def relaxed_dumps(document: Any) -> str:
@@ -60,7 +78,7 @@ def relaxed_dumps(document: Any) -> str:
 def relaxed_key(key: Any) -> str:
     """The key column's text of an ``_id`` (compact relaxed Extended JSON), faster."""
     if type(key) is ObjectId:
-        return f'{{"$oid":"{key}"}}'
+        return f'{{"$oid":"{key.binary.hex()}"}}'
     try:
         return _ENCODE_COMPACT(key)
     except (_Unusual, ValueError, TypeError):

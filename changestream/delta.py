@@ -297,7 +297,7 @@ class DeltaSink:
         full_document: str | None = None,
         storage_options: dict[str, str] | None = None,
         idle_commit_seconds: float = 60.0,
-        log_fraction: float = 0.5,
+        log_fraction: float = 1.0,
         max_log_rows: int = 500_000,
         target_file_size: int = 64 << 20,
     ) -> None:

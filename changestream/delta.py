@@ -663,6 +663,7 @@ class DeltaSink:
                                  storage_options=self._storage_options)
         if result is not None:
             self.compactions.append(result)
+            pa.default_memory_pool().release_unused()  # the rewrite's buffers, back to the OS
         return result
 
     def finish(self) -> Compaction | None:

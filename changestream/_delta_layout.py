@@ -39,7 +39,7 @@ import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 __all__ = [
-    "CURRENT_SQL", "DELETE", "KEY", "OP", "SEQ", "UPSERT", "Compaction", "LogSize",
+    "CURRENT_SQL", "DELETE", "KEY", "LOG_ROW_GROUP", "OP", "SEQ", "UPSERT", "Compaction", "LogSize",
     "compact", "current_state", "layout_schema", "log_size", "with_seq",
 ]
 
@@ -68,8 +68,14 @@ def layout_schema(data: pa.Schema) -> pa.Schema:
                       pa.field(OP, pa.string()), *data])
 
 
+LOG_ROW_GROUP = 2048
+"""Rows per Parquet row group of a log file: compaction reads a key range of the log by
+the row groups' ``_key`` statistics (log files are written sorted by ``_key``)."""
+
+
 def with_seq(rows: pa.Table, schema: pa.Schema, first_seq: int) -> pa.Table:
-    """``rows`` (``_key``, ``_op``, data columns) as ``schema``'s, numbered from ``first_seq``.
+    """``rows`` (``_key``, ``_op``, data columns) as ``schema``'s, numbered from ``first_seq``,
+    sorted by ``_key`` (one row per key: the numbers keep their batch's order).
 
     ``first_seq`` 0 makes base rows (all ``_seq`` 0: a first load).
     """
@@ -80,7 +86,7 @@ def with_seq(rows: pa.Table, schema: pa.Schema, first_seq: int) -> pa.Table:
         seq = pc.add(pa.array(range(count), pa.int64()), pa.scalar(first_seq, pa.int64()))
     columns = [rows.column(KEY), seq, rows.column(OP)]
     columns += [rows.column(name) for name in schema.names[3:]]
-    return pa.Table.from_arrays(columns, schema=schema)
+    return pa.Table.from_arrays(columns, schema=schema).sort_by(KEY)
 
 
 def first_seq(version: int) -> int:
@@ -210,19 +216,21 @@ class _Segment:
     paths: list[str]
     log_from: int
     log_to: int
+    rows: int = 0
+    """Base rows in ``paths``."""
 
 
-def _components(base: list[_File]) -> list[tuple[str, str, list[str]]]:
-    """Base files grouped where their key ranges overlap, in key order."""
-    groups: list[tuple[str, str, list[str]]] = []
+def _components(base: list[_File]) -> list[tuple[str, str, list[str], int]]:
+    """Base files grouped where their key ranges overlap, in key order (with their rows)."""
+    groups: list[tuple[str, str, list[str], int]] = []
     for f in sorted(base, key=lambda f: (f.min_key, f.max_key)):
         low, high = f.min_key, f.max_key
         assert low is not None and high is not None
         if groups and low <= groups[-1][1]:
-            g_low, g_high, paths = groups[-1]
-            groups[-1] = (g_low, max(g_high, high), [*paths, f.path])
+            g_low, g_high, paths, rows = groups[-1]
+            groups[-1] = (g_low, max(g_high, high), [*paths, f.path], rows + f.rows)
         else:
-            groups.append((low, high, [f.path]))
+            groups.append((low, high, [f.path], f.rows))
     return groups
 
 
@@ -237,17 +245,20 @@ def compact(
     *,
     target_file_size: int,
     storage_options: dict[str, str] | None = None,
-    before_commit: Any = None,
+    unit_rows: int = 250_000,
 ) -> Compaction | None:
     """Fold every log row into the base in one commit (``None``: there is no log).
 
-    Reads the log (at most what the sink let it grow to), keeps each key's
-    latest row, and rewrites only the base files whose key range holds a
-    logged key, one group of overlapping files at a time (memory: the log
-    plus one group), as sorted files of about ``target_file_size`` bytes.
-    The commit replaces exactly the log files and those base files (an
-    overwrite whose predicate names their ``_seq``/``_key`` ranges), so a
-    writer's append that lands first makes it conflict instead of being lost.
+    Reads the logged keys (one column), then rewrites only the base files
+    whose key range holds a logged key, in units of neighbouring key ranges
+    of about ``unit_rows`` base rows: the unit's base files and its slice of
+    the log (row groups pruned by ``_key`` statistics; log files are written
+    sorted by ``_key`` in small row groups), each key's latest row kept, as
+    sorted files of about ``target_file_size`` bytes. Memory: the logged keys
+    plus one unit, whatever the table's size. The commit replaces exactly the
+    log files and those base files (an overwrite whose predicate names their
+    ``_seq``/``_key`` ranges), so a writer's append that lands first makes it
+    conflict instead of being lost.
     """
     files = _files(table)
     log_files = [f for f in files if not f.base]
@@ -255,10 +266,12 @@ def compact(
         return None
     base_files = [f for f in files if f.base]
     dataset = table.to_pyarrow_dataset()
-    log = _latest(dataset.to_table(filter=pc.field(SEQ) > 0))
-    log_keys: list[str] = log.column(KEY).to_pylist()
+    fragments = {fragment.path: fragment for fragment in dataset.get_fragments()}
+    log = _subset(dataset, fragments, [f.path for f in log_files])
+    keys = pc.unique(log.to_table(columns=[KEY]).column(KEY).combine_chunks())
+    log_keys: list[str] = keys.take(pc.sort_indices(keys)).to_pylist()
     segments = _segments(_components(base_files), log_keys)
-    touched = [s for s in segments if s.log_to > s.log_from]
+    units = _units(segments, unit_rows)
     ranges = _ranges(segments)
     predicate = " OR ".join(
         [f"{SEQ} > 0"] + [f"({KEY} >= {_quote(low)} AND {KEY} <= {_quote(high)})"
@@ -267,10 +280,11 @@ def compact(
     read = [0]
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for segment in touched:
-            logged = log.slice(segment.log_from, segment.log_to - segment.log_from)
-            if segment.paths:
-                base = _read_paths(dataset, segment.paths, schema)
+        for low, high, paths in units:
+            in_range = (pc.field(KEY) >= low) & (pc.field(KEY) <= high)
+            logged = _latest(log.to_table(filter=in_range).select(schema.names).cast(schema))
+            if paths:
+                base = _subset(dataset, fragments, paths).to_table().select(schema.names).cast(schema)
                 read[0] += base.num_rows
                 base = base.filter(pc.invert(pc.is_in(base.column(KEY),
                                                       value_set=logged.column(KEY))))
@@ -279,14 +293,12 @@ def compact(
             upserts = logged.filter(pc.equal(logged.column(OP), UPSERT))
             rows = pa.concat_tables([base, _as_base(upserts, schema)]).sort_by(KEY)
             yield from rows.to_batches(max_chunksize=65_536)
-        if before_commit is not None:
-            before_commit()
 
     written = _count(batches(), schema)
     write_deltalake(table, written.reader, mode="overwrite", predicate=predicate,
                     target_file_size=target_file_size, commit_properties=properties,
                     storage_options=storage_options)
-    removed = log_files + [sizes[p] for s in touched for p in s.paths]
+    removed = log_files + [sizes[p] for _, _, paths in units for p in paths]
     table.update_incremental()
     added = sum(f.size for f in _files(table) if f.path not in sizes)
     return Compaction(log_rows=sum(f.rows for f in log_files), base_rows_read=read[0],
@@ -294,16 +306,36 @@ def compact(
                       bytes_removed=sum(f.size for f in removed), bytes_written=added)
 
 
-def _segments(components: list[tuple[str, str, list[str]]], keys: list[str]) -> list[_Segment]:
+def _units(segments: list[_Segment], unit_rows: int) -> list[tuple[str, str, list[str]]]:
+    """Runs of neighbouring touched segments of about ``unit_rows`` base rows each."""
+    units: list[tuple[str, str, list[str]]] = []
+    rows = 0
+    previous_touched = False
+    for segment in segments:
+        touched = segment.log_to > segment.log_from
+        if touched and previous_touched and rows < unit_rows:
+            low, _, paths = units[-1]
+            units[-1] = (low, segment.high, paths + segment.paths)
+            rows += segment.rows
+        elif touched:
+            units.append((segment.low, segment.high, list(segment.paths)))
+            rows = segment.rows
+        previous_touched = touched
+    return units
+
+
+def _segments(
+    components: list[tuple[str, str, list[str], int]], keys: list[str]
+) -> list[_Segment]:
     """Gaps and components in key order, each with the slice of sorted ``keys`` inside it."""
     segments: list[_Segment] = []
     at = 0
-    for low, high, paths in components:
+    for low, high, paths, rows in components:
         start = bisect.bisect_left(keys, low, at)
         if start > at:
             segments.append(_Segment(keys[at], keys[start - 1], [], at, start))
         end = bisect.bisect_right(keys, high, start)
-        segments.append(_Segment(low, high, paths, start, end))
+        segments.append(_Segment(low, high, paths, start, end, rows))
         at = end
     if at < len(keys):
         segments.append(_Segment(keys[at], keys[-1], [], at, len(keys)))
@@ -324,14 +356,13 @@ def _ranges(segments: list[_Segment]) -> list[tuple[str, str]]:
     return ranges
 
 
-def _read_paths(dataset: ds.Dataset, paths: Sequence[str], schema: pa.Schema) -> pa.Table:
-    """The rows of the named data files (relative paths of the Delta log)."""
-    wanted = set(paths)
-    fragments = [f for f in dataset.get_fragments() if f.path in wanted]
-    if len(fragments) != len(wanted):
-        raise RuntimeError(f"compaction: {len(wanted) - len(fragments)} data files not found")
-    sub = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
-    return sub.to_table().select(schema.names).cast(schema)
+def _subset(dataset: ds.Dataset, fragments: dict[str, Any], paths: Sequence[str]) -> ds.Dataset:
+    """The named data files (paths as the Delta log has them) of the table's dataset."""
+    missing = [path for path in paths if path not in fragments]
+    if missing:
+        raise RuntimeError(f"compaction: the data file {missing[0]} is not in the table")
+    return ds.FileSystemDataset([fragments[path] for path in paths], dataset.schema,
+                                dataset.format, dataset.filesystem)
 
 
 def _as_base(rows: pa.Table, schema: pa.Schema) -> pa.Table:

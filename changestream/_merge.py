@@ -20,11 +20,15 @@ from typing import Any, Literal
 from bson import json_util
 from bson.json_util import JSONOptions
 
+from ._delta_json import relaxed_key
 from ._snapshot import SNAPSHOT_MARK
 from ._token import ResumeToken
 from .errors import ChangeStreamError
 
-__all__ = ["MergeBatch", "MergeRow", "MissingDocumentError", "key_json", "merge_ready"]
+__all__ = [
+    "MergeBatch", "MergeColumns", "MergeRow", "MissingDocumentError", "key_json", "merge_columns",
+    "merge_ready",
+]
 
 RELAXED = json_util.RELAXED_JSON_OPTIONS
 CANONICAL = json_util.CANONICAL_JSON_OPTIONS
@@ -66,11 +70,22 @@ class MergeBatch:
 
 def key_json(key: Any, json_options: JSONOptions = RELAXED) -> str:
     """The key column's text for an ``_id``: Extended JSON, compact."""
+    if json_options is RELAXED:
+        return relaxed_key(key)
     return json_util.dumps(key, json_options=json_options, separators=(",", ":"))
 
 
 def _order(token: Any, index: int) -> tuple[int, bytes, int]:
     """Snapshot records first (in arrival order), then events by token bytes."""
+    if type(token) is dict:  # the common case, without a BSON round trip: ResumeToken.key's bytes
+        data = token.get("_data")
+        if data == SNAPSHOT_MARK:
+            return (0, b"", index)
+        if type(data) is str:
+            try:
+                return (1, bytes.fromhex(data), index)
+            except ValueError:
+                return (1, data.encode(), index)
     if isinstance(token, Mapping) and token.get("_data") == SNAPSHOT_MARK:
         return (0, b"", index)
     return (1, ResumeToken.of(token).key, index)
@@ -96,6 +111,44 @@ def merge_ready(
     without a ``documentKey`` (DDL) give no row; ``drop``, ``rename`` and
     ``dropDatabase`` set :attr:`MergeBatch.cleared`.
     """
+    last, cleared, last_token = _collapse(changes, json_options)
+    rows = [_row(key, text, change, full_document) for text, (key, change) in last.items()]
+    return MergeBatch(rows, cleared, last_token)
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeColumns:
+    """:func:`merge_ready`'s batch as columns (the Delta sink's fast path: no row objects)."""
+
+    keys: list[str]
+    ops: list[str]
+    documents: list[Mapping[str, Any] | None]
+    cleared: bool
+    last_token: Mapping[str, Any] | None
+
+
+def merge_columns(
+    changes: Iterable[Mapping[str, Any]],
+    *,
+    full_document: str | None = None,
+    json_options: JSONOptions = RELAXED,
+) -> MergeColumns:
+    """:func:`merge_ready` as columns: the same rows, the same errors."""
+    last, cleared, last_token = _collapse(changes, json_options)
+    keys = list(last)
+    ops: list[str] = []
+    documents: list[Mapping[str, Any] | None] = []
+    for text, (_key, change) in last.items():
+        op, document = _op_document(text, change, full_document)
+        ops.append(op)
+        documents.append(document)
+    return MergeColumns(keys, ops, documents, cleared, last_token)
+
+
+def _collapse(
+    changes: Iterable[Mapping[str, Any]], json_options: JSONOptions
+) -> tuple[dict[str, tuple[Any, Mapping[str, Any]]], bool, Mapping[str, Any] | None]:
+    """Each key's last change in token order (in the order of those changes)."""
     ordered = sorted(
         ((_order(change["_id"], index), change) for index, change in enumerate(changes)),
         key=lambda pair: pair[0],
@@ -119,14 +172,15 @@ def merge_ready(
             last.clear()
             continue
         document_key = change.get("documentKey")
-        if not isinstance(document_key, Mapping) or "_id" not in document_key:
+        if type(document_key) is not dict and not isinstance(document_key, Mapping):
+            continue
+        if "_id" not in document_key:
             continue
         key = document_key["_id"]
         text = key_json(key, json_options)
         last.pop(text, None)  # keeps the rows in the token order of their change
         last[text] = (key, change)
-    rows = [_row(key, text, change, full_document) for text, (key, change) in last.items()]
-    return MergeBatch(rows, cleared, ordered[-1][1]["_id"] if ordered else None)
+    return last, cleared, ordered[-1][1]["_id"] if ordered else None
 
 
 def _name(namespace: tuple[Any, Any]) -> str:
@@ -134,20 +188,27 @@ def _name(namespace: tuple[Any, Any]) -> str:
 
 
 def _row(key: Any, text: str, change: Mapping[str, Any], full_document: str | None) -> MergeRow:
+    op, document = _op_document(text, change, full_document)
+    return MergeRow(key, text, op, document, change["_id"])
+
+
+def _op_document(
+    text: str, change: Mapping[str, Any], full_document: str | None
+) -> tuple[Literal["upsert", "delete"], Mapping[str, Any] | None]:
+    """What a key's last change leaves: ``("upsert", document)`` or ``("delete", None)``."""
     operation = change.get("operationType")
-    token = change["_id"]
     if operation == "delete":
-        return MergeRow(key, text, "delete", None, token)
+        return "delete", None
     if operation not in _UPSERTS:
         raise ValueError(f"cannot merge a {operation!r} event (key {text}): not a document change")
     document = change.get("fullDocument")
     if document is not None:
-        return MergeRow(key, text, "upsert", document, token)
+        return "upsert", document
     if operation == "update" and full_document == "updateLookup" and "fullDocument" in change:
-        return MergeRow(key, text, "delete", None, token)  # gone when it was looked up
+        return "delete", None  # gone when it was looked up
     raise MissingDocumentError(
-        f"the {operation} event of _id {text} (token {ResumeToken.of(token).to_json()}) has no "
-        "fullDocument, so the document after it is unknown: open the stream with "
+        f"the {operation} event of _id {text} (token {ResumeToken.of(change['_id']).to_json()}) "
+        "has no fullDocument, so the document after it is unknown: open the stream with "
         "full_document='updateLookup' (the current document) or full_document='required' "
         "(post-images: enable changeStreamPreAndPostImages on the collection), and pass the "
         "same full_document= to merge_ready"

@@ -1,12 +1,15 @@
 """An exactly-once Delta Lake sink: a collection kept in step in a Delta table (no JVM).
 
-:class:`DeltaSink` merges merge-ready batches (:func:`changestream.merge_ready`)
-into a Delta table with ``deltalake`` (delta-rs) and records, in the *same*
-commit, a Delta application transaction ``(app_id, version)`` and the resume
-token (in the commit's metadata). The table and the stream position therefore
-move together: a batch is in the table exactly when its token is, and a batch
-whose version the table already holds is skipped (a replay is a no-op), the
-mechanism Spark's own Delta sink uses for idempotent writes.
+:class:`DeltaSink` appends merge-ready batches (:func:`changestream.merge_ready`)
+to a Delta table with ``deltalake`` (delta-rs) as change-log rows and records,
+in the *same* commit, a Delta application transaction ``(app_id, version)``
+and the resume token (in the commit's metadata). The table and the stream
+position therefore move together: a batch is in the table exactly when its
+token is, and a batch whose version the table already holds is skipped (a
+replay is a no-op), the mechanism Spark's own Delta sink uses for idempotent
+writes. A first load from a consistent snapshot is appended as base rows;
+compaction (``_delta_layout``) folds the log into the base in commits of its
+own, so no batch pays for the table's size.
 
 It is both halves of :func:`changestream.consume`: the handler (``sink`` is
 callable; it stages each change) and the token store (``save`` commits the
@@ -27,37 +30,68 @@ from typing import Any, Literal
 
 try:
     import pyarrow as pa
-    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake import (
+        CommitProperties,
+        DeltaTable,
+        Transaction,
+        WriterProperties,
+        write_deltalake,
+    )
+    from deltalake.exceptions import CommitFailedError
 except ImportError as exc:  # one clear error instead of a missing module deep inside
     raise ImportError(
         f"changestream.delta needs the 'delta' extra: pip install 'changestream[delta]' ({exc})"
     ) from exc
 
+import tenacity
 from bson import json_util
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
 
+from ._delta_json import relaxed_dumps
+from ._delta_layout import (
+    CURRENT_SQL,
+    LOG_ROW_GROUP,
+    SEQ,
+    Compaction,
+    compact,
+    current_state,
+    first_seq,
+    layout_schema,
+    log_size,
+    with_seq,
+)
 from ._delta_schema import SchemaTextError, arrow_schema
-from ._merge import CANONICAL, RELAXED, MergeBatch, merge_ready
+from ._merge import (
+    CANONICAL,
+    RELAXED,
+    MergeBatch,
+    MergeColumns,
+    key_json,
+    merge_columns,
+)
+from ._snapshot import SNAPSHOT_MARK, is_snapshot_position
 from ._token import ResumeToken
 from .errors import ChangeStreamError
-from .stores import StoredToken
+from .stores import StoredToken, TokenStoreError
+from .stores import _stored as _validated  # the other stores' validation, one wording
 
 __all__ = [
-    "KEY", "OP", "DeltaSink", "DeltaSinkError", "DocumentSchemaError", "SchemaTextError",
-    "merge_table",
+    "CURRENT_SQL", "KEY", "OP", "SEQ", "Compaction", "DeltaSink", "DeltaSinkError",
+    "DocumentSchemaError", "SchemaTextError", "merge_table",
 ]
 
 KEY = "_key"
 """The merge key column: the document's ``_id`` as compact Extended JSON."""
 OP = "_op"
-"""Source-only column of a merge table: ``"upsert"`` or ``"delete"``."""
+"""``"upsert"`` or ``"delete"``: what a row does to its key (base rows: ``"upsert"``)."""
 DOCUMENT = "document"
 """The default data column: the whole document as Extended JSON."""
 
 _META_APP = "changestream.app_id"
 _META_TOKEN = "changestream.token"
 _META_VERSION = "changestream.version"
+_META_COMPACTION = "changestream.compaction"
 _TOKEN_JSON = json_util.CANONICAL_JSON_OPTIONS.with_options(tz_aware=True, tzinfo=timezone.utc)
 
 
@@ -78,14 +112,14 @@ def _json_options(json_mode: str) -> json_util.JSONOptions:
 
 
 def table_schema(schema: pa.Schema | None) -> pa.Schema:
-    """The Delta table's columns: the key, then the document (JSON) or ``schema``'s fields."""
+    """The Delta table's columns: ``_key``, ``_seq``, ``_op``, then the document (JSON) or ``schema``'s fields."""
     if schema is None:
-        return pa.schema([(KEY, pa.string()), (DOCUMENT, pa.string())])
+        return layout_schema(pa.schema([(DOCUMENT, pa.string())]))
     schema = arrow_schema(schema)
-    taken = {KEY, OP} & set(schema.names)
+    taken = {KEY, OP, SEQ} & set(schema.names)
     if taken:
         raise ValueError(f"schema must not have a column named {sorted(taken)[0]!r} (the sink's own)")
-    return pa.schema([pa.field(KEY, pa.string()), *schema])
+    return layout_schema(schema)
 
 
 def _cell(value: Any, type_: pa.DataType, json_options: json_util.JSONOptions) -> Any:
@@ -124,23 +158,36 @@ def merge_table(
     that does not fit raises :class:`DocumentSchemaError` naming the field,
     the ``_id`` and the value.
     """
-    json_options = _json_options(json_mode)
     rows = batch.rows
-    keys = [row.key_json for row in rows]
+    return _source([row.key_json for row in rows], [row.op for row in rows],
+                   [row.document for row in rows], schema, _json_options(json_mode))
+
+
+def _source(
+    keys: list[str],
+    ops: list[str],
+    documents: Sequence[Mapping[str, Any] | None],
+    schema: pa.Schema | None,
+    json_options: json_util.JSONOptions,
+) -> pa.Table:
     columns: dict[str, pa.Array] = {
         KEY: pa.array(keys, pa.string()),
-        OP: pa.array([row.op for row in rows], pa.string()),
+        OP: pa.array(ops, pa.string()),
     }
-    documents = [row.document for row in rows]
     if schema is None:
-        columns[DOCUMENT] = pa.array(
-            [None if doc is None else json_util.dumps(doc, json_options=json_options)
-             for doc in documents],
-            pa.string(),
-        )
+        columns[DOCUMENT] = pa.array(_json_texts(documents, json_options), pa.string())
         return pa.table(columns)
     columns.update(document_columns(keys, documents, schema, json_options))
     return pa.table(columns)
+
+
+def _json_texts(
+    documents: Sequence[Mapping[str, Any] | None], json_options: json_util.JSONOptions
+) -> list[str | None]:
+    if json_options is RELAXED:
+        return [None if doc is None else relaxed_dumps(doc) for doc in documents]
+    return [None if doc is None else json_util.dumps(doc, json_options=json_options)
+            for doc in documents]
 
 
 def _misfit(field: pa.Field, key: str, value: str, exc: BaseException) -> DocumentSchemaError:
@@ -209,13 +256,32 @@ def struct_columns(
     return columns
 
 
+_UNKNOWN: Any = object()
+"""Not read from the table yet."""
+
+_COMMIT_ATTEMPTS = 8
+"""Commits tried when other writers' commits conflict (with jittered backoff)."""
+
+_LOG_WRITER = WriterProperties(max_row_group_size=LOG_ROW_GROUP)
+
+_REOPEN_EVERY = 100
+"""Versions after which the table is opened anew: delta-rs replays, on every write, each
+commit since the version a ``DeltaTable`` was opened at (not since the newest checkpoint),
+so a long-lived object made each commit cost more (23 -> 142 ms per commit over 1,200
+commits); opened anew it starts from the checkpoint delta-rs writes every 100 versions.
+"""
+"""Commits tried when other writers' commits conflict (with jittered backoff)."""
+
+
 class DeltaSink:
     """Keeps a Delta table equal to a collection, exactly once; also its own token store.
 
     ``path`` is the table's location (a directory, or a URI with
     ``storage_options``); the table is created on the first write. ``app_id``
     names the writer in the table's application transactions: one per
-    source, so two sources can write one table. ``schema`` stores the
+    source, so two sources can write one table (their commits are retried
+    when they conflict); a second live writer with the same ``app_id`` is
+    refused with :class:`DeltaSinkError`. ``schema`` stores the
     documents' fields as columns instead of one JSON column: a
     ``pyarrow.Schema``, a Spark ``StructType`` (converted by pyspark's
     ``to_arrow_schema``), or a Spark DDL string (``"name STRING, qty INT"``)
@@ -227,6 +293,15 @@ class DeltaSink:
     Extended JSON. ``full_document`` is what the stream was opened with (see
     :func:`changestream.merge_ready`). Token-only commits (an idle stream's
     position) are made at most every ``idle_commit_seconds``.
+
+    The table is a base plus an append-only change log (``docs/mirror.md``,
+    "The table's layout"): each batch is appended, and the log is compacted
+    into the base when it reaches ``log_fraction`` of the base rows a
+    compaction would rewrite, or ``max_log_rows`` rows (compaction holds the
+    logged keys in memory, and one unit of the base). :meth:`finish` compacts it all: then the
+    table read by anything is the collection's current state; in between,
+    :meth:`read_current` (or :data:`CURRENT_SQL`) reads it.
+    ``target_file_size`` bounds the data files compaction writes (bytes).
     """
 
     def __init__(
@@ -239,9 +314,16 @@ class DeltaSink:
         full_document: str | None = None,
         storage_options: dict[str, str] | None = None,
         idle_commit_seconds: float = 60.0,
+        log_fraction: float = 0.5,
+        max_log_rows: int = 2_000_000,
+        target_file_size: int = 64 << 20,
     ) -> None:
         if not isinstance(app_id, str) or not app_id:
             raise ValueError(f"app_id must be a non-empty string, not {app_id!r}")
+        if not log_fraction > 0:
+            raise ValueError(f"log_fraction must be > 0, not {log_fraction!r}")
+        if isinstance(max_log_rows, bool) or not isinstance(max_log_rows, int) or max_log_rows < 1:
+            raise ValueError(f"max_log_rows must be an integer >= 1, not {max_log_rows!r}")
         self.path = os.fspath(path)
         self.app_id = app_id
         self.schema: pa.Schema | None = None if schema is None else arrow_schema(schema)
@@ -252,14 +334,24 @@ class DeltaSink:
         self.full_document = full_document
         self._storage_options = storage_options
         self.idle_commit_seconds = idle_commit_seconds
+        self.log_fraction = log_fraction
+        self.max_log_rows = max_log_rows
+        self.target_file_size = target_file_size
         self._table: DeltaTable | None = None
+        self._opened_at = 0
         self._staged: list[Mapping[str, Any]] = []
         self._staged_table: tuple[pa.Table, bool] | None = None
         self._token_committed_at: float | None = None
+        self._position: Any = _UNKNOWN
+        """The token of this app id's last commit (``None``: none), once read."""
+        self._seen_version: Any = _UNKNOWN
+        """The app id's batch version as this sink last saw or wrote it."""
         self.commits = 0
-        """Commits made by this sink object."""
+        """Commits of batches and positions made by this sink object."""
         self.skipped = 0
         """Batches skipped because the table already held their version."""
+        self.compactions: list[Compaction] = []
+        """What each compaction by this sink object did."""
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r}, app_id={self.app_id!r})"
@@ -267,30 +359,49 @@ class DeltaSink:
     # -- the table ---------------------------------------------------------------------------
     def table(self) -> DeltaTable | None:
         """The table at its latest version (``None``: it does not exist yet)."""
-        if self._table is None:
-            if not DeltaTable.is_deltatable(self.path, self._storage_options):
-                return None
-            self._table = DeltaTable(self.path, storage_options=self._storage_options)
-            self._check_schema(self._table)
-        else:
+        if self._table is not None:
             self._table.update_incremental()
-        return self._table
+            if self._table.version() - self._opened_at < _REOPEN_EVERY:
+                return self._table
+            self._table = None  # past a checkpoint: reopened from it, below
+        if not DeltaTable.is_deltatable(self.path, self._storage_options):
+            return None
+        table = DeltaTable(self.path, storage_options=self._storage_options)
+        self._check_schema(table)
+        self._table, self._opened_at = table, table.version()
+        if self._seen_version is _UNKNOWN:
+            self._seen_version = table.transaction_version(self.app_id)
+        return table
 
     def _check_schema(self, table: DeltaTable) -> None:
         have = pa.schema(table.schema().to_arrow())
         names = [field.name for field in have]
         want = self._table_schema.names
-        if names != want:
+        if names == want:
+            return
+        if SEQ not in names and names == [n for n in want if n not in (SEQ, OP)]:
             raise DeltaSinkError(
-                f"the Delta table at {self.path} has the columns {names}, this sink writes {want}: "
-                "give another path, or the schema the table was made with"
+                f"the Delta table at {self.path} has the layout of an earlier changestream (one "
+                f"merged row per key, columns {names}); this sink appends a change log "
+                f"(columns {want}): mirror into a new path"
             )
-
-    def _create(self, properties: CommitProperties) -> None:
-        self._table = DeltaTable.create(
-            self.path, self._table_schema, storage_options=self._storage_options,
-            commit_properties=properties,
+        raise DeltaSinkError(
+            f"the Delta table at {self.path} has the columns {names}, this sink writes {want}: "
+            "give another path, or the schema the table was made with"
         )
+
+    def _create(self) -> DeltaTable:
+        try:
+            DeltaTable.create(
+                self.path, self._table_schema, storage_options=self._storage_options,
+                commit_properties=CommitProperties(custom_metadata={_META_APP: self.app_id}),
+            )
+        except Exception:  # another writer created it first: use theirs
+            if not DeltaTable.is_deltatable(self.path, self._storage_options):
+                raise
+        table = self.table()
+        assert table is not None
+        return table
 
     @property
     def applied_version(self) -> int | None:
@@ -298,32 +409,63 @@ class DeltaSink:
         table = self.table()
         return None if table is None else table.transaction_version(self.app_id)
 
-    # -- the token store ---------------------------------------------------------------------
-    def load(self) -> StoredToken | None:
-        """The token of this app id's last commit, with its batch version (``None``: none)."""
+    def read_current(self) -> pa.Table:
+        """The collection's current state as Arrow (``_key`` and the data columns, by ``_key``).
+
+        Right at any time, between compactions too: each key's row with the
+        highest ``_seq``, unless that row is a delete. The same as
+        :data:`CURRENT_SQL` in DuckDB or Spark SQL.
+        """
         table = self.table()
         if table is None:
+            return self._table_schema.empty_table().drop_columns([SEQ, OP])
+        return current_state(table)
+
+    # -- the token store ---------------------------------------------------------------------
+    def load(self) -> StoredToken | None:
+        """The token of this app id's last commit, with its batch version (``None``: none).
+
+        A token that is not a resume token (a damaged commit) raises
+        :class:`changestream.stores.TokenStoreError` naming the table.
+        """
+        table = self.table()
+        if table is None:
+            self._position = None
             return None
         limit: int | None = 64
         while True:
             history = table.history(limit)
             for commit in history:
                 if commit.get(_META_APP) == self.app_id and _META_TOKEN in commit:
-                    token = json_util.loads(commit[_META_TOKEN], json_options=_TOKEN_JSON)
-                    saved_at = datetime.fromtimestamp(commit["timestamp"] / 1000, timezone.utc)
-                    return StoredToken(token, table.transaction_version(self.app_id), saved_at)
+                    stored = self._stored(table, commit)
+                    self._position = stored.token
+                    return stored
             if limit is None or len(history) < limit:
+                self._position = None
                 return None
             limit = None
+
+    def _stored(self, table: DeltaTable, commit: Mapping[str, Any]) -> StoredToken:
+        where = f"the Delta table at {self.path} (commit {commit.get('version')}, app id " \
+                f"{self.app_id!r})"
+        try:
+            token = json_util.loads(str(commit[_META_TOKEN]), json_options=_TOKEN_JSON)
+            saved_at = datetime.fromtimestamp(commit["timestamp"] / 1000, timezone.utc)
+        except Exception as exc:  # any damage of the text is one error naming the table
+            raise TokenStoreError(
+                f"the resume token stored in {where} is unreadable: {exc}") from exc
+        record = {"token": token, "batch_id": table.transaction_version(self.app_id),
+                  "saved_at": saved_at}
+        return _validated(record, where)
 
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
         """Commit the staged changes with ``token`` (version ``batch_id``, or the next one)."""
         if self._staged_table is not None:
             table, cleared = self._staged_table
-            applied = self.applied_version
-            version = batch_id if batch_id is not None else (-1 if applied is None else applied) + 1
-            self._commit(table, version, token, cleared=cleared)
+            written = self._commit(table, batch_id, token, cleared=cleared)
             self._staged_table = None
+            if written:
+                self._maybe_compact()
             return
         staged, self._staged = self._staged, []
         if not staged:
@@ -336,14 +478,51 @@ class DeltaSink:
             self._commit(None, None, token)
             return
         try:
-            batch = merge_ready(staged, full_document=self.full_document,
-                                json_options=self._json_options)
-            applied = self.applied_version
-            version = batch_id if batch_id is not None else (-1 if applied is None else applied) + 1
-            self._commit(batch, version, token)
+            first_load = self._first_load(staged)
+            if first_load:
+                self._commit(self._base_rows(staged), batch_id, token, base=True)
+            else:
+                batch = merge_columns(staged, full_document=self.full_document,
+                                      json_options=self._json_options)
+                self._commit(batch, batch_id, token)
         except BaseException:
             self._staged = staged + self._staged  # a retried save commits them
             raise
+        if not first_load:  # after the commit: a failed compaction loses no batch
+            self._maybe_compact()
+
+    def _first_load(self, staged: Sequence[Mapping[str, Any]]) -> bool:
+        """Are these snapshot records of this app id's first load (appended as base rows)?
+
+        Only while the position is a copy of a new table: each key comes
+        once, in no earlier row; after that, snapshot records are changes.
+        """
+        try:
+            if any(change["_id"]["_data"] != SNAPSHOT_MARK or change["_id"]["phase"] != "copy"
+                   for change in staged):
+                return False
+        except (KeyError, TypeError):
+            return False
+        if self._position is _UNKNOWN:
+            self.load()
+        position = self._position
+        if position is None:
+            return self.applied_version is None
+        return is_snapshot_position(position) and position.get("phase") == "copy"
+
+    def _base_rows(self, staged: Sequence[Mapping[str, Any]]) -> pa.Table:
+        """Snapshot records as a merge table: one upsert per key, no collapse needed."""
+        keys, documents = [], []
+        for change in staged:
+            try:
+                key = change["documentKey"]["_id"]
+            except (KeyError, TypeError):
+                continue  # a record of no document (snapshotInterrupted)
+            documents.append(change["fullDocument"])
+            keys.append(key)
+        texts = [key_json(key, self._json_options) for key in keys]
+        rows = _source(texts, ["upsert"] * len(texts), documents, self.schema, self._json_options)
+        return rows.sort_by(KEY)  # tight key ranges in the file's statistics
 
     # -- the handler -------------------------------------------------------------------------
     def __call__(self, change: Mapping[str, Any]) -> None:
@@ -370,7 +549,7 @@ class DeltaSink:
         *,
         cleared: bool = False,
     ) -> bool:
-        """Merge ``batch`` as version ``version`` unless the table holds it; ``True``: written.
+        """Append ``batch`` as version ``version`` unless the table holds it; ``True``: written.
 
         ``batch`` is a :class:`MergeBatch`, a list of changes, or a merge table
         (:func:`merge_table`; the Spark path builds one). For the Spark data
@@ -381,78 +560,137 @@ class DeltaSink:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be an integer >= 0, not {version!r}")
         applied = self.applied_version
-        if applied is not None and version <= applied:  # before any conversion: cheap
-            self.skipped += 1
+        if applied is not None and version <= applied and applied == self._seen_version:
+            self.skipped += 1  # before any conversion: cheap
             return False
         if not isinstance(batch, (MergeBatch, pa.Table)):
-            batch = merge_ready(batch, full_document=self.full_document,
-                                json_options=self._json_options)
-        return self._commit(batch, version, token, cleared=cleared)
+            batch = merge_columns(batch, full_document=self.full_document,
+                                  json_options=self._json_options)
+        if not self._commit(batch, version, token, cleared=cleared):
+            return False
+        self._maybe_compact()
+        return True
 
+    # -- committing ----------------------------------------------------------------------------
     def _commit(
         self,
-        batch: MergeBatch | pa.Table | None,
+        batch: MergeBatch | MergeColumns | pa.Table | None,
         version: int | None,
         token: Mapping[str, Any] | None,
         *,
         cleared: bool = False,
+        base: bool = False,
     ) -> bool:
+        """One commit of the batch's rows, its version and token; retried on conflicts."""
+        if isinstance(batch, MergeBatch):
+            cleared = batch.cleared
+            source: pa.Table | None = merge_table(batch, self.schema, self.json_mode)
+        elif isinstance(batch, MergeColumns):
+            cleared = batch.cleared
+            source = _source(batch.keys, batch.ops, batch.documents, self.schema,
+                             self._json_options)
+        else:
+            source = batch
         metadata = {_META_APP: self.app_id}
         if token is not None:
             metadata[_META_TOKEN] = json_util.dumps(
                 ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON
             )
-        transactions = None
-        if version is not None:
-            metadata[_META_VERSION] = str(version)
-            transactions = [Transaction(self.app_id, version)]
-        properties = CommitProperties(custom_metadata=metadata, app_transactions=transactions)
-        table = self.table()
-        if version is not None and table is not None:
-            applied = table.transaction_version(self.app_id)
-            if applied is not None and version <= applied:
-                self.skipped += 1
-                return False
-        if isinstance(batch, MergeBatch):
-            cleared = batch.cleared
-            source = merge_table(batch, self.schema, self.json_mode)
-        else:
-            source = batch
-        if table is None:  # created empty first: the batch and its txn go in one commit
-            self._create(CommitProperties(custom_metadata={_META_APP: self.app_id}))
-            table = self.table()
-            assert table is not None
-        if source is None or (source.num_rows == 0 and not cleared):
-            self._append_nothing(table, properties)
-        else:
-            before = table.version()
-            self._merge(table, source, cleared, properties)
-            table.update_incremental()
-            if table.version() == before:  # a merge that changed nothing commits nothing
-                self._append_nothing(table, properties)
-        self._committed(token)
-        return True
-
-    def _committed(self, token: Mapping[str, Any] | None) -> None:
+        for attempt in self._retrying():
+            with attempt:
+                table = self.table() or self._create()
+                applied = self._check_writer(table)
+                number = version if version is not None or source is None else (
+                    -1 if applied is None else applied) + 1
+                if number is not None and applied is not None and number <= applied:
+                    self.skipped += 1
+                    return False
+                transactions = None
+                if number is not None:
+                    metadata[_META_VERSION] = str(number)
+                    transactions = [Transaction(self.app_id, number)]
+                properties = CommitProperties(custom_metadata=metadata,
+                                              app_transactions=transactions)
+                if source is None:
+                    rows = self._table_schema.empty_table()
+                else:
+                    rows = with_seq(source, self._table_schema,
+                                    0 if base else first_seq(table.version()))
+                write_deltalake(table, rows, mode="overwrite" if cleared else "append",
+                                commit_properties=properties,
+                                writer_properties=_LOG_WRITER,
+                                storage_options=self._storage_options)
+                if number is not None:
+                    self._seen_version = number
         self.commits += 1
         if token is not None:
             self._token_committed_at = time.monotonic()
+            self._position = dict(ResumeToken.of(token, check=False).document())
+        return True
 
-    def _append_nothing(self, table: DeltaTable, properties: CommitProperties) -> None:
-        write_deltalake(table, self._table_schema.empty_table(), mode="append",
-                        commit_properties=properties)
+    def _check_writer(self, table: DeltaTable) -> int | None:
+        """This app id's batch version; refused if it moved under this sink (another writer)."""
+        applied = table.transaction_version(self.app_id)
+        if self._seen_version is not _UNKNOWN and applied != self._seen_version:
+            raise DeltaSinkError(
+                f"another writer holds the Delta table at {self.path} with app id "
+                f"{self.app_id!r} (its batch version moved from {self._seen_version} to "
+                f"{applied} under this one): run one writer per app id"
+            )
+        self._seen_version = applied
+        return applied
 
-    def _merge(
-        self, table: DeltaTable, source: pa.Table, cleared: bool, properties: CommitProperties
-    ) -> None:
-        columns = {name: f"s.`{name}`" for name in self._table_schema.names}
-        merger = (
-            table.merge(source, f"t.`{KEY}` = s.`{KEY}`", source_alias="s", target_alias="t",
-                        commit_properties=properties)
-            .when_matched_delete(f"s.`{OP}` = 'delete'")
-            .when_matched_update(updates=columns, predicate=f"s.`{OP}` = 'upsert'")
-            .when_not_matched_insert(updates=columns, predicate=f"s.`{OP}` = 'upsert'")
+    def _retrying(self) -> tenacity.Retrying:
+        """Bounded retries, jittered backoff, of commits that conflicted with other writers'."""
+
+        def give_up(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            raise DeltaSinkError(
+                f"the Delta table at {self.path} kept changing under this writer: "
+                f"{state.attempt_number} commits conflicted with other writers' ({exc})"
+            ) from exc
+
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(CommitFailedError),
+            stop=tenacity.stop_after_attempt(_COMMIT_ATTEMPTS),
+            wait=tenacity.wait_random_exponential(multiplier=0.05, max=2.0),
+            retry_error_callback=give_up,
         )
-        if cleared:
-            merger = merger.when_not_matched_by_source_delete()
-        merger.execute()
+
+    # -- compaction ----------------------------------------------------------------------------
+    def _maybe_compact(self) -> None:
+        table = self.table()
+        assert table is not None
+        size = log_size(table)
+        if size.log_rows and (size.log_rows >= self.max_log_rows
+                              or size.log_rows >= self.log_fraction * size.touched_rows):
+            self.compact()
+
+    def compact(self) -> Compaction | None:
+        """Fold the whole change log into the base now, in a commit of its own (no logical change).
+
+        Rewrites only the base files whose key ranges the log touches. Runs
+        by itself when the log is large enough; ``None``: there was no log.
+        """
+        result: Compaction | None = None
+        for attempt in self._retrying():
+            with attempt:
+                table = self.table()
+                if table is None:
+                    return None
+                properties = CommitProperties(
+                    custom_metadata={_META_APP: self.app_id, _META_COMPACTION: "log into base"})
+                result = compact(table, self._table_schema, properties,
+                                 target_file_size=self.target_file_size,
+                                 storage_options=self._storage_options)
+        if result is not None:
+            self.compactions.append(result)
+            pa.default_memory_pool().release_unused()  # the rewrite's buffers, back to the OS
+        return result
+
+    def finish(self) -> Compaction | None:
+        """Compact what is logged: afterwards every reader sees the current state, plainly.
+
+        ``changestream mirror --until-idle`` calls it before it exits.
+        """
+        return self.compact()

@@ -11,8 +11,19 @@ from bson import json_util
 
 
 def table_state(path: Path | str) -> dict[Any, Any]:
-    """The table as {_id: document}; a key twice is a failure."""
+    """The table's current state as {_id: document} (read_current); a key twice is a failure."""
+    from changestream.delta import DeltaSink
+
+    rows = DeltaSink(str(path)).read_current().to_pylist()
+    state = {json_util.loads(row["_key"]): json_util.loads(row["document"]) for row in rows}
+    assert len(state) == len(rows), "a key has more than one row"
+    return state
+
+
+def plain_state(path: Path | str) -> dict[Any, Any]:
+    """The table read plainly (no query): {_id: document}; a key twice or a delete row fails."""
     rows = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    assert all(row["_op"] == "upsert" and row["_seq"] == 0 for row in rows), "a log row is left"
     state = {json_util.loads(row["_key"]): json_util.loads(row["document"]) for row in rows}
     assert len(state) == len(rows), "a key has more than one row"
     return state

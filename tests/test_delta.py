@@ -28,7 +28,13 @@ from changestream.testing import ReplicaSet, ShardedCluster
 deltalake = pytest.importorskip("deltalake", reason="needs the 'delta' extra (deltalake)")
 pa = pytest.importorskip("pyarrow", reason="needs pyarrow (the 'delta' extra)")
 
-from delta_support import assert_mirrors, committed_versions, table_state, write_mix  # noqa: E402
+from delta_support import (  # noqa: E402
+    assert_mirrors,
+    committed_versions,
+    plain_state,
+    table_state,
+    write_mix,
+)
 
 from changestream.delta import DeltaSink, DocumentSchemaError  # noqa: E402
 
@@ -175,10 +181,11 @@ def test_columns_from_an_arrow_schema_and_a_field_that_does_not_fit(coll: Any, t
         sink(change)
     sink.save(ok[-1]["_id"])
     rows = deltalake.DeltaTable(str(tmp_path / "t")).to_pyarrow_table().sort_by("_id").to_pylist()
+    base = {"_seq": 0, "_op": "upsert"}  # compacted: the first batch of a new table
     assert rows == [
-        {"_key": "1", "_id": 1, "name": "pen", "qty": 3},
-        {"_key": "2", "_id": 2, "name": '{"nested": true}', "qty": 2},
-        {"_key": "3", "_id": 3, "name": None, "qty": None},
+        {"_key": "1", **base, "_id": 1, "name": "pen", "qty": 3},
+        {"_key": "2", **base, "_id": 2, "name": '{"nested": true}', "qty": 2},
+        {"_key": "3", **base, "_id": 3, "name": None, "qty": None},
     ]
     bad = events_of(coll, lambda: (coll.insert_one({"_id": 4, "qty": 5}),
                                    coll.insert_one({"_id": 5, "qty": "many"})))
@@ -252,12 +259,14 @@ def test_mirror_schema_gives_typed_columns_and_a_misfit_stops_with_nothing_writt
     assert first.returncode == 0, first.stderr
     table = deltalake.DeltaTable(target)
     assert pa.schema(table.schema().to_arrow()) == pa.schema([
-        ("_key", pa.string()), ("_id", pa.int64()), ("name", pa.string()), ("qty", pa.int32()),
+        ("_key", pa.string()), ("_seq", pa.int64()), ("_op", pa.string()),
+        ("_id", pa.int64()), ("name", pa.string()), ("qty", pa.int32()),
         ("tags", pa.list_(pa.field("element", pa.string()))),
     ])
     rows = table.to_pyarrow_table().sort_by("_id").to_pylist()
-    assert rows == [{"_key": "1", "_id": 1, "name": "pen", "qty": 3, "tags": ["a", "b"]},
-                    {"_key": "2", "_id": 2, "name": "cup", "qty": 1, "tags": None}]
+    base = {"_seq": 0, "_op": "upsert"}  # the first load's rows are the base
+    assert rows == [{"_key": "1", **base, "_id": 1, "name": "pen", "qty": 3, "tags": ["a", "b"]},
+                    {"_key": "2", **base, "_id": 2, "name": "cup", "qty": 1, "tags": None}]
     position = DeltaSink(target, app_id="changestream-mirror", schema=ddl)
     before = position.load()
     coll.insert_many([{"_id": 3, "qty": 4}, {"_id": 4, "qty": "many"}])
@@ -296,6 +305,8 @@ def test_mirror_survives_kill_9_mid_batch(coll: Any, rs: ReplicaSet, tmp_path: P
     assert "from its last commit" in err
     assert len(committed_versions(target, "changestream-mirror")) > killed_at
     assert_mirrors(target, coll, "changestream-mirror")
+    # --until-idle compacted the change log: read plainly, the table is the collection.
+    assert plain_state(target) == {doc["_id"]: doc for doc in coll.find()}
 
 
 def committed_versions_or_empty(path: str, app_id: str) -> list[int]:
@@ -354,3 +365,332 @@ def test_a_dropped_collection_empties_the_table_and_ends_the_run(coll: Any, tmp_
                                             "max_await_time_ms": 50})
     thread.join()
     assert table_state(tmp_path / "t") == {}
+
+
+# -- the table's layout: a base plus a change log, compacted ---------------------------------
+NS = {"db": "d", "coll": "c"}
+
+
+class Changes:
+    """Synthetic change events with resume tokens in order, and the reference state."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.state: dict[Any, Any] = {}
+
+    def token(self) -> dict[str, Any]:
+        self.count += 1
+        return {"_data": f"82{1_800_000_000 + self.count // 100:08X}{self.count % 100 + 1:08X}"
+                         "2B042C0100296E5A1004"}
+
+    def event(self, operation: str, key: Any, value: Any = None) -> dict[str, Any]:
+        change: dict[str, Any] = {"_id": self.token(), "operationType": operation, "ns": NS,
+                                  "documentKey": {"_id": key}}
+        if operation == "delete":
+            self.state.pop(key, None)
+        else:
+            document = {"_id": key, "v": value, "nested": {"at": [value, str(key)]}}
+            change["fullDocument"] = document
+            self.state[key] = document
+        return change
+
+    def snapshot(self, keys: list[Any]) -> list[dict[str, Any]]:
+        from bson.timestamp import Timestamp
+
+        records = []
+        for key in keys:
+            document = {"_id": key, "v": "snap"}
+            self.state[key] = document
+            records.append({"_id": {"_data": "snapshot", "phase": "copy",
+                                    "at": Timestamp(1_800_000_000, 1), "lastId": key},
+                            "operationType": "insert", "ns": NS, "documentKey": {"_id": key},
+                            "fullDocument": document})
+        return records
+
+
+def current_by_sql(path: Path) -> dict[Any, Any]:
+    """CURRENT_SQL run by SQLite over the table's rows (DuckDB and Spark run the same text)."""
+    import sqlite3
+
+    from bson import json_util
+
+    from changestream.delta import CURRENT_SQL
+
+    rows = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    with sqlite3.connect(":memory:") as db:
+        db.execute("CREATE TABLE t (_key TEXT, _seq INTEGER, _op TEXT, document TEXT)")
+        db.executemany("INSERT INTO t VALUES (?, ?, ?, ?)",
+                       [(r["_key"], r["_seq"], r["_op"], r["document"]) for r in rows])
+        found = db.execute(f"SELECT _key, document FROM ({CURRENT_SQL.format(table='t')})")
+        return {json_util.loads(k): json_util.loads(d) for k, d in found.fetchall()}
+
+
+def apply(sink: DeltaSink, changes: list[dict[str, Any]]) -> None:
+    for change in changes:
+        sink(change)
+    sink.save(changes[-1]["_id"])
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_OPS = st.lists(st.tuples(st.sampled_from(["insert", "update", "replace", "delete"]),
+                          st.integers(0, 12)), min_size=1, max_size=14)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(_OPS, min_size=1, max_size=6), fraction=st.sampled_from([0.1, 1.0, 50.0]),
+       snapshot=st.integers(0, 8))
+def test_the_table_equals_a_reference_for_random_changes_replays_and_compactions(
+    tmp_path_factory: Any, batches: list[list[tuple[str, int]]], fraction: float, snapshot: int
+) -> None:
+    path = tmp_path_factory.mktemp("t") / "t"
+    changes = Changes()
+    sink = DeltaSink(path, app_id="a", log_fraction=fraction)
+    if snapshot:
+        apply(sink, changes.snapshot(list(range(0, 2 * snapshot, 2))))
+    written: list[list[dict[str, Any]]] = []
+    for n, ops in enumerate(batches):
+        batch = [changes.event(op, key, f"{n}.{i}") for i, (op, key) in enumerate(ops)]
+        apply(sink, batch)
+        written.append(batch)
+        assert table_state(path) == changes.state
+        assert current_by_sql(path) == changes.state
+        first = 1 if snapshot else 0
+        assert not sink.write(written[0], version=first)  # a replay changes nothing
+        assert table_state(path) == changes.state
+    sink.finish()
+    assert plain_state(path) == changes.state  # compacted: read plainly
+    versions = committed_versions(path, "a")
+    assert versions == list(range(len(versions)))
+
+
+def test_compaction_rewrites_only_the_files_whose_key_range_a_change_touches(
+    tmp_path: Path
+) -> None:
+    changes = Changes()
+    sink = DeltaSink(tmp_path / "t", app_id="a")
+    keys = [f"k{n:04d}" for n in range(300)]
+    for start in range(0, 300, 100):  # three first-load files, disjoint key ranges
+        apply(sink, changes.snapshot(keys[start:start + 100]))
+    assert len(deltalake.DeltaTable(str(tmp_path / "t")).file_uris()) == 3
+    apply(sink, [changes.event("update", "k0250", 1), changes.event("delete", "k0251"),
+                 changes.event("insert", "k9999", 2)])  # beyond every file: its own range
+    assert sink.compactions == []  # 3 log rows: not yet worth rewriting a 100-row file
+    done = sink.compact()
+    assert done is not None and done.base_rows_read == 100  # one of the three files
+    assert done.files_removed == 2  # that file and the log file
+    assert plain_state(tmp_path / "t") == changes.state
+
+
+def test_a_compaction_killed_before_its_commit_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import changestream._delta_layout as layout
+
+    changes = Changes()
+    sink = DeltaSink(tmp_path / "t", app_id="a", log_fraction=100.0)  # compacts when told
+    apply(sink, changes.snapshot(list(range(50))))
+    apply(sink, [changes.event("update", k, "x") for k in range(0, 50, 3)])
+    apply(sink, [changes.event("delete", k) for k in range(0, 50, 5)])
+    before = deltalake.DeltaTable(str(tmp_path / "t")).version()
+    real = layout.write_deltalake
+
+    def killed(table: Any, data: Any, **kwargs: Any) -> None:
+        for _ in data:  # the new files are being written ...
+            pass
+        raise KeyboardInterrupt("killed before the commit")  # ... and the process dies
+
+    monkeypatch.setattr(layout, "write_deltalake", killed)
+    with pytest.raises(KeyboardInterrupt):
+        sink.finish()
+    monkeypatch.setattr(layout, "write_deltalake", real)
+    assert deltalake.DeltaTable(str(tmp_path / "t")).version() == before
+    restarted = DeltaSink(tmp_path / "t", app_id="a")
+    assert table_state(tmp_path / "t") == changes.state
+    assert restarted.load().token == sink.load().token
+    apply(restarted, [changes.event("insert", 99, "after")])
+    restarted.finish()
+    assert plain_state(tmp_path / "t") == changes.state
+    assert committed_versions(tmp_path / "t", "a") == [0, 1, 2, 3]
+
+
+def test_a_first_load_killed_between_batches_resumes_exactly_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import changestream.delta as delta
+
+    changes = Changes()
+    records = changes.snapshot(list(range(300)))
+    sink = DeltaSink(tmp_path / "t", app_id="a")
+    real = delta.write_deltalake
+    calls = [0]
+
+    def dies_on_the_third(table: Any, data: Any, **kwargs: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt("killed mid-commit")
+        real(table, data, **kwargs)
+
+    monkeypatch.setattr(delta, "write_deltalake", dies_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        for start in range(0, 300, 100):
+            apply(sink, records[start:start + 100])
+    monkeypatch.setattr(delta, "write_deltalake", real)
+    restarted = DeltaSink(tmp_path / "t", app_id="a")
+    position = restarted.load()
+    assert position is not None and position.token["lastId"] == 199  # where the copy resumes
+    apply(restarted, records[200:])  # the copy continues after lastId ...
+    apply(restarted, [changes.event("update", 5, "streamed"), changes.event("delete", 6),
+                      changes.event("insert", 6, "again")])  # ... then the stream, on top
+    assert table_state(tmp_path / "t") == changes.state
+    restarted.finish()
+    assert plain_state(tmp_path / "t") == changes.state
+    assert committed_versions(tmp_path / "t", "a") == [0, 1, 2, 3]
+
+
+def test_load_refuses_a_damaged_token_naming_the_table(tmp_path: Path) -> None:
+    from changestream.stores import TokenStoreError
+
+    sink = DeltaSink(tmp_path / "t", app_id="a")
+    changes = Changes()
+    apply(sink, [changes.event("insert", 1, "x")])
+    table = deltalake.DeltaTable(str(tmp_path / "t"))
+    for bad in ('{"_data": 5}', "not json", '{"no": "data"}'):
+        deltalake.write_deltalake(
+            table, table.schema().to_arrow().empty_table(), mode="append",
+            commit_properties=deltalake.CommitProperties(custom_metadata={
+                "changestream.app_id": "a", "changestream.token": bad}))
+        with pytest.raises(TokenStoreError, match=f"the Delta table at {tmp_path / 't'}"):
+            DeltaSink(tmp_path / "t", app_id="a").load()
+
+
+def test_writers_with_other_app_ids_retry_a_conflicting_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import changestream._delta_layout as layout
+
+    first, second = Changes(), Changes()
+    a = DeltaSink(tmp_path / "t", app_id="a", log_fraction=100.0)
+    b = DeltaSink(tmp_path / "t", app_id="b", log_fraction=100.0)
+    apply(a, first.snapshot(list(range(20))))
+    apply(a, [first.event("update", 3, "a")])
+    real = layout.write_deltalake
+    calls = [0]
+
+    def another_writer_commits_first(table: Any, data: Any, **kwargs: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 1:  # b appends while a compacts: a's commit conflicts
+            apply(b, [second.event("insert", 100 + calls[0], "b")])
+        real(table, data, **kwargs)
+
+    monkeypatch.setattr(layout, "write_deltalake", another_writer_commits_first)
+    a.finish()
+    assert calls[0] == 2  # the compaction was planned again and committed
+    monkeypatch.setattr(layout, "write_deltalake", real)
+    assert table_state(tmp_path / "t") == {**first.state, **second.state}
+    a.finish()
+    assert plain_state(tmp_path / "t") == {**first.state, **second.state}
+
+
+def test_a_second_writer_with_the_same_app_id_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import changestream.delta as delta
+
+    changes = Changes()
+    one = DeltaSink(tmp_path / "t", app_id="a")
+    apply(one, [changes.event("insert", 1, "x")])
+    two = DeltaSink(tmp_path / "t", app_id="a")
+    apply(two, [changes.event("insert", 2, "y")])
+    with pytest.raises(delta.DeltaSinkError, match=r"another writer holds the Delta table at .* "
+                                                   r"with app id 'a'"):
+        apply(one, [changes.event("insert", 3, "z")])
+    # The race: both read version 1, the other one commits first.
+    three = DeltaSink(tmp_path / "t", app_id="a")
+    three.load()
+    four = DeltaSink(tmp_path / "t", app_id="a")
+    four.load()
+    real = delta.write_deltalake
+    calls = [0]
+
+    def the_other_commits_first(table: Any, data: Any, **kwargs: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            apply(four, [changes.event("insert", 4, "w")])
+        real(table, data, **kwargs)
+
+    monkeypatch.setattr(delta, "write_deltalake", the_other_commits_first)
+    with pytest.raises(delta.DeltaSinkError, match="another writer holds"):
+        apply(three, [changes.event("insert", 5, "v")])
+    monkeypatch.setattr(delta, "write_deltalake", real)
+    versions = committed_versions(tmp_path / "t", "a")
+    assert versions == list(range(len(versions)))  # no version twice
+
+
+from bson import json_util  # noqa: E402
+from bson.binary import Binary  # noqa: E402
+from bson.decimal128 import Decimal128  # noqa: E402
+from bson.int64 import Int64  # noqa: E402
+from bson.objectid import ObjectId  # noqa: E402
+
+_LEAVES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(), st.text(max_size=8),
+    st.builds(ObjectId), st.builds(Int64, st.integers(-(2**63), 2**63 - 1)),
+    st.datetimes(min_value=__import__("datetime").datetime(1, 1, 1)).map(
+        lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000)),
+    st.datetimes(timezones=st.just(__import__("datetime").timezone.utc)),
+    st.builds(Decimal128, st.sampled_from(["1.5", "-0", "NaN"])), st.binary(max_size=4).map(Binary),
+)
+_DOCS = st.recursive(_LEAVES, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(document=st.dictionaries(st.text(max_size=5), _DOCS, max_size=5), key=_LEAVES)
+def test_the_fast_relaxed_json_is_json_utils_byte_for_byte(document: Any, key: Any) -> None:
+    from changestream._delta_json import relaxed_dumps, relaxed_key
+
+    relaxed = json_util.RELAXED_JSON_OPTIONS
+    assert relaxed_dumps(document) == json_util.dumps(document, json_options=relaxed)
+    assert relaxed_key(key) == json_util.dumps(key, json_options=relaxed, separators=(",", ":"))
+
+
+@pytest.mark.slow
+def test_a_million_row_first_load_then_skewed_changes(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.delta_table_bench import Tokens, first_load, realistic_changes
+
+    sink = DeltaSink(tmp_path / "t", app_id="a")
+    first_load(sink, 1_000_000, 50_000)
+    rng, tokens, latest, next_key = random.Random(5), Tokens(), {}, 1_000_000
+    tokens.count = 10_000_000
+    for _ in range(6):
+        batch, next_key = realistic_changes("a", 1_000_000, 10_000, rng, tokens, next_key)
+        apply(sink, batch)
+        latest.update({json_util.dumps(c["documentKey"]["_id"], separators=(",", ":")):
+                       c["fullDocument"] for c in batch})
+    sink.finish()
+    table = deltalake.DeltaTable(str(tmp_path / "t")).to_pyarrow_table()
+    assert table.num_rows == next_key
+    assert pa.compute.count_distinct(table.column("_key")).as_py() == next_key
+    changed = table.filter(pa.compute.is_in(table.column("_key"),
+                                            value_set=pa.array(list(latest))))
+    for row in changed.to_pylist():
+        assert json_util.loads(row["document"]) == json_util.loads(
+            json_util.dumps(latest[row["_key"]]))
+
+
+def test_keys_with_quotes_and_backslashes_survive_compaction(tmp_path: Path) -> None:
+    changes = Changes()
+    keys = ["a'b", "c\\", "d\\'", 'e"f', "é", "z''", "\\\\"]
+    sink = DeltaSink(tmp_path / "t", app_id="a", log_fraction=100.0)
+    apply(sink, changes.snapshot(sorted(keys)))
+    apply(sink, [changes.event("update", key, "new") for key in keys[::2]]
+          + [changes.event("delete", keys[1]), changes.event("insert", "b\\'x", "n")])
+    done = sink.finish()
+    assert done is not None and done.log_rows == 6
+    assert plain_state(tmp_path / "t") == changes.state

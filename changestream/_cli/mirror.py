@@ -205,6 +205,8 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
             oversize=args.oversize,
             on_stats=progress, stats_interval=progress.interval, stop_on_signals=True,
         )
+        if progress.idle_stop:  # caught up: fold the change log, the table is the collection
+            sink.finish()
     except KeyboardInterrupt:
         _say("stopped")
         return 0

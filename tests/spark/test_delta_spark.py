@@ -126,9 +126,12 @@ DDL = "_id BIGINT, name STRING, qty INT, tags ARRAY<STRING>"
 
 
 def typed_rows(path: Path) -> list[dict[str, Any]]:
+    """The table's current state (the change log read on top of the base), by _id."""
     import deltalake
 
-    return deltalake.DeltaTable(str(path)).to_pyarrow_table().sort_by("_id").to_pylist()
+    from changestream._delta_layout import current_state
+
+    return current_state(deltalake.DeltaTable(str(path))).sort_by("_id").to_pylist()
 
 
 def test_typed_columns_from_the_data_source_and_from_foreach_batch(

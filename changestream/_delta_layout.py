@@ -1,0 +1,388 @@
+"""The Delta table's layout: a key-clustered base plus an append-only change log, compacted.
+
+A merge into a copy-on-write table rewrites every file holding a matched
+row, so its cost grows with the table. Instead (``docs/mirror.md``, "The
+table's layout", says it for users and for other writers):
+
+* every row carries ``_key`` (the ``_id`` as compact relaxed Extended JSON),
+  ``_seq`` (int64) and ``_op`` (``"upsert"`` or ``"delete"``), then the data
+  columns;
+* **base** rows have ``_seq = 0`` and ``_op = "upsert"``: at most one per
+  key, in files sorted by ``_key`` (the first load writes them, and so does
+  compaction);
+* each batch of changes is **appended** as log rows, one per key (the
+  batch's last change of it), with ``_seq = (v + 1) * 2**32 + i``: ``v`` the
+  table version the batch was planned on, ``i`` the row's index. A key's row
+  with the highest ``_seq`` is its current state; ``"delete"``: gone;
+* **compaction** (its own commit, no logical change) folds every log row
+  into the base: it rewrites only the base files whose ``_key`` range holds
+  a logged key (min/max statistics), into sorted files of bounded size, and
+  removes the log files. It runs when the log reaches a fraction of the base
+  rows it would rewrite, so each change pays a constant share of rewriting
+  (LSM-style), and at most ``max_log_rows`` log rows are ever held.
+
+So a batch costs an append whatever the table's size, and the rewrite per
+change is bounded. After a full compaction the table holds only base rows:
+the collection's current state.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+__all__ = [
+    "CURRENT_SQL", "DELETE", "KEY", "LOG_ROW_GROUP", "OP", "SEQ", "UPSERT", "Compaction", "LogSize",
+    "compact", "current_state", "layout_schema", "log_size", "with_seq",
+]
+
+KEY = "_key"
+SEQ = "_seq"
+OP = "_op"
+UPSERT = "upsert"
+DELETE = "delete"
+SEQ_SHIFT = 32
+"""``_seq = (v + 1) << SEQ_SHIFT | i``: room for 4 billion rows per batch."""
+
+CURRENT_SQL = (
+    "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY _key ORDER BY _seq DESC) AS _n "
+    "FROM {table}) WHERE _n = 1 AND _op = 'upsert'"
+)
+"""The collection's current state from the table at any time (DuckDB, Spark SQL, ...)."""
+
+
+def layout_schema(data: pa.Schema) -> pa.Schema:
+    """The table's columns: ``_key``, ``_seq``, ``_op``, then the data columns.
+
+    The bookkeeping columns come first so that Delta's statistics (the first
+    32 columns by default) always cover them.
+    """
+    return pa.schema([pa.field(KEY, pa.string()), pa.field(SEQ, pa.int64()),
+                      pa.field(OP, pa.string()), *data])
+
+
+LOG_ROW_GROUP = 2048
+"""Rows per Parquet row group of a log file: compaction reads a key range of the log by
+the row groups' ``_key`` statistics (log files are written sorted by ``_key``)."""
+
+
+def with_seq(rows: pa.Table, schema: pa.Schema, first_seq: int) -> pa.Table:
+    """``rows`` (``_key``, ``_op``, data columns) as ``schema``'s, numbered from ``first_seq``,
+    sorted by ``_key`` (one row per key: the numbers keep their batch's order).
+
+    ``first_seq`` 0 makes base rows (all ``_seq`` 0: a first load).
+    """
+    count = rows.num_rows
+    if first_seq == 0:
+        seq = pa.array([0] * count, pa.int64()) if count else pa.array([], pa.int64())
+    else:
+        seq = pc.add(pa.array(range(count), pa.int64()), pa.scalar(first_seq, pa.int64()))
+    columns = [rows.column(KEY), seq, rows.column(OP)]
+    columns += [rows.column(name) for name in schema.names[3:]]
+    return pa.Table.from_arrays(columns, schema=schema).sort_by(KEY)
+
+
+def first_seq(version: int) -> int:
+    """The first ``_seq`` of a batch planned on table version ``version``."""
+    return (version + 1) << SEQ_SHIFT
+
+
+# -- what the table holds -------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _File:
+    path: str
+    rows: int
+    size: int
+    min_key: str | None
+    max_key: str | None
+    base: bool
+    """Only base rows (``_seq`` 0), by its statistics."""
+
+
+def _files(table: DeltaTable) -> list[_File]:
+    actions = pa.table(table.get_add_actions(flatten=True))
+    names = set(actions.column_names)
+    n = actions.num_rows
+
+    def column(name: str) -> list[Any]:
+        return actions.column(name).to_pylist() if name in names else [None] * n
+
+    paths, rows, sizes = column("path"), column("num_records"), column("size_bytes")
+    min_key, max_key = column(f"min.{KEY}"), column(f"max.{KEY}")
+    max_seq = column(f"max.{SEQ}")
+    files = []
+    for i in range(n):
+        known = min_key[i] is not None and max_key[i] is not None and rows[i] is not None
+        files.append(_File(paths[i], rows[i] or 0, sizes[i] or 0, min_key[i], max_key[i],
+                           known and max_seq[i] == 0))
+    return files
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSize:
+    """How much a compaction would do now (from file statistics; nothing read)."""
+
+    log_rows: int
+    """Log rows (``_seq`` > 0) in the table."""
+    touched_rows: int
+    """Base rows in files whose key range overlaps a log file's (an upper bound of the rewrite)."""
+
+
+def log_size(table: DeltaTable) -> LogSize:
+    files = _files(table)
+    log = [f for f in files if not f.base]
+    if not log:
+        return LogSize(0, 0)
+    if any(f.min_key is None for f in log):  # no statistics: assume every base file
+        return LogSize(sum(f.rows for f in log), sum(f.rows for f in files if f.base))
+    spans = _union((f.min_key, f.max_key) for f in log)
+    highs = [high for _, high in spans]
+    touched = 0
+    for f in files:
+        if f.base and _overlaps(spans, highs, f.min_key, f.max_key):  # type: ignore[arg-type]
+            touched += f.rows
+    return LogSize(sum(f.rows for f in log), touched)
+
+
+def _union(spans: Any) -> list[tuple[str, str]]:
+    merged: list[tuple[str, str]] = []
+    for low, high in sorted(spans):
+        if merged and low <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(high, merged[-1][1]))
+        else:
+            merged.append((low, high))
+    return merged
+
+
+def _overlaps(spans: list[tuple[str, str]], highs: list[str], low: str, high: str) -> bool:
+    """Does [low, high] meet one of the disjoint, sorted ``spans`` (``highs``: their ends)?"""
+    at = bisect.bisect_left(highs, low)  # the first span ending at or after ``low``
+    return at < len(spans) and spans[at][0] <= high
+
+
+# -- reading the current state ----------------------------------------------------------------
+def _latest(rows: pa.Table) -> pa.Table:
+    """The row with the highest ``_seq`` of each key, sorted by ``_key``."""
+    if rows.num_rows == 0:
+        return rows
+    rows = rows.sort_by([(KEY, "ascending"), (SEQ, "descending")])
+    keys = rows.column(KEY).combine_chunks()
+    if len(keys) == 1:
+        return rows
+    changed = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1))
+    first = pa.concat_arrays([pa.array([True]), changed.fill_null(True)])
+    return rows.filter(first)
+
+
+def current_state(table: DeltaTable) -> pa.Table:
+    """The collection's current state as Arrow: ``_key`` and the data columns, by ``_key``."""
+    dataset = table.to_pyarrow_dataset()
+    log = _latest(dataset.to_table(filter=pc.field(SEQ) > 0))
+    base = dataset.to_table(filter=pc.field(SEQ) == 0)
+    if log.num_rows:
+        base = base.filter(pc.invert(pc.is_in(base.column(KEY), value_set=log.column(KEY))))
+        log = log.filter(pc.equal(log.column(OP), UPSERT))
+        base = pa.concat_tables([base, log.cast(base.schema)])
+    base = base.sort_by(KEY)
+    return base.drop_columns([SEQ, OP])
+
+
+# -- compaction -----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Compaction:
+    """What one compaction did."""
+
+    log_rows: int
+    base_rows_read: int
+    rows_written: int
+    files_removed: int
+    bytes_removed: int
+    bytes_written: int
+
+
+@dataclasses.dataclass
+class _Segment:
+    """A run of the key space: base files that overlap (a component) or the gap before one."""
+
+    low: str
+    high: str
+    paths: list[str]
+    log_from: int
+    log_to: int
+    rows: int = 0
+    """Base rows in ``paths``."""
+
+
+def _components(base: list[_File]) -> list[tuple[str, str, list[str], int]]:
+    """Base files grouped where their key ranges overlap, in key order (with their rows)."""
+    groups: list[tuple[str, str, list[str], int]] = []
+    for f in sorted(base, key=lambda f: (f.min_key, f.max_key)):
+        low, high = f.min_key, f.max_key
+        assert low is not None and high is not None
+        if groups and low <= groups[-1][1]:
+            g_low, g_high, paths, rows = groups[-1]
+            groups[-1] = (g_low, max(g_high, high), [*paths, f.path], rows + f.rows)
+        else:
+            groups.append((low, high, [f.path], f.rows))
+    return groups
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def compact(
+    table: DeltaTable,
+    schema: pa.Schema,
+    properties: CommitProperties,
+    *,
+    target_file_size: int,
+    storage_options: dict[str, str] | None = None,
+    unit_rows: int = 250_000,
+) -> Compaction | None:
+    """Fold every log row into the base in one commit (``None``: there is no log).
+
+    Reads the logged keys (one column), then rewrites only the base files
+    whose key range holds a logged key, in units of neighbouring key ranges
+    of about ``unit_rows`` base rows: the unit's base files and its slice of
+    the log (row groups pruned by ``_key`` statistics; log files are written
+    sorted by ``_key`` in small row groups), each key's latest row kept, as
+    sorted files of about ``target_file_size`` bytes. Memory: the logged keys
+    plus one unit, whatever the table's size. The commit replaces exactly the
+    log files and those base files (an overwrite whose predicate names their
+    ``_seq``/``_key`` ranges), so a writer's append that lands first makes it
+    conflict instead of being lost.
+    """
+    files = _files(table)
+    log_files = [f for f in files if not f.base]
+    if not log_files:
+        return None
+    base_files = [f for f in files if f.base]
+    dataset = table.to_pyarrow_dataset()
+    fragments = {fragment.path: fragment for fragment in dataset.get_fragments()}
+    log = _subset(dataset, fragments, [f.path for f in log_files])
+    keys = pc.unique(log.to_table(columns=[KEY]).column(KEY).combine_chunks())
+    log_keys: list[str] = keys.take(pc.sort_indices(keys)).to_pylist()
+    segments = _segments(_components(base_files), log_keys)
+    units = _units(segments, unit_rows)
+    ranges = _ranges(segments)
+    predicate = " OR ".join(
+        [f"{SEQ} > 0"] + [f"({KEY} >= {_quote(low)} AND {KEY} <= {_quote(high)})"
+                          for low, high in ranges])
+    sizes = {f.path: f for f in files}
+    read = [0]
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for low, high, paths in units:
+            in_range = (pc.field(KEY) >= low) & (pc.field(KEY) <= high)
+            logged = _latest(log.to_table(filter=in_range).select(schema.names).cast(schema))
+            if paths:
+                base = _subset(dataset, fragments, paths).to_table().select(schema.names).cast(schema)
+                read[0] += base.num_rows
+                base = base.filter(pc.invert(pc.is_in(base.column(KEY),
+                                                      value_set=logged.column(KEY))))
+            else:
+                base = schema.empty_table()
+            upserts = logged.filter(pc.equal(logged.column(OP), UPSERT))
+            rows = pa.concat_tables([base, _as_base(upserts, schema)]).sort_by(KEY)
+            yield from rows.to_batches(max_chunksize=65_536)
+
+    written = _count(batches(), schema)
+    write_deltalake(table, written.reader, mode="overwrite", predicate=predicate,
+                    target_file_size=target_file_size, commit_properties=properties,
+                    storage_options=storage_options)
+    removed = log_files + [sizes[p] for _, _, paths in units for p in paths]
+    table.update_incremental()
+    added = sum(f.size for f in _files(table) if f.path not in sizes)
+    return Compaction(log_rows=sum(f.rows for f in log_files), base_rows_read=read[0],
+                      rows_written=written.rows, files_removed=len(removed),
+                      bytes_removed=sum(f.size for f in removed), bytes_written=added)
+
+
+def _units(segments: list[_Segment], unit_rows: int) -> list[tuple[str, str, list[str]]]:
+    """Runs of neighbouring touched segments of about ``unit_rows`` base rows each."""
+    units: list[tuple[str, str, list[str]]] = []
+    rows = 0
+    previous_touched = False
+    for segment in segments:
+        touched = segment.log_to > segment.log_from
+        if touched and previous_touched and rows < unit_rows:
+            low, _, paths = units[-1]
+            units[-1] = (low, segment.high, paths + segment.paths)
+            rows += segment.rows
+        elif touched:
+            units.append((segment.low, segment.high, list(segment.paths)))
+            rows = segment.rows
+        previous_touched = touched
+    return units
+
+
+def _segments(
+    components: list[tuple[str, str, list[str], int]], keys: list[str]
+) -> list[_Segment]:
+    """Gaps and components in key order, each with the slice of sorted ``keys`` inside it."""
+    segments: list[_Segment] = []
+    at = 0
+    for low, high, paths, rows in components:
+        start = bisect.bisect_left(keys, low, at)
+        if start > at:
+            segments.append(_Segment(keys[at], keys[start - 1], [], at, start))
+        end = bisect.bisect_right(keys, high, start)
+        segments.append(_Segment(low, high, paths, start, end, rows))
+        at = end
+    if at < len(keys):
+        segments.append(_Segment(keys[at], keys[-1], [], at, len(keys)))
+    return segments
+
+
+def _ranges(segments: list[_Segment]) -> list[tuple[str, str]]:
+    """Key ranges covering the touched segments; neighbours merge, untouched files stay out."""
+    ranges: list[tuple[str, str]] = []
+    previous_touched = False
+    for segment in segments:
+        touched = segment.log_to > segment.log_from
+        if touched and previous_touched:
+            ranges[-1] = (ranges[-1][0], segment.high)
+        elif touched:
+            ranges.append((segment.low, segment.high))
+        previous_touched = touched
+    return ranges
+
+
+def _subset(dataset: ds.Dataset, fragments: dict[str, Any], paths: Sequence[str]) -> ds.Dataset:
+    """The named data files (paths as the Delta log has them) of the table's dataset."""
+    missing = [path for path in paths if path not in fragments]
+    if missing:
+        raise RuntimeError(f"compaction: the data file {missing[0]} is not in the table")
+    return ds.FileSystemDataset([fragments[path] for path in paths], dataset.schema,
+                                dataset.format, dataset.filesystem)
+
+
+def _as_base(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    seq = pa.array([0] * rows.num_rows, pa.int64()) if rows.num_rows else pa.array([], pa.int64())
+    return rows.set_column(rows.schema.get_field_index(SEQ), SEQ, seq).cast(schema)
+
+
+@dataclasses.dataclass
+class _Counted:
+    reader: pa.RecordBatchReader
+    rows: int = 0
+
+
+def _count(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> _Counted:
+    counted = _Counted(pa.RecordBatchReader.from_batches(schema, iter(())))
+
+    def counting() -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            counted.rows += batch.num_rows
+            yield batch
+
+    counted.reader = pa.RecordBatchReader.from_batches(schema, counting())
+    return counted

@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "changestream._match", "changestream._lanes", "changestream._hub_items",
         "changestream._snapshot", "changestream.stores", "changestream._diagnosis",
         "changestream._stream_view", "changestream._merge", "changestream._delta_schema",
+        "changestream._delta_json",
         "changestream._metrics", "changestream._headroom", "changestream._consumer",
         "changestream._consumer.*",
     )),
@@ -46,7 +47,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api", ("changestream", "changestream.aio")),
     # What is built on the public client: sinks, exporters, Spark, the command line.
     ("integrations", (
-        "changestream.delta", "changestream.exporters", "changestream.exporters.*",
+        "changestream.delta", "changestream._delta_layout",
+        "changestream.exporters", "changestream.exporters.*",
         "changestream.spark_adapter", "changestream.spark_adapter.*", "changestream._cli",
         "changestream._cli.*", "changestream.__main__",
     )),

@@ -42,10 +42,21 @@ from ..errors import (
     describe_error,
 )
 
-__all__ = ["DEAD_END_MARK", "describe_token", "invalidated", "is_invalidate", "unrecoverable"]
+__all__ = [
+    "DEAD_END_MARK", "describe_token", "invalidated", "is_invalidate", "removed_shard",
+    "unrecoverable",
+]
+
+REMOVED_SHARD_MESSAGE = "Change stream events no more available due to removed shard"
+"""mongod's errmsg of 286 when a v1 stream would need a removed shard (MongoDB 9.0)."""
 
 DEAD_END_MARK = "changestream_dead_end"
 """Set on the log record of the error a run stops with (the CLI prints it itself)."""
+
+
+def removed_shard(exc: BaseException) -> bool:
+    """Is this 286 the removed-shard one (not an oplog that rolled over)?"""
+    return errmsg(exc).startswith(REMOVED_SHARD_MESSAGE)
 
 
 def describe_token(token: Any) -> str:
@@ -71,6 +82,16 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
                                  token=token)
     if not isinstance(exc, OperationFailure):
         return None
+    if exc.code == CHANGE_STREAM_HISTORY_LOST and removed_shard(exc):
+        return HistoryLostError(
+            f"a shard was removed from the cluster (code 286): a v1 change stream cannot "
+            f"resume past a removed shard, so the stored {where} cannot be resumed. With "
+            f"MongoDB 9.0+, open the stream with version='v2', ignore_removed_shards=True "
+            f"(the CLI's --change-stream-version v2 --ignore-removed-shards) to go on without "
+            f"the removed shard's events; otherwise resynchronise from the collection and "
+            f"start from now after clearing {held}.{server}",
+            token=token,
+        )
     if exc.code == CHANGE_STREAM_HISTORY_LOST:
         return HistoryLostError(
             f"change stream history lost (code 286): the stored {where} is older than the "

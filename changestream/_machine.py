@@ -356,7 +356,8 @@ class ChangeStreamMachine:
         event = batch[0]
         decode = self._decode
         try:
-            if type(event) is RawBSONDocument and token_in_raw_event(event.raw):
+            if (type(event) is RawBSONDocument and type(event.raw) is bytes
+                    and token_in_raw_event(event.raw)):
                 token = IN_EVENT  # event_token's usual case, inline: this runs per event
             elif type(event) is dict:
                 token = event["_id"]

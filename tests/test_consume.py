@@ -382,3 +382,23 @@ def test_a_token_travels_as_its_event_bytes_until_it_is_read(coll: Any) -> None:
     assert run.polled(None, stream.carried_token(), True) is SAVE
     assert run.progress.token == second["_id"] and type(run.progress.token) is dict
     stream.close()
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_events_of_a_large_reply_are_handled_and_their_tokens_stored(
+    coll: Any, workers: int
+) -> None:
+    """PyMongo's sync client hands a reply over about 64 KiB over as a memoryview and its
+    raw events as views into it (issue 33, item 1): consume stopped with "token must be a
+    document (mapping), not memoryview" ("cannot pickle memoryview objects" with workers)
+    at the first save, so events of 100 kB (or a split event's neighbours) never got past."""
+    store = RecordingStore()
+    store.save(token_before_writes(coll))
+    coll.insert_many([{"i": i, "pad": "x" * 100_000} for i in range(6)])
+    consumer = Consumer(coll, store, stop_after=6, workers=workers).start().join()
+    assert consumer.error is None, consumer.error
+    assert sorted(consumer.values()) == list(range(6)) and consumer.result.handled == 6
+    stored = store.load()
+    assert stored is not None and type(stored.token) is dict
+    assert same(stored.token, consumer.result.token)
+    assert all(type(token) is dict for token in store.tokens)

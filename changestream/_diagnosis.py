@@ -12,6 +12,7 @@ things (token file, URI), never an internal class, never a credential.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 
 from pymongo.errors import OperationFailure, PyMongoError
 
@@ -29,6 +30,7 @@ __all__ = [
     "describe_store",
     "errmsg",
     "event_too_large_message",
+    "future_token_message",
     "missing_credentials",
     "missing_credentials_message",
     "not_authorized_message",
@@ -162,6 +164,34 @@ def split_unsupported_message(server_message: str) -> str:
         f"does not have ({SPLIT_VERSIONS} have it): upgrade the server, or drop "
         "reassemble_split_events and keep events under 16 MB (leave large fields out with a "
         f"$project stage). Server: {server_message}"
+    )
+
+
+FUTURE_TOKEN_LIMIT = 86_400
+"""Seconds a start token may be ahead of the server's cluster time before the stream is
+refused: a day is far beyond clock skew between members or mongoses (milliseconds to the
+10 s no-op interval), so a token further ahead is corrupted or another deployment's."""
+
+
+def future_token_message(token_time: datetime, server_time: datetime, *, refused: bool) -> str:
+    """A start token dated after the deployment's cluster time: the server skips every change
+    until its clock reaches the token (``refused``: more than :data:`FUTURE_TOKEN_LIMIT`)."""
+    ahead = token_time - server_time
+    head = (
+        f"the resume token is dated {token_time:%Y-%m-%d %H:%M:%S} UTC, {ahead} ahead of the "
+        f"deployment's cluster time ({server_time:%Y-%m-%d %H:%M:%S} UTC)"
+    )
+    if refused:
+        return (
+            f"{head}: more than a day ahead, which no server clock reaches, so the stream is "
+            "refused (it would skip every change until then). The token is corrupted or comes "
+            "from another deployment: restore the right token, or clear it to start from now "
+            "(or open with start_at_operation_time=...)"
+        )
+    return (
+        f"{head}: the stream skips every change until the server's clock reaches it, and the "
+        "lag reads negative meanwhile. A token from another deployment or a corrupted one "
+        "does this: if so, clear it to start from now"
     )
 
 

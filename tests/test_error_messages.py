@@ -335,3 +335,54 @@ def test_the_leak_check_knows_the_internal_names_and_catches_them() -> None:
                   "Traceback (most recent call last):"):
         with pytest.raises(AssertionError):
             assert_clean(leaky)
+
+
+# -- a stored token dated in the future -------------------------------------------------------
+def dated(token: Any, seconds_ahead: int) -> dict[str, Any]:
+    """``token`` with its cluster time moved ``seconds_ahead`` (a corrupted hex digit does this)."""
+    data = token["_data"]
+    seconds = int(data[2:10], 16) + seconds_ahead
+    return {"_data": f"{data[:2]}{seconds:08X}{data[10:]}"}
+
+
+def present_token(coll: Any) -> Any:
+    coll.insert_one({"now": 1})
+    with changestream.watch(coll, **FAST) as stream:
+        stream.try_next()
+        return stream.resume_token
+
+
+def test_a_token_ahead_of_the_server_is_warned_of_and_shows_in_the_lag(
+    coll: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 33, item 3: a token ahead of the deployment opened silently, then every change
+    until its time was skipped with lag 0 and nothing logged."""
+    token = dated(present_token(coll), 3600)
+    with caplog.at_level(logging.WARNING, logger="changestream"), changestream.watch(
+        coll, resume_after=token, **FAST
+    ) as stream:
+        coll.insert_one({"skipped": 1})
+        assert stream.try_next() is None
+        lag, ahead = stream.lag, stream.position.ahead
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "ahead of the deployment's cluster time" in warning and "1:00:0" in warning
+    assert "skips every change" in warning and "\n" not in warning
+    assert lag is not None and lag.total_seconds() < -3500
+    assert ahead is not None and ahead.total_seconds() > 3500
+
+
+def test_a_token_a_day_ahead_is_refused(
+    coll: Any, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token years ahead (one corrupted hex digit: 2038) is no position any server reaches."""
+    token = dated(present_token(coll), 86_400 * 4000)
+    with pytest.raises(changestream.InvalidResumeTokenError) as info:
+        changestream.watch(coll, resume_after=token, **FAST)
+    assert "more than a day ahead" in str(info.value) and info.value.field == "resumeAfter"
+    store = FileTokenStore(tmp_path / "token.json")
+    store.save(token)
+    error = consume_error(lambda t: changestream.watch(coll, resume_after=t, **FAST), store,
+                          caplog)
+    assert isinstance(error, changestream.NotResumableError)
+    assert "more than a day ahead" in str(error) and str(tmp_path / "token.json") in str(error)
+    assert_clean(str(error))

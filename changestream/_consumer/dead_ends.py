@@ -37,6 +37,7 @@ from ..errors import (
     ConsumeError,
     EventTooLargeError,
     HistoryLostError,
+    InvalidResumeTokenError,
     NotResumableError,
     StreamInvalidatedError,
     describe_error,
@@ -46,6 +47,8 @@ __all__ = ["DEAD_END_MARK", "describe_token", "invalidated", "is_invalidate", "u
 
 DEAD_END_MARK = "changestream_dead_end"
 """Set on the log record of the error a run stops with (the CLI prints it itself)."""
+START_OPTIONS = ("resumeAfter", "startAfter")
+"""A start token the stream refused names its option as the error's ``field``."""
 
 
 def describe_token(token: Any) -> str:
@@ -69,6 +72,8 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
     if authentication_failed(exc):
         return NotResumableError(wrong_credentials_message(where, held) + "." + server,
                                  token=token)
+    if isinstance(exc, InvalidResumeTokenError) and exc.field in START_OPTIONS:
+        return NotResumableError(f"{exc}; {held} holds {where}.", token=token)
     if not isinstance(exc, OperationFailure):
         return None
     if exc.code == CHANGE_STREAM_HISTORY_LOST:

@@ -635,3 +635,29 @@ def test_a_crash_redelivers_at_most_max_in_flight_even_while_saves_are_slow(coll
     )
     assert result.handled == total
     assert 1 < widest <= max_in_flight, widest
+
+
+def test_changes_of_a_document_whose_id_is_nan_run_one_at_a_time_in_order(coll: Any) -> None:
+    """Issue 33, item 4: NaN != NaN gave each change of one document its own lane."""
+    start = start_token(coll)
+    coll.insert_one({"_id": float("nan"), "v": 0})
+    for version in range(1, 8):
+        coll.update_one({"_id": float("nan")}, {"$set": {"v": version}})
+    lock, stop = threading.Lock(), threading.Event()
+    running, overlaps, versions = [0], [0], []
+
+    def handler(change: Mapping[str, Any]) -> None:
+        with lock:
+            running[0] += 1
+            overlaps[0] = max(overlaps[0], running[0])
+            fields = change.get("updateDescription", {}).get("updatedFields", {"v": 0})
+            versions.append(fields["v"])
+        time.sleep(0.01)
+        with lock:
+            running[0] -= 1
+            if len(versions) == 8:
+                stop.set()
+
+    changestream.consume(lambda token: changestream.watch(coll, resume_after=token, **FAST),
+                         handler, stored_at(start), stop=stop, workers=8)
+    assert overlaps[0] == 1 and versions == list(range(8))

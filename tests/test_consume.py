@@ -402,3 +402,48 @@ def test_events_of_a_large_reply_are_handled_and_their_tokens_stored(
     assert stored is not None and type(stored.token) is dict
     assert same(stored.token, consumer.result.token)
     assert all(type(token) is dict for token in store.tokens)
+
+
+def test_transient_handler_errors_are_retried_for_retry_for_before_on_error_counts() -> None:
+    """Issue 33, item 6, both twins: a ConnectionError or a transient PyMongo error in the
+    handler is retried (the run's backoff) for retry_for; then it counts as an attempt; on
+    a stop it is raised as is, never dead-lettered."""
+    import asyncio
+
+    from changestream._consumer.handler_errors import HandlerCalls, TransientBudget
+    from changestream._sync_io import call_handler
+    from changestream.aio._async_io import call_handler as async_call_handler
+
+    def calls_with(retry_for: float) -> tuple[HandlerCalls, list[Any]]:
+        letters: list[Any] = []
+        policy = changestream.OnError(retries=0, backoff_initial=0,
+                                      dead_letter=lambda c, e: letters.append((c, type(e))))
+        return HandlerCalls(policy, TransientBudget(retry_for, 0.01, 0.02)), letters
+
+    def failing(times: int, error: BaseException) -> Callable[[Any], None]:
+        left = [times]
+
+        def handler(change: Any) -> None:
+            if left[0]:
+                left[0] -= 1
+                raise error
+
+        return handler
+
+    for run in (call_handler,
+                lambda h, c, calls: asyncio.run(async_call_handler(h, c, calls))):
+        calls, letters = calls_with(retry_for=30)
+        run(failing(3, ConnectionResetError("reset")), "a", calls)
+        run(failing(2, AutoReconnect("failover")), "b", calls)
+        assert letters == [] and calls.retries == 5
+        run(failing(1, ValueError("poison")), "c", calls)  # not transient: on_error's
+        assert letters == [("c", ValueError)]
+        calls, letters = calls_with(retry_for=0.05)  # an outage longer than retry_for
+        run(failing(1000, AutoReconnect("down")), "d", calls)
+        assert letters == [("d", AutoReconnect)]
+        calls, letters = calls_with(retry_for=30)
+        calls.stop = threading.Event()
+        calls.stop.set()  # stopping during an outage: raised, handled again after a restart
+        with pytest.raises(AutoReconnect):
+            run(failing(1000, AutoReconnect("down")), "e", calls)
+        assert letters == []

@@ -661,3 +661,54 @@ def test_changes_of_a_document_whose_id_is_nan_run_one_at_a_time_in_order(coll: 
     changestream.consume(lambda token: changestream.watch(coll, resume_after=token, **FAST),
                          handler, stored_at(start), stop=stop, workers=8)
     assert overlaps[0] == 1 and versions == list(range(8))
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_an_outage_of_the_handlers_database_dead_letters_nothing(
+    coll: Any, workers: int, mongodb_uri: str
+) -> None:
+    """Issue 33, item 6: a 1.5 s outage of the handler's own database dead-lettered healthy
+    changes (on_error counted each transient failure as an attempt). Transient errors are
+    retried with the run's backoff for retry_for before on_error counts one."""
+    start = start_token(coll)
+    coll.insert_many([{"_id": i} for i in range(8)])
+    target: MongoClient[dict[str, Any]] = MongoClient(mongodb_uri, retryWrites=False)
+    sink = target[coll.database.name][coll.name + "_sink"]
+    letters: list[Any] = []
+    stop, lock = threading.Event(), threading.Lock()
+    admin = target.admin
+    admin.command("configureFailPoint", "failCommand", mode="alwaysOn",
+                  data={"failCommands": ["insert"], "closeConnection": True})
+    outage = threading.Timer(1.5, lambda: admin.command("configureFailPoint", "failCommand",
+                                                        mode="off"))
+
+    done: list[Any] = []
+
+    def settled(change: Any, exc: BaseException | None = None) -> None:
+        if exc is not None:
+            letters.append(change)
+        with lock:
+            done.append(change)
+            if len(done) == 8:
+                stop.set()
+
+    def handle(change: Any) -> None:
+        sink.insert_one({"_id": change["documentKey"]["_id"]})
+        settled(change)
+
+    stats: list[changestream.ConsumeStats] = []
+    outage.start()
+    try:
+        changestream.consume(
+            lambda token: changestream.watch(coll, resume_after=token, **FAST), handle,
+            stored_at(start), stop=stop, workers=workers, backoff_initial=0.1, backoff_max=0.5,
+            on_error=changestream.OnError(retries=1, backoff_initial=0,
+                                          dead_letter=settled),
+            on_stats=stats.append)
+    finally:
+        outage.cancel()
+        admin.command("configureFailPoint", "failCommand", mode="off")
+        target.close()
+    assert letters == []
+    assert sorted(d["_id"] for d in coll.database[coll.name + "_sink"].find()) == list(range(8))
+    assert stats[-1].dead_letters == 0 and stats[-1].retries >= 1

@@ -21,7 +21,7 @@ from ..errors import ConsumeError, describe_error, one_line
 from ..stores import StoredToken
 from .bounds import DEFAULT_CALL_TIMEOUT, check_call_timeout
 from .dead_ends import DEAD_END_MARK, invalidated, is_invalidate
-from .handler_errors import HandlerCalls
+from .handler_errors import HandlerCalls, TransientBudget
 from .history import HistoryGap, HistoryPolicy
 from .retry import RetryPolicy, is_transient
 from .saves import SaveSchedule, check_save_options
@@ -94,6 +94,8 @@ class Run:
         self.history = history if history is not None else HistoryPolicy(
             "raise", None, is_collection=False)
         self.calls = calls if calls is not None else HandlerCalls(None)
+        # transient errors inside the handler are retried for the run's budget
+        self.calls.budget = TransientBudget(retry_for, backoff_initial, backoff_max)
         stats.calls = self.calls
         self.parallel = parallel
         """Changes go to worker threads or tasks (``workers`` > 1)."""

@@ -53,6 +53,9 @@ from ._actions import (
 from ._codes import (
     BSON_OBJECT_TOO_LARGE,
     CURSOR_NOT_FOUND,
+    NO_MATCHING_DOCUMENT,
+    ONLY_ON_REPLICA_SETS,
+    OVERFLOW,
     RESUMABLE_CODES_BEFORE_4_4,
     RESUMABLE_LABEL,
     RETRYABLE_READ_CODES,
@@ -63,9 +66,12 @@ from ._commands import aggregate_command, getmore_command, kill_command, start_o
 from ._diagnosis import (
     FUTURE_TOKEN_LIMIT,
     SPLIT_STAGE,
+    damaged_token_message,
     event_too_large_message,
     future_token_message,
+    images_required_message,
     split_unsupported_message,
+    standalone_message,
 )
 from ._position import Position, newest_reply_time, reply_cluster_time
 from ._replies import IN_EVENT, event_token, not_an_event, parse_cursor
@@ -432,8 +438,22 @@ class ChangeStreamMachine:
     def _explained(self, error: ErrorInfo) -> ErrorInfo:
         """``error`` whose fix is one of this client's options, saying which (codes unchanged)."""
         exception = error.exception
+        text: str | None = None
         if error.code == BSON_OBJECT_TOO_LARGE and self._fragments is None:
-            text = f"{event_too_large_message()}. Server: {describe_error(exception)}"
+            text = event_too_large_message()
+        elif error.code == ONLY_ON_REPLICA_SETS:
+            text = standalone_message()
+        elif (error.code == OVERFLOW and self._opened_from is not None
+              and self._state.flight in AGGREGATES):
+            text = damaged_token_message()
+        elif error.code == NO_MATCHING_DOCUMENT:
+            options = self._spec.options
+            for name in ("full_document", "full_document_before_change"):
+                if getattr(options, name) == "required":
+                    text = images_required_message(name)
+                    break
+        if text is not None:
+            text = f"{text}. Server: {describe_error(exception)}"
             return dataclasses.replace(error, exception=reworded(exception, text))
         if error.code == UNRECOGNIZED_PIPELINE_STAGE and self._split_stage:
             refused = SplitEventError(split_unsupported_message(describe_error(exception)))

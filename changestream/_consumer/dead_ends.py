@@ -19,10 +19,12 @@ from .._codes import (
     CHANGE_STREAM_FATAL,
     CHANGE_STREAM_HISTORY_LOST,
     NON_RESUMABLE_LABEL,
+    OVERFLOW,
     UNAUTHORIZED,
 )
 from .._diagnosis import (
     authentication_failed,
+    damaged_token_message,
     describe_store,
     errmsg,
     event_too_large_message,
@@ -94,6 +96,8 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
         return NotResumableError(
             token_not_in_history_message(where, held, errmsg(exc), stored=token is not None) + "." + server, token=token
         )
+    if exc.code == OVERFLOW and token is not None:
+        return NotResumableError(damaged_token_message(where, held) + "." + server, token=token)
     if exc.code == BSON_OBJECT_TOO_LARGE:
         return EventTooLargeError(event_too_large_message(where, held) + "." + server,
                                   token=token)

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any
 
+from .._diagnosis import not_a_store_message
 from .._metrics import StatsReporter
 from .._stream_view import StreamView
 from ..errors import ConsumeError, describe_error, one_line
@@ -82,6 +83,8 @@ class Run:
         calls: HandlerCalls | None = None,
         parallel: bool = False,
     ) -> None:
+        if not (callable(getattr(store, "load", None)) and callable(getattr(store, "save", None))):
+            raise TypeError(not_a_store_message(store))
         check_save_options(save_every, save_interval)
         check_call_timeout(call_timeout)
         self.call_timeout = call_timeout

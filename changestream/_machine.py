@@ -618,7 +618,7 @@ class ChangeStreamMachine:
             log.info(
                 "resuming the change stream on %s (resume %d, after %s) from %s",
                 self._namespace(), self._resumes,
-                "a client-side timeout" if cause is None else f"{type(cause).__name__}: {cause}",
+                "a client-side timeout" if cause is None else describe_error(cause),
                 "no token" if position.token_time is None
                 else f"the token at cluster time {position.token_time}",
             )

@@ -144,3 +144,30 @@ def test_resumes_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> Non
     assert record.levelno == logging.INFO
     assert "resuming the change stream on db.coll (resume 1" in record.getMessage()
     assert f"cluster time Timestamp({T0}, 1)" in record.getMessage()
+
+
+def test_the_resume_log_line_leaves_out_pymongos_reply_dump(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 33, item 17: the INFO line of a resume carried PyMongo's "full error: {...}"
+    (with $clusterTime and its signature), which docs/consume.md says is left out."""
+    from pymongo.errors import OperationFailure
+
+    from changestream._machine import ErrorInfo
+
+    driver = Driver()
+    driver.start(aggregate_reply([], tok(T0)))
+    failure = OperationFailure(
+        "primary stepped down", 189,
+        {"ok": 0, "errmsg": "primary stepped down", "code": 189, "codeName": "PrimarySteppedDown",
+         "errorLabels": ["ResumableChangeStreamError"],
+         "$clusterTime": {"clusterTime": Timestamp(T0, 1), "signature": {"hash": b"x" * 20}}},
+    )
+    with caplog.at_level(logging.INFO, logger="changestream"):
+        error = ErrorInfo(exception=failure, code=189,
+                          labels=frozenset({"ResumableChangeStreamError"}), wire_version=21,
+                          is_network=False, is_timeout=False, is_server_selection=False)
+        driver.try_next(error, {"ok": 1}, aggregate_reply([ev(T0 + 1)], tok(T0 + 1)))
+    [line] = [r.getMessage() for r in caplog.records if r.name == "changestream.stream"]
+    assert "189 PrimarySteppedDown: primary stepped down" in line
+    assert "full error" not in line and "signature" not in line

@@ -676,7 +676,8 @@ def test_an_outage_of_the_handlers_database_dead_letters_nothing(
     sink = target[coll.database.name][coll.name + "_sink"]
     letters: list[Any] = []
     stop, lock = threading.Event(), threading.Lock()
-    admin = target.admin
+    control: MongoClient[dict[str, Any]] = MongoClient(mongodb_uri)  # not the failing client
+    admin = control.admin
     admin.command("configureFailPoint", "failCommand", mode="alwaysOn",
                   data={"failCommands": ["insert"], "closeConnection": True})
     outage = threading.Timer(1.5, lambda: admin.command("configureFailPoint", "failCommand",
@@ -702,6 +703,7 @@ def test_an_outage_of_the_handlers_database_dead_letters_nothing(
         changestream.consume(
             lambda token: changestream.watch(coll, resume_after=token, **FAST), handle,
             stored_at(start), stop=stop, workers=workers, backoff_initial=0.1, backoff_max=0.5,
+            retry_for=30,
             on_error=changestream.OnError(retries=1, backoff_initial=0,
                                           dead_letter=settled),
             on_stats=stats.append)
@@ -709,6 +711,7 @@ def test_an_outage_of_the_handlers_database_dead_letters_nothing(
         outage.cancel()
         admin.command("configureFailPoint", "failCommand", mode="off")
         target.close()
+        control.close()
     assert letters == []
     assert sorted(d["_id"] for d in coll.database[coll.name + "_sink"].find()) == list(range(8))
     assert stats[-1].dead_letters == 0 and stats[-1].retries >= 1

@@ -45,6 +45,9 @@ class OnError:
     otherwise ``dead_letter(change, exception)`` is called (a coroutine
     function is awaited by ``changestream.aio.consume``) and its return counts
     as handled. If ``dead_letter`` itself raises, the run stops with that.
+    A transient error (PyMongo's, a ``ConnectionError``: the handler's own database
+    failing over) is first retried with the run's backoff for up to its
+    ``retry_for`` before it counts as one of the ``retries``.
     """
 
     retries: int = 3

@@ -16,6 +16,9 @@ __all__ = [
     "CURSOR_KILLED",
     "CURSOR_NOT_FOUND",
     "NON_RESUMABLE_LABEL",
+    "NO_MATCHING_DOCUMENT",
+    "ONLY_ON_REPLICA_SETS",
+    "OVERFLOW",
     "RESUMABLE_CODES_BEFORE_4_4",
     "RESUMABLE_LABEL",
     "RETRYABLE_READ_CODES",
@@ -45,6 +48,15 @@ UNRECOGNIZED_PIPELINE_STAGE = 40324
 """A stage the server does not know, e.g. ``$changeStreamSplitLargeEvent`` before 7.0/6.0.9."""
 CHANGE_STREAM_HISTORY_LOST = 286
 """ChangeStreamHistoryLost: the resume point has fallen off the oplog; the changes since are gone."""
+
+OVERFLOW = 15
+"""Overflow ("Invalid advance ... past end of buffer"): the server could not read the resume
+token it was given (a token cut short); the same token fails every time."""
+NO_MATCHING_DOCUMENT = 47
+"""NoMatchingDocument: ``full_document``/``full_document_before_change='required'`` and the
+change has no post-/pre-image (the collection has no ``changeStreamPreAndPostImages``)."""
+ONLY_ON_REPLICA_SETS = 40573
+"""``$changeStream`` on a standalone mongod: change streams need a replica set."""
 
 # -- labels ---------------------------------------------------------------------------------
 RESUMABLE_LABEL = "ResumableChangeStreamError"

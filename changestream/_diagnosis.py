@@ -12,6 +12,7 @@ things (token file, URI), never an internal class, never a credential.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 
 from pymongo.errors import OperationFailure, PyMongoError
 
@@ -19,6 +20,9 @@ from ._codes import (
     AUTHENTICATION_CODES,
     BSON_OBJECT_TOO_LARGE,
     CHANGE_STREAM_FATAL,
+    NO_MATCHING_DOCUMENT,
+    ONLY_ON_REPLICA_SETS,
+    OVERFLOW,
     UNAUTHORIZED,
 )
 
@@ -26,14 +30,20 @@ __all__ = [
     "SPLIT_STAGE",
     "SPLIT_VERSIONS",
     "authentication_failed",
+    "damaged_token_message",
     "describe_store",
     "errmsg",
     "event_too_large_message",
+    "future_token_message",
+    "images_required_message",
     "missing_credentials",
     "missing_credentials_message",
+    "not_a_store_message",
     "not_authorized_message",
     "split_unsupported_message",
+    "standalone_message",
     "token_not_in_history_message",
+    "wrong_client_message",
     "wrong_credentials_message",
 ]
 
@@ -165,5 +175,88 @@ def split_unsupported_message(server_message: str) -> str:
     )
 
 
-CODES_EXPLAINED = (CHANGE_STREAM_FATAL, UNAUTHORIZED, BSON_OBJECT_TOO_LARGE, *AUTHENTICATION_CODES)
+FUTURE_TOKEN_LIMIT = 86_400
+"""Seconds a start token may be ahead of the server's cluster time before the stream is
+refused: a day is far beyond clock skew between members or mongoses (milliseconds to the
+10 s no-op interval), so a token further ahead is corrupted or another deployment's."""
+
+
+def future_token_message(token_time: datetime, server_time: datetime, *, refused: bool) -> str:
+    """A start token dated after the deployment's cluster time: the server skips every change
+    until its clock reaches the token (``refused``: more than :data:`FUTURE_TOKEN_LIMIT`)."""
+    ahead = token_time - server_time
+    head = (
+        f"the resume token is dated {token_time:%Y-%m-%d %H:%M:%S} UTC, {ahead} ahead of the "
+        f"deployment's cluster time ({server_time:%Y-%m-%d %H:%M:%S} UTC)"
+    )
+    if refused:
+        return (
+            f"{head}: more than a day ahead, which no server clock reaches, so the stream is "
+            "refused (it would skip every change until then). The token is corrupted or comes "
+            "from another deployment: restore the right token, or clear it to start from now "
+            "(or open with start_at_operation_time=...)"
+        )
+    return (
+        f"{head}: the stream skips every change until the server's clock reaches it, and the "
+        "lag reads negative meanwhile. A token from another deployment or a corrupted one "
+        "does this: if so, clear it to start from now"
+    )
+
+
+def wrong_client_message(*, aio: bool) -> str:
+    """A sync stream on an async client, or the other way round (``aio``: the asyncio
+    ``watch`` was called): which ``watch`` fits."""
+    if aio:
+        return ("changestream.aio.watch needs a pymongo AsyncMongoClient (or its database or "
+                "collection); for a MongoClient use changestream.watch")
+    return ("changestream.watch needs a pymongo MongoClient (or its database or collection); "
+            "for an AsyncMongoClient use changestream.aio.watch (awaited)")
+
+
+def not_a_store_message(store: object) -> str:
+    """``consume``'s ``store`` is not a token store (a path, most often)."""
+    import os
+
+    if isinstance(store, (str, bytes, os.PathLike)):
+        return (f"store must be a token store, not the path {store!r}: pass "
+                f"changestream.stores.FileTokenStore({store!r}) to keep the token in that file")
+    return ("store must be a token store (with load() and save(token), e.g. "
+            "changestream.stores.FileTokenStore('token.json') or MongoTokenStore), not "
+            f"{type(store).__name__}")
+
+
+def damaged_token_message(where: str | None = None, store: str | None = None) -> str:
+    """Overflow (15) on opening from a token: the server cannot read the token at all."""
+    held = f" ({store} holds {where})" if store and where else ""
+    return (
+        f"the resume token is damaged (cut short or edited): the server cannot read it "
+        f"(code {OVERFLOW}) and running again from it fails the same way{held}. Restore the "
+        "whole token (a token file holds one line of Extended JSON), or clear it to start from "
+        "now"
+    )
+
+
+def images_required_message(option: str) -> str:
+    """NoMatchingDocument (47) with ``option='required'``: the change has no pre-/post-image."""
+    return (
+        f"{option}='required' needs pre- and post-images, and this change has none (code "
+        f"{NO_MATCHING_DOCUMENT}): enable them on the collection (MongoDB 6.0+: "
+        "db.runCommand({collMod: '<collection>', changeStreamPreAndPostImages: {enabled: "
+        f"true}})), which covers changes made after it, or use {option}='whenAvailable' to get "
+        "None where an image is missing"
+    )
+
+
+def standalone_message() -> str:
+    """``$changeStream`` on a standalone mongod (40573)."""
+    return (
+        "change streams need a replica set or a sharded cluster, and this server is a "
+        f"standalone mongod (code {ONLY_ON_REPLICA_SETS}): restart it as a one-member replica "
+        "set (mongod --replSet rs0, then rs.initiate() once in mongosh) and connect with "
+        "?replicaSet=rs0 or ?directConnection=true"
+    )
+
+
+CODES_EXPLAINED = (CHANGE_STREAM_FATAL, UNAUTHORIZED, BSON_OBJECT_TOO_LARGE, OVERFLOW,
+                   NO_MATCHING_DOCUMENT, ONLY_ON_REPLICA_SETS, *AUTHENTICATION_CODES)
 """The server codes this module has a message for (the docs' error table lists them)."""

@@ -2,17 +2,23 @@
 
 When the oplog rolls past a stored token, history is lost (code 286). The
 headroom, ``token cluster time - oldest oplog entry's ts``, says how close that
-is. Only a replica-set member can tell: the first entry of ``local.oplog.rs``
-(read with ``$natural`` order, needs ``find`` on ``local``). Through mongos
-(sharded clusters, most load balancers) the ``local`` database is not
-readable, and without the privilege the read fails: then the metric stays
+is, but only once the oplog is full: until it reaches its size limit nothing is
+truncated, and on a new deployment the oldest entry is seconds old while
+nothing is at risk. So two reads: the oplog's size and limit
+(``$collStats`` storage stats of ``local.oplog.rs``: ``size``, ``maxSize``) and
+its first entry (``$natural`` order). Not full (below :data:`FULL_FRACTION` of
+``maxSize``, or no limit): no headroom, "not full". Cannot tell how full (the
+stats unreadable): unknown, never 0. Only a replica-set member can tell: through
+mongos (sharded clusters, most load balancers) the ``local`` database is not
+readable, and without the privilege the reads fail: then the metric stays
 absent and one log line says why. :class:`HeadroomProbe` decides when to read
 (every :data:`PROBE_EVERY` seconds), what a result or an error means, and when
-to warn; the stats timer (``aio/_stats_timer.py``) does the read.
+to warn; the stats timer (``aio/_stats_timer.py``) does the reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -26,7 +32,16 @@ from ._position import Position
 from ._stream_view import StreamView
 from .errors import describe_error
 
-__all__ = ["HEADROOM_WARNING", "PROBE_EVERY", "HeadroomProbe", "oplog_client"]
+__all__ = [
+    "FULL_FRACTION",
+    "HEADROOM_WARNING",
+    "OPLOG_STATS",
+    "PROBE_EVERY",
+    "HeadroomProbe",
+    "OplogFill",
+    "oplog_client",
+    "oplog_fill",
+]
 
 log = logging.getLogger("changestream.consume")
 
@@ -36,6 +51,54 @@ HEADROOM_WARNING = timedelta(hours=1)
 """Below this headroom a WARNING is logged (once per crossing)."""
 OPLOG_QUERY: Mapping[str, Any] = {"projection": {"ts": 1, "_id": 0}, "sort": [("$natural", 1)]}
 """``find_one`` keyword arguments for the oldest oplog entry."""
+OPLOG_STATS: Mapping[str, Any] = {
+    "aggregate": "oplog.rs", "pipeline": [{"$collStats": {"storageStats": {}}}], "cursor": {},
+}
+"""The command (on ``local``) that reads the oplog's size and size limit."""
+FULL_FRACTION = 0.9
+"""An oplog at this fraction of ``maxSize`` or more is full: mongod truncates it in chunks
+(truncate markers), so a full oplog's size moves a little below the limit."""
+_GIVE_UP_CODES = (13, 20, 59, 115, 8000)
+"""13 Unauthorized; 20 IllegalOperation (mongos); 59 CommandNotFound, 115 CommandNotSupported
+(a server without the stage); 8000 Atlas' own "not allowed"."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OplogFill:
+    """How full the oplog is: ``size`` bytes of ``max_size`` (``None``: no size limit)."""
+
+    size: int
+    max_size: int | None
+
+    @property
+    def full(self) -> bool:
+        """At its limit: entries are being truncated, the oldest one is what a token races."""
+        return self.max_size is not None and self.size >= FULL_FRACTION * self.max_size
+
+    def describe(self) -> str:
+        if self.max_size is None:
+            return "the oplog has no size limit"
+        percent = 100 * self.size / self.max_size if self.max_size else 100.0
+        return (f"the oplog is not full ({percent:.0f}%: {self.size / 2**20:.1f} of "
+                f"{self.max_size / 2**20:.1f} MiB), and nothing is truncated until it is")
+
+
+def oplog_fill(reply: Mapping[str, Any]) -> OplogFill | None:
+    """The oplog's fill from the reply to :data:`OPLOG_STATS` (``None``: not in it)."""
+    cursor = reply.get("cursor")
+    batch = cursor.get("firstBatch") if isinstance(cursor, Mapping) else None
+    stats = batch[0].get("storageStats") if isinstance(batch, list) and batch and isinstance(
+        batch[0], Mapping) else None
+    if not isinstance(stats, Mapping):
+        return None
+    size, max_size = stats.get("size"), stats.get("maxSize")
+    if isinstance(size, bool) or not isinstance(size, (int, float)):
+        return None
+    capped = stats.get("capped", True)
+    if not capped or isinstance(max_size, bool) or not isinstance(max_size, (int, float)) or (
+            max_size <= 0):
+        return OplogFill(int(size), None)
+    return OplogFill(int(size), int(max_size))
 
 
 def oplog_client(stream: StreamView) -> tuple[Any, str | None]:
@@ -76,7 +139,15 @@ class HeadroomProbe:
         """``ts`` of the oldest oplog entry at the last read (``None``: unknown)."""
         self.unavailable: str | None = None
         """Why the headroom cannot be read here (logged once); no more reads then."""
+        self.fill: OplogFill | None = None
+        """How full the oplog was at the last read (``None``: unknown)."""
+        self._said_not_full = False
         self._warned = False
+
+    @property
+    def full(self) -> bool | None:
+        """Is the oplog full (``None``: cannot tell)? Not full: no headroom to report."""
+        return None if self.fill is None else self.fill.full
 
     def due(self) -> bool:
         """Time to read again (never once the deployment said it cannot be read)."""
@@ -99,21 +170,42 @@ class HeadroomProbe:
         else:
             self.give_up("local.oplog.rs returned no entry with a 'ts' (not a replica-set member?)")
 
-    def failed(self, exc: BaseException) -> None:
-        """The read failed: unauthorized or not allowed gives up; anything else retries later."""
+    def read_fill(self, reply: Mapping[str, Any]) -> None:
+        """The reply to :data:`OPLOG_STATS`: how full the oplog is."""
+        fill = oplog_fill(reply)
+        if fill is None:
+            self._last = self._clock()
+            self.give_up("the oplog's storage stats ($collStats on local.oplog.rs) say nothing "
+                         "of its size, so how full it is cannot be told")
+            return
+        self.fill = fill
+        if fill.full:
+            self._said_not_full = False
+        elif not self._said_not_full:
+            self._said_not_full = True
+            log.info("oplog headroom not reported: %s", fill.describe())
+
+    def failed(self, exc: BaseException, *, stats: bool = False) -> None:
+        """A read failed (``stats``: the size read): unauthorized, not allowed or not
+        supported gives up (the headroom is unknown, never 0); anything else retries later."""
         self._last = self._clock()
-        if isinstance(exc, OperationFailure) and exc.code in (13, 20, 8000):
-            # 13 Unauthorized; 20 IllegalOperation (mongos); 8000 Atlas' own "not allowed".
+        if isinstance(exc, OperationFailure) and exc.code in _GIVE_UP_CODES:
+            what = "$collStats on local.oplog.rs" if stats else "local.oplog.rs"
+            unknown = ", so how full the oplog is cannot be told" if stats else ""
             self.give_up(
-                f"reading local.oplog.rs failed ({describe_error(exc)}); grant the user 'find' on the 'local' database (e.g. the clusterMonitor role) "
+                f"reading {what} failed ({describe_error(exc)}){unknown}; grant the user "
+                "'find' and 'collStats' on the 'local' database (e.g. the clusterMonitor role) "
                 "to see it"
             )
         else:
-            log.debug("reading the oldest oplog entry failed (%s); trying again later", exc)
+            log.debug("reading the oplog failed (%s); trying again later", exc)
 
     def headroom(self, position: Position | None) -> timedelta | None:
-        """``token time - oldest entry`` (never negative), warning once below the threshold."""
+        """``token time - oldest entry`` (never negative) of a full oplog, warning once below
+        the threshold; ``None`` while the oplog is not full or how full cannot be told."""
         if position is None or position.token_time is None or self.oldest is None:
+            return None
+        if self.fill is None or not self.fill.full:
             return None
         seconds = max(0, position.token_time.time - self.oldest.time)
         headroom = timedelta(seconds=seconds)

@@ -342,9 +342,27 @@ def default_key(change: Any) -> Hashable:
 _SCALARS = (str, int, float, bytes, ObjectId)
 
 
+class _NaN:
+    """The one key of every NaN: ``NaN != NaN``, so each change of a document whose ``_id``
+    is NaN would get a lane of its own (and run out of order)."""
+
+    def __repr__(self) -> str:
+        return "NaN"
+
+
+_NAN: Final[Hashable] = _NaN()
+
+
 def hashable(value: Any) -> Hashable:
-    """``value`` itself when it can be a dict key, else its BSON bytes (documents, arrays)."""
-    if type(value) in _SCALARS:
+    """``value`` itself when it can be a dict key, else its BSON bytes (documents, arrays).
+
+    Keys compare by value: a NaN is :data:`_NAN` (documents and arrays holding one
+    encode to the same bytes).
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        if kind is float and value != value:
+            return _NAN
         return value  # type: ignore[no-any-return]
     if isinstance(value, (Mapping, list)):
         return bson.encode({"": value})
@@ -353,6 +371,36 @@ def hashable(value: Any) -> Hashable:
     except TypeError:
         return bson.encode({"": value})
     return value  # type: ignore[no-any-return]
+
+
+def _by_value(value: Any, key: Callable[..., Any]) -> Hashable:
+    """A ``key=`` result as a key that compares by value; one line naming ``key`` if it cannot be.
+
+    An object whose class keeps ``object``'s identity hash would give every change a
+    lane of its own: per-key order would silently not hold.
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        return hashable(value)
+    if kind is tuple:
+        return tuple(_by_value(item, key) for item in value)
+    if isinstance(value, (Mapping, list)):
+        return hashable(value)
+    if getattr(kind, "__hash__", None) is object.__hash__:
+        raise TypeError(_not_a_key(key, value, "compares by identity (its class defines no "
+                                               "__eq__ and __hash__), so every change would "
+                                               "get a lane of its own"))
+    try:
+        return hashable(value)
+    except Exception:  # unhashable and not BSON: no key at all
+        raise TypeError(_not_a_key(key, value, "is neither hashable nor BSON")) from None
+
+
+def _not_a_key(key: Callable[..., Any], value: Any, why: str) -> str:
+    name = getattr(key, "__qualname__", None) or repr(key)
+    return (f"key={name} returned {type(value).__name__} {value!r:.80}, which {why}: return a "
+            "value that compares by value (a str, a number, an ObjectId, a tuple of them, a "
+            "document) or None for a change that runs alone")
 
 
 def key_of(key: KeyFunction | None) -> Callable[[Any], Hashable]:
@@ -364,7 +412,11 @@ def key_of(key: KeyFunction | None) -> Callable[[Any], Hashable]:
 
     def keyed(change: Any) -> Hashable:
         value = key(change)
-        return BARRIER if value is None else hashable(value)
+        if value is None:
+            return BARRIER
+        if type(value) is str:  # the common case, no further check
+            return value
+        return _by_value(value, key)
 
     return keyed
 

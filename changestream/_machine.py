@@ -53,6 +53,9 @@ from ._actions import (
 from ._codes import (
     BSON_OBJECT_TOO_LARGE,
     CURSOR_NOT_FOUND,
+    NO_MATCHING_DOCUMENT,
+    ONLY_ON_REPLICA_SETS,
+    OVERFLOW,
     RESUMABLE_CODES_BEFORE_4_4,
     RESUMABLE_LABEL,
     RETRYABLE_READ_CODES,
@@ -60,14 +63,24 @@ from ._codes import (
     UNRECOGNIZED_PIPELINE_STAGE,
 )
 from ._commands import aggregate_command, getmore_command, kill_command, start_options
-from ._diagnosis import SPLIT_STAGE, event_too_large_message, split_unsupported_message
-from ._position import Position, newest_reply_time
+from ._diagnosis import (
+    FUTURE_TOKEN_LIMIT,
+    SPLIT_STAGE,
+    damaged_token_message,
+    event_too_large_message,
+    future_token_message,
+    images_required_message,
+    split_unsupported_message,
+    standalone_message,
+)
+from ._position import Position, newest_reply_time, reply_cluster_time
 from ._replies import IN_EVENT, event_token, not_an_event, parse_cursor
 from ._split import SplitReassembler
 from ._states import AGGREGATES, INITIAL, RESUMES, Act, Effect, Event, Phase, State, transition
-from ._token import describe, raw_event_token, token_in_raw_event
+from ._token import describe, raw_event_token, token_cluster_time, token_in_raw_event
 from .errors import (
     ChangeStreamError,
+    InvalidResumeTokenError,
     MalformedReplyError,
     MissingResumeTokenError,
     SplitEventError,
@@ -190,6 +203,8 @@ class ChangeStreamMachine:
         postBatchResumeToken; the lag still counts from the event)."""
         max_await = options.max_await_time_ms
         self._await_seconds = 1.0 if max_await is None else max_await / 1000
+        self._opened_from: tuple[str, Mapping[str, Any]] | None = None
+        """The start option and token of the aggregate in flight (checked against its reply)."""
         self._resumes = 0
         self._idle_resumes = 0
         """Resumes since the last successful getMore or non-empty batch (see MAX_IDLE_RESUMES)."""
@@ -368,7 +383,8 @@ class ChangeStreamMachine:
         event = batch[0]
         decode = self._decode
         try:
-            if type(event) is RawBSONDocument and token_in_raw_event(event.raw):
+            if (type(event) is RawBSONDocument and type(event.raw) is bytes
+                    and token_in_raw_event(event.raw)):
                 token = IN_EVENT  # event_token's usual case, inline: this runs per event
             elif type(event) is dict:
                 token = event["_id"]
@@ -399,6 +415,8 @@ class ChangeStreamMachine:
             if isinstance(reply, Mapping):
                 server_time = newest_reply_time(reply, server_time)
             read = self._read_reply(reply, info, server_time, aggregate=aggregate)
+            if aggregate and self._opened_from is not None:
+                self._check_start_token(reply)
         except ChangeStreamError as exc:
             self._fire(Event.BAD_REPLY, _Reply(server_time), exc)
             return
@@ -432,8 +450,22 @@ class ChangeStreamMachine:
     def _explained(self, error: ErrorInfo) -> ErrorInfo:
         """``error`` whose fix is one of this client's options, saying which (codes unchanged)."""
         exception = error.exception
+        text: str | None = None
         if error.code == BSON_OBJECT_TOO_LARGE and self._fragments is None:
-            text = f"{event_too_large_message()}. Server: {describe_error(exception)}"
+            text = event_too_large_message()
+        elif error.code == ONLY_ON_REPLICA_SETS:
+            text = standalone_message()
+        elif (error.code == OVERFLOW and self._opened_from is not None
+              and self._state.flight in AGGREGATES):
+            text = damaged_token_message()
+        elif error.code == NO_MATCHING_DOCUMENT:
+            options = self._spec.options
+            for name in ("full_document", "full_document_before_change"):
+                if getattr(options, name) == "required":
+                    text = images_required_message(name)
+                    break
+        if text is not None:
+            text = f"{text}. Server: {describe_error(exception)}"
             return dataclasses.replace(error, exception=reworded(exception, text))
         if error.code == UNRECOGNIZED_PIPELINE_STAGE and self._split_stage:
             refused = SplitEventError(split_unsupported_message(describe_error(exception)))
@@ -598,7 +630,7 @@ class ChangeStreamMachine:
             log.info(
                 "resuming the change stream on %s (resume %d, after %s) from %s",
                 self._namespace(), self._resumes,
-                "a client-side timeout" if cause is None else f"{type(cause).__name__}: {cause}",
+                "a client-side timeout" if cause is None else describe_error(cause),
                 "no token" if position.token_time is None
                 else f"the token at cluster time {position.token_time}",
             )
@@ -683,6 +715,21 @@ class ChangeStreamMachine:
         return _Reply(server_time, info, reply, batch, cursor_id, database, collection,
                       post_batch_token)
 
+    def _check_start_token(self, reply: Mapping[str, Any]) -> None:
+        """A start token ahead of the server's cluster time: the server skips every change
+        until its clock reaches it. Warned of; refused beyond ``FUTURE_TOKEN_LIMIT``."""
+        assert self._opened_from is not None
+        option, token = self._opened_from
+        token_time, server_time = token_cluster_time(token), reply_cluster_time(reply)
+        if token_time is None or server_time is None or token_time.time - server_time.time < 2:
+            return  # (one-second resolution: a second ahead is rounding)
+        refused = token_time.time - server_time.time > FUTURE_TOKEN_LIMIT
+        message = future_token_message(token_time.as_datetime(), server_time.as_datetime(),
+                                       refused=refused)
+        if refused:
+            raise InvalidResumeTokenError(message, field=option, value=token)
+        log.warning("%s (%s on %s)", message, option, self._namespace())
+
     def _namespace(self) -> str:
         spec = self._spec
         if spec.cluster:
@@ -698,6 +745,9 @@ class ChangeStreamMachine:
 
     def _aggregate(self, *, is_resume: bool) -> RunAggregate:
         start = self._resume_options() if is_resume else start_options(self._spec.options)
+        option = "startAfter" if "startAfter" in start else "resumeAfter"
+        token = start.get(option)
+        self._opened_from = (option, token) if isinstance(token, Mapping) else None
         return aggregate_command(self._spec, start, self._split_stage, is_resume=is_resume)
 
     def _resume_options(self) -> dict[str, Any]:

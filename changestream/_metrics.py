@@ -53,14 +53,18 @@ class ConsumeStats:
     elapsed: float
     """Seconds since the loop started."""
     oplog_headroom: timedelta | None = None
-    """Cluster time of the stream's token minus the oldest oplog entry's (``None``: not readable
-    here, e.g. through mongos or without ``find`` on ``local``; see ``docs/consume.md``)."""
+    """Cluster time of the stream's token minus the oldest entry of a full oplog (``None``: the
+    oplog is not full, so nothing is truncated yet, or it is not readable here, e.g. through
+    mongos or without ``find``/``collStats`` on ``local``; see ``docs/consume.md``)."""
     final: bool = False
     """The loop has ended; this is its last report."""
     retries: int = 0
     """Handler calls repeated on the same change under the ``on_error`` policy."""
     dead_letters: int = 0
     """Changes ``on_error``'s ``dead_letter`` took (it returned; counted as handled)."""
+    oplog_full: bool | None = None
+    """Has the oplog reached its size limit (``None``: cannot tell)? Until it has, nothing is
+    truncated and :attr:`oplog_headroom` is ``None``: "not full", not 0."""
     run_id: str = ""
     """Which ``consume`` call this report is from (a random id per call): the counts above
     start at 0 in each call, so a callback that accumulates them across calls (the exporters)
@@ -193,6 +197,7 @@ class StatsReporter:
             retries=0 if self.calls is None else self.calls.retries,
             dead_letters=0 if self.calls is None else self.calls.dead_letters,
             run_id=self._run_id,
+            oplog_full=self.headroom.full,
         )
 
     def _report(self, handled: int, reopens: int, *, final: bool) -> None:

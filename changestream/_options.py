@@ -112,6 +112,7 @@ class ChangeStreamOptions:
         values["pipeline"] = _pipeline(pipeline)
         for name in ("full_document", "full_document_before_change"):
             _check(name, values.get(name), (str,), "a string")
+            _check_spelling(name, values.get(name))
         for name in ("resume_after", "start_after"):
             _check(name, values.get(name), (Mapping,), "a document (mapping)")
             values[name] = copy.deepcopy(values.get(name))
@@ -155,6 +156,24 @@ class Target:
     read_preference: Any
     read_concern: ReadConcern
     codec_options: CodecOptions[Any]
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "full_document": ("default", "updateLookup", "whenAvailable", "required"),
+    "full_document_before_change": ("off", "whenAvailable", "required"),
+}
+"""The values the server takes (names are case-sensitive there)."""
+
+
+def _check_spelling(name: str, value: str | None) -> None:
+    """A known value in the wrong case is one clear error here, not the server's BadValue.
+    Values this list does not know go to the server, which may be newer."""
+    if value is None or value in _CHOICES[name]:
+        return
+    for choice in _CHOICES[name]:
+        if value.lower() == choice.lower():
+            raise ValueError(f"{name}={value!r}: the server's values are case-sensitive; did "
+                             f"you mean {choice!r}? ({', '.join(map(repr, _CHOICES[name]))})")
 
 
 def resolve_target(target: Any) -> Target:

@@ -7,7 +7,9 @@ never enters:
   last event delivered (or, between events, the ``postBatchResumeToken`` the
   server says the stream has reached);
 * ``server_time``: the newest cluster time seen in any reply of the stream
-  (``operationTime``, ``$clusterTime`` and the ``postBatchResumeToken``).
+  (``operationTime`` and ``$clusterTime``; the ``postBatchResumeToken`` only from a
+  reply without either: a server echoes a token it has not reached yet as its
+  ``postBatchResumeToken``, so it is no reading of the server's clock).
 
 Their difference is how far behind the stream was *when the last reply
 arrived*. Server time arrives only with a reply, and none arrives while a big
@@ -20,8 +22,14 @@ batch is handled (events buffered, or its last event not yet done) all of it
 counts. Once everything received is handled and the caller asks for more,
 only the time past the getMore's await (``max_await_time_ms``, 1 s by
 default) counts: an overdue reply, so the lag keeps growing through an
-outage. Caught up (the last getMore came back empty), the lag is 0 until
-then. Cluster times have one-second
+outage. After a getMore that came back empty the token is its
+``postBatchResumeToken``, and the lag is the reply's cluster time minus that
+token's: 0 on a replica set that has sent everything, the part of the oplog a
+busy server has not scanned yet otherwise (on a sharded cluster an idle shard
+holds the token back by up to its no-op interval, 10 s by default). A token
+ahead of the server's cluster time (from another deployment, or corrupted) gives
+a negative lag: the stream skips every change until the server reaches it.
+Cluster times have one-second
 resolution, so the lag is the true lag (now minus the wall time of the
 oldest change not yet handled) to within about a second plus the await time
 (tested within 2 s, ``tests/client/test_lag_truth.py``).
@@ -38,7 +46,7 @@ from bson.timestamp import Timestamp
 
 from ._token import token_cluster_time
 
-__all__ = ["Position", "newest_reply_time"]
+__all__ = ["Position", "newest_reply_time", "reply_cluster_time"]
 
 
 def _later(a: Timestamp | None, b: Timestamp | None) -> Timestamp | None:
@@ -53,18 +61,31 @@ def _as_timestamp(value: Any) -> Timestamp | None:
     return value if isinstance(value, Timestamp) else None
 
 
-def newest_reply_time(reply: Mapping[str, Any], previous: Timestamp | None) -> Timestamp | None:
-    """``previous`` moved forward to the newest cluster time a command reply carries."""
-    newest = _later(previous, _as_timestamp(reply.get("operationTime")))
+def reply_cluster_time(reply: Mapping[str, Any]) -> Timestamp | None:
+    """The server's clock as a reply reads it: the later of ``operationTime`` and
+    ``$clusterTime`` (``None``: neither)."""
+    newest = _as_timestamp(reply.get("operationTime"))
     gossip = reply.get("$clusterTime")
     if isinstance(gossip, Mapping):
         newest = _later(newest, _as_timestamp(gossip.get("clusterTime")))
-    cursor = reply.get("cursor")
-    if isinstance(cursor, Mapping):
-        pbrt = cursor.get("postBatchResumeToken")
-        if isinstance(pbrt, Mapping):
-            newest = _later(newest, token_cluster_time(pbrt))
     return newest
+
+
+def newest_reply_time(reply: Mapping[str, Any], previous: Timestamp | None) -> Timestamp | None:
+    """``previous`` moved forward to the newest cluster time a command reply carries.
+
+    The ``postBatchResumeToken`` counts only in a reply without a cluster time: a
+    server opened from a token it has not reached yet echoes that token, which says
+    nothing of where the server is.
+    """
+    newest = reply_cluster_time(reply)
+    if newest is None:
+        cursor = reply.get("cursor")
+        if isinstance(cursor, Mapping):
+            pbrt = cursor.get("postBatchResumeToken")
+            if isinstance(pbrt, Mapping):
+                newest = token_cluster_time(pbrt)
+    return _later(previous, newest)
 
 
 def _to_datetime(ts: Timestamp | None) -> datetime | None:
@@ -85,7 +106,7 @@ class Position:
     """Everything received is handled and more was asked for: only the part of
     :attr:`reply_age` past :attr:`await_seconds` counts (the reply is overdue)."""
     caught_up: bool = False
-    """Waiting after a getMore that came back empty: the cluster times' difference is dropped."""
+    """Waiting after a getMore that came back empty (the token is its postBatchResumeToken)."""
     await_seconds: float = 1.0
     """How long a getMore may wait for changes (``max_await_time_ms``): a caught-up stream's
     next reply is due within it."""
@@ -102,19 +123,29 @@ class Position:
 
     @property
     def lag(self) -> timedelta | None:
-        """How far behind the stream is now (see the module docstring); never negative.
+        """How far behind the stream is now (see the module docstring).
 
-        Caught up: the time past the await since the last reply (0 while replies
-        keep coming). Otherwise ``server_time - token_time`` plus the time since
-        the reply. ``None`` while either cluster time is unknown.
+        ``server_time - token_time`` plus the time since the reply (waiting for
+        a reply, only the time past the await). Negative when the token is
+        ahead of the server (:attr:`ahead`). ``None`` while either cluster time
+        is unknown.
         """
         if self.token_time is None or self.server_time is None:
             return None
         age = 0.0 if self.reply_age is None else max(0.0, self.reply_age)
         if self.waiting or self.caught_up:
             age = max(0.0, age - self.await_seconds)
-        behind = 0 if self.caught_up else max(0, self.server_time.time - self.token_time.time)
-        return timedelta(seconds=behind + age)
+        return timedelta(seconds=self.server_time.time - self.token_time.time + age)
+
+    @property
+    def ahead(self) -> timedelta | None:
+        """How far the token is ahead of the newest server time (``None``: it is not, or
+        unknown): the server skips every change until its clock reaches the token."""
+        if self.token_time is None or self.server_time is None:
+            return None
+        if self.token_time.time <= self.server_time.time:
+            return None
+        return timedelta(seconds=self.token_time.time - self.server_time.time)
 
     @classmethod
     def of(
@@ -129,5 +160,4 @@ class Position:
     ) -> Position:
         """The position for a stream holding ``token`` that has seen ``server_time``."""
         token_time = None if token is None else token_cluster_time(token)
-        return cls(token_time, _later(server_time, token_time), reply_age, waiting, caught_up,
-                   await_seconds)
+        return cls(token_time, server_time, reply_age, waiting, caught_up, await_seconds)

@@ -15,7 +15,7 @@ from typing import Any
 
 from bson.raw_bson import RawBSONDocument
 
-from ._token import check_resume_token, describe, token_in_raw_event
+from ._token import check_resume_token, describe, raw_event_token, token_in_raw_event
 from .errors import MalformedReplyError
 
 __all__ = ["IN_EVENT", "event_token", "not_an_event", "parse_cursor"]
@@ -28,7 +28,7 @@ IN_EVENT: Any = object()
 def event_token(event: Mapping[str, Any]) -> Mapping[str, Any]:
     """The event's ``_id`` (its resume token); ``KeyError`` if it has none.
 
-    For a raw event whose first field is ``_id`` (as the server sends it) and
+    For a raw event in ``bytes`` whose first field is ``_id`` (as the server sends it) and
     whose token starts with a ``_data`` string, :data:`IN_EVENT`: the caller
     keeps the event and the token's bytes are sliced out only when used
     (:func:`~changestream._token.raw_event_token`). Anything but a document with a ``_data`` string
@@ -36,8 +36,14 @@ def event_token(event: Mapping[str, Any]) -> Mapping[str, Any]:
     """
     kind = type(event)
     if kind is RawBSONDocument:
-        if token_in_raw_event(event.raw):  # type: ignore[attr-defined]
-            return IN_EVENT  # type: ignore[no-any-return]
+        raw = event.raw  # type: ignore[attr-defined]
+        if token_in_raw_event(raw):
+            if type(raw) is bytes:
+                return IN_EVENT  # type: ignore[no-any-return]
+            # PyMongo's sync client hands a reply over 64 KiB or so as a memoryview, and
+            # its events as views into it: the token is copied out now, so what a stream
+            # carries (consume stores it, workers pickle it) is a token or an event's bytes.
+            return raw_event_token(raw)  # type: ignore[return-value]
     elif kind is not dict and not isinstance(event, Mapping):
         raise not_an_event(event)
     token = event["_id"]

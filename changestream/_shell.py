@@ -102,9 +102,10 @@ class StreamProgress:
         stream carried, minus the cluster time of the last event returned, or of
         the ``postBatchResumeToken`` once a batch is consumed) plus the local
         monotonic time since that reply, so it keeps growing while a big batch
-        is handled or the deployment is down; 0 once caught up (the last getMore
-        was empty and nothing is buffered). ``None`` until both cluster times
-        are known. See :class:`changestream.Position`.
+        is handled or the deployment is down. After an empty getMore: the reply's
+        cluster time minus its ``postBatchResumeToken``'s (0 once caught up on a
+        replica set). Negative when the token is ahead of the server. ``None``
+        until both cluster times are known. See :class:`changestream.Position`.
         """
         return self._machine.position.lag
 

@@ -233,9 +233,9 @@ def token_in_raw_event(raw: bytes | memoryview) -> bool:
     when an event arrives and copies the token (:func:`raw_event_token`) only
     when it is used, so most events never pay for the copy.
     """
-    if type(raw) is not bytes:  # PyMongo hands large replies' events over as memoryviews
-        raw = bytes(raw)
-    return raw.startswith(_RAW_DATA_PREFIX, 13) and raw_token_end(raw) > 0
+    # PyMongo hands large replies' events over as memoryviews: only the head is copied
+    head = raw if type(raw) is bytes else bytes(raw[:13 + len(_RAW_DATA_PREFIX)])
+    return head.startswith(_RAW_DATA_PREFIX, 13) and raw_token_end(raw) > 0
 
 
 def raw_token_end(raw: bytes | memoryview) -> int:

@@ -261,3 +261,26 @@ def test_until_idle_waits_for_the_cluster_time_read_at_the_start() -> None:
     now[0] = 11.5
     progress(_stats(30, Timestamp(2000, 1)))
     assert stop.is_set() and progress.idle_stop
+
+
+def test_large_changes_with_a_token_file_are_printed_once(simulator: Any, tmp_path: Path) -> None:
+    """Issue 33, item 1: changes of 100 kB come in a reply PyMongo hands over as a
+    memoryview; --token-file then stopped with "token must be a document (mapping), not
+    memoryview" and every run printed the same change again."""
+    client: MongoClient[dict[str, Any]] = MongoClient(simulator.uri)
+    with client.start_session() as session:
+        client.shop.big.insert_one({"i": -1}, session=session)
+        before = session.operation_time
+    assert before is not None
+    client.shop.big.insert_many([{"i": i, "pad": "x" * 100_000} for i in range(3)])
+    ns = ["--db", "shop", "--coll", "big", "--token-file", str(tmp_path / "token.json"),
+          "--oversize", "split", "--until-idle", "1", "--max-await-ms", "100", "--no-status"]
+    first = run("watch", simulator.uri, *ns, "--start-at-operation-time",
+                f"{before.time}:{before.inc + 1}")
+    assert first.returncode == 0, first.stderr
+    assert [c["fullDocument"]["i"] for c in printed(first)] == [0, 1, 2]
+    client.shop.big.insert_one({"i": 3, "pad": "y" * 100_000})
+    second = run("watch", simulator.uri, *ns)
+    assert second.returncode == 0, second.stderr
+    assert [c["fullDocument"]["i"] for c in printed(second)] == [3]
+    client.close()

@@ -335,3 +335,162 @@ def test_the_leak_check_knows_the_internal_names_and_catches_them() -> None:
                   "Traceback (most recent call last):"):
         with pytest.raises(AssertionError):
             assert_clean(leaky)
+
+
+# -- a stored token dated in the future -------------------------------------------------------
+def dated(token: Any, seconds_ahead: int) -> dict[str, Any]:
+    """``token`` with its cluster time moved ``seconds_ahead`` (a corrupted hex digit does this)."""
+    data = token["_data"]
+    seconds = int(data[2:10], 16) + seconds_ahead
+    return {"_data": f"{data[:2]}{seconds:08X}{data[10:]}"}
+
+
+def present_token(coll: Any) -> Any:
+    coll.insert_one({"now": 1})
+    with changestream.watch(coll, **FAST) as stream:
+        stream.try_next()
+        return stream.resume_token
+
+
+def test_a_token_ahead_of_the_server_is_warned_of_and_shows_in_the_lag(
+    coll: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 33, item 3: a token ahead of the deployment opened silently, then every change
+    until its time was skipped with lag 0 and nothing logged."""
+    token = dated(present_token(coll), 3600)
+    with caplog.at_level(logging.WARNING, logger="changestream"), changestream.watch(
+        coll, resume_after=token, **FAST
+    ) as stream:
+        coll.insert_one({"skipped": 1})
+        assert stream.try_next() is None
+        lag, ahead = stream.lag, stream.position.ahead
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "ahead of the deployment's cluster time" in warning and "1:00:0" in warning
+    assert "skips every change" in warning and "\n" not in warning
+    assert lag is not None and lag.total_seconds() < -3500
+    assert ahead is not None and ahead.total_seconds() > 3500
+
+
+def test_a_token_a_day_ahead_is_refused(
+    coll: Any, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token years ahead (one corrupted hex digit: 2038) is no position any server reaches."""
+    token = dated(present_token(coll), 86_400 * 4000)
+    with pytest.raises(changestream.InvalidResumeTokenError) as info:
+        changestream.watch(coll, resume_after=token, **FAST)
+    assert "more than a day ahead" in str(info.value) and info.value.field == "resumeAfter"
+    store = FileTokenStore(tmp_path / "token.json")
+    store.save(token)
+    error = consume_error(lambda t: changestream.watch(coll, resume_after=t, **FAST), store,
+                          caplog)
+    assert isinstance(error, changestream.NotResumableError)
+    assert "more than a day ahead" in str(error) and str(tmp_path / "token.json") in str(error)
+    assert_clean(str(error))
+
+
+# -- messages that say what to do (issue 33, item 16) -----------------------------------------
+def test_a_damaged_token_names_the_damage_and_the_store(
+    coll: Any, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = present_token(coll)
+    cut = {"_data": token["_data"][:20]}  # a token file cut short
+    with pytest.raises(OperationFailure) as info:
+        changestream.watch(coll, resume_after=cut, **FAST)
+    assert info.value.code == 15 and str(info.value).startswith("the resume token is damaged")
+    store = FileTokenStore(tmp_path / "token.json")
+    store.save(cut)
+    error = consume_error(lambda t: changestream.watch(coll, resume_after=t, **FAST), store,
+                          caplog)
+    assert isinstance(error, changestream.NotResumableError)
+    assert "damaged" in str(error) and str(tmp_path / "token.json") in str(error)
+
+
+@pytest.mark.parametrize("option", ["full_document", "full_document_before_change"])
+def test_required_images_that_are_missing_say_how_to_enable_them(coll: Any, option: str) -> None:
+    coll.replace_one({"_id": "img"}, {"a": 0}, upsert=True)
+    with changestream.watch(coll, **{option: "required"}, **FAST) as stream, pytest.raises(
+        OperationFailure
+    ) as info:
+        coll.update_one({"_id": "img"}, {"$inc": {"a": 1}})
+        stream.next()
+    text = str(info.value)
+    assert info.value.code == 47 and "\n" not in text
+    assert text.startswith(f"{option}='required' needs pre- and post-images")
+    assert "changeStreamPreAndPostImages" in text and f"{option}='whenAvailable'" in text
+    assert_clean(text)
+
+
+def test_a_standalone_server_says_change_streams_need_a_replica_set(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with ReplicaSet("8.0", standalone=True) as server:
+        client: MongoClient[dict[str, Any]] = MongoClient(server.uri)
+        with pytest.raises(OperationFailure) as info:
+            changestream.watch(client.db.coll)
+        with caplog.at_level(logging.ERROR, logger="changestream"), pytest.raises(
+            OperationFailure
+        ) as consumed:
+            changestream.consume(client.db.coll, print, MemoryTokenStore(), retry_for=5)
+        client.close()
+    for text in (str(info.value), str(consumed.value)):
+        assert text.startswith("change streams need a replica set or a sharded cluster")
+        assert "--replSet" in text and "\n" not in text
+
+
+def test_a_known_option_value_in_the_wrong_case_names_the_right_one(coll: Any) -> None:
+    with pytest.raises(ValueError, match="did you mean 'updateLookup'"):
+        changestream.watch(coll, full_document="UpdateLookup")
+    with pytest.raises(ValueError, match="did you mean 'whenAvailable'"):
+        changestream.watch(coll, full_document_before_change="whenavailable")
+
+
+def test_a_path_passed_as_the_store_says_which_store_to_use(coll: Any) -> None:
+    import asyncio
+
+    with pytest.raises(TypeError) as info:
+        changestream.consume(coll, print, "token.json")  # type: ignore[arg-type]
+    assert "FileTokenStore('token.json')" in str(info.value)
+
+    async def main() -> None:
+        await changestream.aio.consume(lambda token: None, print, "token.json")  # type: ignore[arg-type]
+
+    with pytest.raises(TypeError, match=r"FileTokenStore\('token.json'\)"):
+        asyncio.run(main())
+    with pytest.raises(TypeError, match=r"store must be a token store .* not dict"):
+        changestream.consume(coll, print, {})  # type: ignore[arg-type]
+
+
+def test_a_watch_of_the_other_kind_of_client_names_the_right_watch(plain: ReplicaSet) -> None:
+    import asyncio
+
+    from pymongo import AsyncMongoClient
+
+    async_client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(plain.uri)
+    with pytest.raises(TypeError) as info:
+        changestream.watch(async_client.db.coll)
+    assert "for an AsyncMongoClient use changestream.aio.watch" in str(info.value)
+    sync_client: MongoClient[dict[str, Any]] = MongoClient(plain.uri)
+
+    async def main() -> None:
+        await changestream.aio.watch(sync_client.db.coll)
+
+    with pytest.raises(TypeError) as async_info:
+        asyncio.run(main())
+    assert "for a MongoClient use changestream.watch" in str(async_info.value)
+    sync_client.close()
+
+
+@pytest.mark.parametrize(("module", "library", "extra"), [
+    ("changestream.exporters.prometheus", "prometheus_client", "prometheus"),
+    ("changestream.exporters.otel", "opentelemetry", "opentelemetry"),
+])
+def test_an_exporter_without_its_extra_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, module: str, library: str, extra: str
+) -> None:
+    import importlib
+
+    monkeypatch.setitem(sys.modules, library, None)  # as if not installed
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(ImportError) as info:
+        importlib.import_module(module)
+    assert f"pip install 'changestream[{extra}]'" in str(info.value)

@@ -19,10 +19,12 @@ from .._codes import (
     CHANGE_STREAM_FATAL,
     CHANGE_STREAM_HISTORY_LOST,
     NON_RESUMABLE_LABEL,
+    OVERFLOW,
     UNAUTHORIZED,
 )
 from .._diagnosis import (
     authentication_failed,
+    damaged_token_message,
     describe_store,
     errmsg,
     event_too_large_message,
@@ -37,6 +39,7 @@ from ..errors import (
     ConsumeError,
     EventTooLargeError,
     HistoryLostError,
+    InvalidResumeTokenError,
     NotResumableError,
     StreamInvalidatedError,
     describe_error,
@@ -52,6 +55,8 @@ REMOVED_SHARD_MESSAGE = "Change stream events no more available due to removed s
 
 DEAD_END_MARK = "changestream_dead_end"
 """Set on the log record of the error a run stops with (the CLI prints it itself)."""
+START_OPTIONS = ("resumeAfter", "startAfter")
+"""A start token the stream refused names its option as the error's ``field``."""
 
 
 def removed_shard(exc: BaseException) -> bool:
@@ -80,6 +85,8 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
     if authentication_failed(exc):
         return NotResumableError(wrong_credentials_message(where, held) + "." + server,
                                  token=token)
+    if isinstance(exc, InvalidResumeTokenError) and exc.field in START_OPTIONS:
+        return NotResumableError(f"{exc}; {held} holds {where}.", token=token)
     if not isinstance(exc, OperationFailure):
         return None
     if exc.code == CHANGE_STREAM_HISTORY_LOST and removed_shard(exc):
@@ -110,6 +117,8 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
         return NotResumableError(
             token_not_in_history_message(where, held, errmsg(exc), stored=token is not None) + "." + server, token=token
         )
+    if exc.code == OVERFLOW and token is not None:
+        return NotResumableError(damaged_token_message(where, held) + "." + server, token=token)
     if exc.code == BSON_OBJECT_TOO_LARGE:
         return EventTooLargeError(event_too_large_message(where, held) + "." + server,
                                   token=token)

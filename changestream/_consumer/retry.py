@@ -27,7 +27,7 @@ from .._diagnosis import authentication_failed, describe_store
 from ..errors import ConsumeError, RetriesExhaustedError, describe_error
 from .dead_ends import describe_token, unrecoverable
 
-__all__ = ["RetryPolicy", "is_transient"]
+__all__ = ["RetryPolicy", "handler_error_is_transient", "is_transient"]
 
 log = logging.getLogger("changestream.consume")
 
@@ -49,6 +49,12 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, OperationFailure):
         return exc.code in TRANSIENT_CODES or any(map(exc.has_error_label, TRANSIENT_LABELS))
     return False
+
+
+def handler_error_is_transient(exc: BaseException) -> bool:
+    """An error inside the handler that says its target is briefly unreachable (a failover
+    of the handler's own database): :func:`is_transient`'s, or a ``ConnectionError``."""
+    return isinstance(exc, ConnectionError) or is_transient(exc)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,13 +15,14 @@ import logging
 import time
 from typing import Any
 
+from .._diagnosis import not_a_store_message
 from .._metrics import StatsReporter
 from .._stream_view import StreamView
 from ..errors import ConsumeError, describe_error, one_line
 from ..stores import StoredToken
 from .bounds import DEFAULT_CALL_TIMEOUT, check_call_timeout
 from .dead_ends import DEAD_END_MARK, invalidated, is_invalidate
-from .handler_errors import HandlerCalls
+from .handler_errors import HandlerCalls, TransientBudget
 from .history import HistoryGap, HistoryPolicy
 from .retry import RetryPolicy, is_transient
 from .saves import SaveSchedule, check_save_options
@@ -82,6 +83,8 @@ class Run:
         calls: HandlerCalls | None = None,
         parallel: bool = False,
     ) -> None:
+        if not (callable(getattr(store, "load", None)) and callable(getattr(store, "save", None))):
+            raise TypeError(not_a_store_message(store))
         check_save_options(save_every, save_interval)
         check_call_timeout(call_timeout)
         self.call_timeout = call_timeout
@@ -97,6 +100,8 @@ class Run:
         self.history = history if history is not None else HistoryPolicy(
             "raise", None, is_collection=False)
         self.calls = calls if calls is not None else HandlerCalls(None)
+        # transient errors inside the handler are retried for the run's budget
+        self.calls.budget = TransientBudget(retry_for, backoff_initial, backoff_max)
         stats.calls = self.calls
         self.parallel = parallel
         """Changes go to worker threads or tasks (``workers`` > 1)."""

@@ -158,6 +158,7 @@ def consume(
               history=settings.history, calls=settings.calls, parallel=settings.lanes is not None)
     run.loaded(call_store(store.load))
     stop = stop if stop is not None else threading.Event()
+    run.calls.stop = stop  # a handler's backoff wakes on it
     pool = None if settings.lanes is None else ThreadWorkers(handler, run.calls, settings.lanes,
                                                             settings.key)
 

@@ -10,8 +10,8 @@ then: the lag keeps growing (:class:`changestream.Position`) and the reopen
 count moves. The timer runs beside the loop (a task of the event loop in
 asyncio, a daemon thread in the sync twin), calls the same
 :meth:`~changestream._metrics.StatsReporter.poll` and, every
-:data:`~changestream._headroom.PROBE_EVERY` seconds, reads the oldest oplog
-entry for the headroom. It stops with the loop's final report
+:data:`~changestream._headroom.PROBE_EVERY` seconds, reads how full the oplog
+is and its oldest entry for the headroom. It stops with the loop's final report
 (:meth:`StatsReporter.finish`).
 """
 
@@ -24,7 +24,7 @@ import pymongo
 from pymongo.errors import PyMongoError
 
 from .._consumer.run import Run
-from .._headroom import OPLOG_QUERY, log, oplog_client
+from .._headroom import OPLOG_QUERY, OPLOG_STATS, log, oplog_client
 from .._metrics import StatsReporter
 
 __all__ = ["start_stats_timer"]
@@ -64,6 +64,15 @@ def _probe_headroom(stats: StatsReporter) -> None:
     if why_not is not None:
         probe.give_up(why_not)
     if client is None:
+        return
+    try:  # how full first: the oldest entry of an oplog that is not full is no risk
+        with pymongo.timeout(PROBE_TIMEOUT):
+            reply: Any = client.local.command(dict(OPLOG_STATS))
+    except PyMongoError as exc:
+        probe.failed(exc, stats=True)
+        return
+    probe.read_fill(reply)
+    if probe.unavailable is not None:
         return
     try:
         with pymongo.timeout(PROBE_TIMEOUT):

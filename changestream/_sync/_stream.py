@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.mongo_client import MongoClient
 
+from .._diagnosis import wrong_client_message
 from .._machine import (
     NOT_BUFFERED,
     Deliver,
@@ -92,10 +93,7 @@ class ChangeStream(StreamShell, Generic[_T]):
     ) -> None:
         resolved = resolve_target(target)
         if not isinstance(resolved.client, MongoClient):
-            raise TypeError(
-                "ChangeStream needs a synchronous pymongo MongoClient target "
-                "(use changestream.watch for an MongoClient)"
-            )
+            raise TypeError(wrong_client_message(aio=False))
         if options.session is not None and not isinstance(options.session, ClientSession):
             raise TypeError("session must be a ClientSession of the same MongoClient")
         super().__init__(resolved, options, SyncTransport)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,8 +49,10 @@ def call_handler(handler: Callable[[Any], object], change: Any, calls: HandlerCa
     if not calls.retrying:
         handler(change)
         return
+    stop = calls.stop
+    sleep = time.sleep if stop is None else stop.wait  # the backoff wakes on a stop
     try:
-        tenacity.Retrying(**calls.arguments())(handler, change)
+        tenacity.Retrying(sleep=sleep, **calls.arguments())(handler, change)
     except Exception as exc:
         dead_letter = calls.gave_up(change, exc)
         if dead_letter is None:

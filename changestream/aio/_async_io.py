@@ -56,13 +56,22 @@ async def call_handler(handler: Callable[[Any], Any], change: Any, calls: Handle
             await result
         return
     try:
-        await tenacity.AsyncRetrying(**calls.arguments())(_once, handler, change)
+        await tenacity.AsyncRetrying(sleep=_sleeper(calls), **calls.arguments())(
+            _once, handler, change)
     except Exception as exc:
         dead_letter = calls.gave_up(change, exc)
         if dead_letter is None:
             raise
         await _once(dead_letter, change, exc)
         calls.dead_lettered()
+
+
+def _sleeper(calls: HandlerCalls) -> Callable[[float], Any]:
+    """The backoff between handler calls: woken by the run's stop event."""
+    stop = calls.stop
+    if stop is None:
+        return asyncio.sleep
+    return lambda seconds: wait_for_stop(stop, seconds)
 
 
 async def _once(function: Callable[..., Any], *args: Any) -> None:

@@ -178,6 +178,7 @@ async def consume(
               history=settings.history, calls=settings.calls, parallel=settings.lanes is not None)
     run.loaded(await call_store(store.load))
     stop = stop if stop is not None else asyncio.Event()  # sync: stop = stop if stop is not None else threading.Event()
+    run.calls.stop = stop  # a handler's backoff wakes on it
     pool = None if settings.lanes is None else AsyncWorkers(handler, run.calls, settings.lanes,
                                                             settings.key)
 

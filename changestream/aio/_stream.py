@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
+from .._diagnosis import wrong_client_message
 from .._machine import (
     NOT_BUFFERED,
     Action,  # async-only
@@ -106,10 +107,7 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
     ) -> None:
         resolved = resolve_target(target)
         if not isinstance(resolved.client, AsyncMongoClient):
-            raise TypeError(
-                "AsyncChangeStream needs a pymongo AsyncMongoClient target "  # sync: "ChangeStream needs a synchronous pymongo MongoClient target "
-                "(use changestream.watch for a MongoClient)"  # sync: "(use changestream.aio.watch for an AsyncMongoClient)"
-            )
+            raise TypeError(wrong_client_message(aio=True))  # sync: raise TypeError(wrong_client_message(aio=False))
         if options.session is not None and not isinstance(options.session, AsyncClientSession):
             raise TypeError("session must be an AsyncClientSession for an async change stream")  # sync: raise TypeError("session must be a ClientSession of the same MongoClient")
         # async-only: begin

@@ -32,8 +32,14 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Counter, Meter, Observation
+try:
+    from opentelemetry import metrics
+    from opentelemetry.metrics import CallbackOptions, Counter, Meter, Observation
+except ImportError as exc:  # one clear error instead of a bare ModuleNotFoundError
+    raise ImportError(
+        "changestream.exporters.otel needs the 'opentelemetry' extra: "
+        f"pip install 'changestream[opentelemetry]' ({exc})"
+    ) from exc
 
 from .._metrics import ConsumeStats, RunIncrements
 

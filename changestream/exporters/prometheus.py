@@ -46,8 +46,14 @@ import threading
 import weakref
 from typing import Any
 
-import prometheus_client
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+try:
+    import prometheus_client
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+except ImportError as exc:  # one clear error instead of a bare ModuleNotFoundError
+    raise ImportError(
+        "changestream.exporters.prometheus needs the 'prometheus' extra: "
+        f"pip install 'changestream[prometheus]' ({exc})"
+    ) from exc
 
 from .._metrics import ConsumeStats, RunIncrements
 

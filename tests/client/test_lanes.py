@@ -9,6 +9,7 @@ while work is left.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from collections.abc import Hashable
@@ -280,3 +281,51 @@ def test_fetching_resumes_once_a_quarter_is_free_not_per_change() -> None:
     assert not lanes.full and not lanes.roomy  # one free slot: the fetcher keeps waiting
     lanes.done(jobs[1])
     assert lanes.roomy and lanes.in_flight == 6
+
+
+def test_keys_compare_by_value_nan_ids_share_a_lane() -> None:
+    """Issue 33, item 4: NaN != NaN, so each change of a document whose _id is NaN got a
+    lane of its own, and 8 calls ran at once for one document, out of order."""
+    def change(i: int) -> dict[str, Any]:
+        return {"operationType": "update", "ns": {"db": "d", "coll": "c"},
+                "documentKey": {"_id": float("nan")}, "i": i}
+
+    assert default_key(change(1)) == default_key(change(2))
+    assert default_key({**change(1), "documentKey": {"_id": {"a": float("nan")}}}) == (
+        default_key({**change(2), "documentKey": {"_id": {"a": float("nan")}}}))
+    lanes = Lanes(workers=8, max_in_flight=64)
+    for i in range(8):
+        lanes.admit(change(i), default_key(change(i)), i)
+    first = lanes.take()
+    assert first is not None and first.change["i"] == 0
+    assert lanes.take() is None  # the same document: one at a time
+    keyed = key_of(lambda change: change["tenant"])
+    assert keyed({"tenant": float("nan")}) == keyed({"tenant": float("nan")})
+    assert keyed({"tenant": ("t", float("nan"))}) == keyed({"tenant": ("t", float("nan"))})
+
+
+def test_a_key_that_compares_by_identity_is_refused_naming_key() -> None:
+    class Tenant:  # no __eq__/__hash__: every instance is its own key
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    def tenant_of(change: Any) -> Any:
+        return Tenant(change["tenant"])
+
+    keyed = key_of(tenant_of)
+    with pytest.raises(TypeError) as info:
+        keyed({"tenant": "t1"})
+    message = str(info.value)
+    assert message.startswith("key=") and "tenant_of" in message and "\n" not in message
+    assert "compares by identity" in message
+    with pytest.raises(TypeError, match="key="):
+        key_of(lambda change: ("t", Tenant("x")))({})
+    with pytest.raises(TypeError, match="neither hashable nor BSON"):
+        key_of(lambda change: {1, 2})({})  # a set: unhashable, not BSON
+
+    @dataclasses.dataclass(frozen=True)
+    class ByValue:
+        name: str
+
+    by_value = key_of(lambda change: ByValue(change["tenant"]))
+    assert by_value({"tenant": "a"}) == by_value({"tenant": "a"})

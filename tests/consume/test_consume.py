@@ -382,3 +382,69 @@ def test_a_token_travels_as_its_event_bytes_until_it_is_read(coll: Any) -> None:
     assert run.polled(None, stream.carried_token(), True) is SAVE
     assert run.progress.token == second["_id"] and type(run.progress.token) is dict
     stream.close()
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_events_of_a_large_reply_are_handled_and_their_tokens_stored(
+    coll: Any, workers: int
+) -> None:
+    """PyMongo's sync client hands a reply over about 64 KiB over as a memoryview and its
+    raw events as views into it (issue 33, item 1): consume stopped with "token must be a
+    document (mapping), not memoryview" ("cannot pickle memoryview objects" with workers)
+    at the first save, so events of 100 kB (or a split event's neighbours) never got past."""
+    store = RecordingStore()
+    store.save(token_before_writes(coll))
+    coll.insert_many([{"i": i, "pad": "x" * 100_000} for i in range(6)])
+    consumer = Consumer(coll, store, stop_after=6, workers=workers).start().join()
+    assert consumer.error is None, consumer.error
+    assert sorted(consumer.values()) == list(range(6)) and consumer.result.handled == 6
+    stored = store.load()
+    assert stored is not None and type(stored.token) is dict
+    assert same(stored.token, consumer.result.token)
+    assert all(type(token) is dict for token in store.tokens)
+
+
+def test_transient_handler_errors_are_retried_for_retry_for_before_on_error_counts() -> None:
+    """Issue 33, item 6, both twins: a ConnectionError or a transient PyMongo error in the
+    handler is retried (the run's backoff) for retry_for; then it counts as an attempt; on
+    a stop it is raised as is, never dead-lettered."""
+    import asyncio
+
+    from changestream._sync_io import call_handler
+
+    from changestream._consumer.handler_errors import HandlerCalls, TransientBudget
+    from changestream.aio._async_io import call_handler as async_call_handler
+
+    def calls_with(retry_for: float) -> tuple[HandlerCalls, list[Any]]:
+        letters: list[Any] = []
+        policy = changestream.OnError(retries=0, backoff_initial=0,
+                                      dead_letter=lambda c, e: letters.append((c, type(e))))
+        return HandlerCalls(policy, TransientBudget(retry_for, 0.01, 0.02)), letters
+
+    def failing(times: int, error: BaseException) -> Callable[[Any], None]:
+        left = [times]
+
+        def handler(change: Any) -> None:
+            if left[0]:
+                left[0] -= 1
+                raise error
+
+        return handler
+
+    for run in (call_handler,
+                lambda h, c, calls: asyncio.run(async_call_handler(h, c, calls))):
+        calls, letters = calls_with(retry_for=30)
+        run(failing(3, ConnectionResetError("reset")), "a", calls)
+        run(failing(2, AutoReconnect("failover")), "b", calls)
+        assert letters == [] and calls.retries == 5
+        run(failing(1, ValueError("poison")), "c", calls)  # not transient: on_error's
+        assert letters == [("c", ValueError)]
+        calls, letters = calls_with(retry_for=0.05)  # an outage longer than retry_for
+        run(failing(1000, AutoReconnect("down")), "d", calls)
+        assert letters == [("d", AutoReconnect)]
+        calls, letters = calls_with(retry_for=30)
+        calls.stop = threading.Event()
+        calls.stop.set()  # stopping during an outage: raised, handled again after a restart
+        with pytest.raises(AutoReconnect):
+            run(failing(1000, AutoReconnect("down")), "e", calls)
+        assert letters == []

@@ -708,3 +708,83 @@ def test_a_stop_after_the_last_change_does_not_wait_for_the_getmore_in_flight(
         while first is None:
             first = stream.try_next()
     assert first["documentKey"]["_id"] == 20
+
+
+def test_changes_of_a_document_whose_id_is_nan_run_one_at_a_time_in_order(coll: Any) -> None:
+    """Issue 33, item 4: NaN != NaN gave each change of one document its own lane."""
+    start = start_token(coll)
+    coll.insert_one({"_id": float("nan"), "v": 0})
+    for version in range(1, 8):
+        coll.update_one({"_id": float("nan")}, {"$set": {"v": version}})
+    lock, stop = threading.Lock(), threading.Event()
+    running, overlaps, versions = [0], [0], []
+
+    def handler(change: Mapping[str, Any]) -> None:
+        with lock:
+            running[0] += 1
+            overlaps[0] = max(overlaps[0], running[0])
+            fields = change.get("updateDescription", {}).get("updatedFields", {"v": 0})
+            versions.append(fields["v"])
+        time.sleep(0.01)
+        with lock:
+            running[0] -= 1
+            if len(versions) == 8:
+                stop.set()
+
+    changestream.consume(lambda token: changestream.watch(coll, resume_after=token, **FAST),
+                         handler, stored_at(start), stop=stop, workers=8)
+    assert overlaps[0] == 1 and versions == list(range(8))
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_an_outage_of_the_handlers_database_dead_letters_nothing(
+    coll: Any, workers: int, mongodb_uri: str
+) -> None:
+    """Issue 33, item 6: a 1.5 s outage of the handler's own database dead-lettered healthy
+    changes (on_error counted each transient failure as an attempt). Transient errors are
+    retried with the run's backoff for retry_for before on_error counts one."""
+    start = start_token(coll)
+    coll.insert_many([{"_id": i} for i in range(8)])
+    target: MongoClient[dict[str, Any]] = MongoClient(mongodb_uri, retryWrites=False)
+    sink = target[coll.database.name][coll.name + "_sink"]
+    letters: list[Any] = []
+    stop, lock = threading.Event(), threading.Lock()
+    control: MongoClient[dict[str, Any]] = MongoClient(mongodb_uri)  # not the failing client
+    admin = control.admin
+    admin.command("configureFailPoint", "failCommand", mode="alwaysOn",
+                  data={"failCommands": ["insert"], "closeConnection": True})
+    outage = threading.Timer(1.5, lambda: admin.command("configureFailPoint", "failCommand",
+                                                        mode="off"))
+
+    done: list[Any] = []
+
+    def settled(change: Any, exc: BaseException | None = None) -> None:
+        if exc is not None:
+            letters.append(change)
+        with lock:
+            done.append(change)
+            if len(done) == 8:
+                stop.set()
+
+    def handle(change: Any) -> None:
+        sink.insert_one({"_id": change["documentKey"]["_id"]})
+        settled(change)
+
+    stats: list[changestream.ConsumeStats] = []
+    outage.start()
+    try:
+        changestream.consume(
+            lambda token: changestream.watch(coll, resume_after=token, **FAST), handle,
+            stored_at(start), stop=stop, workers=workers, backoff_initial=0.1, backoff_max=0.5,
+            retry_for=30,
+            on_error=changestream.OnError(retries=1, backoff_initial=0,
+                                          dead_letter=settled),
+            on_stats=stats.append)
+    finally:
+        outage.cancel()
+        admin.command("configureFailPoint", "failCommand", mode="off")
+        target.close()
+        control.close()
+    assert letters == []
+    assert sorted(d["_id"] for d in coll.database[coll.name + "_sink"].find()) == list(range(8))
+    assert stats[-1].dead_letters == 0 and stats[-1].retries >= 1

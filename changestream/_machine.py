@@ -50,42 +50,22 @@ from ._actions import (
     RunGetMore,
     StreamSpec,
 )
-from ._codes import (
-    BSON_OBJECT_TOO_LARGE,
-    CURSOR_NOT_FOUND,
-    NO_MATCHING_DOCUMENT,
-    ONLY_ON_REPLICA_SETS,
-    OVERFLOW,
-    RESUMABLE_CODES_BEFORE_4_4,
-    RESUMABLE_LABEL,
-    RETRYABLE_READ_CODES,
-    RETRYABLE_READ_LABEL,
-    UNRECOGNIZED_PIPELINE_STAGE,
-)
 from ._commands import aggregate_command, getmore_command, kill_command, start_options
 from ._diagnosis import (
-    FUTURE_TOKEN_LIMIT,
     SPLIT_STAGE,
-    damaged_token_message,
-    event_too_large_message,
-    future_token_message,
-    images_required_message,
-    split_unsupported_message,
-    standalone_message,
 )
-from ._position import Position, newest_reply_time, reply_cluster_time
+from ._error_rules import check_start_token, explained, is_resumable, is_retryable_read
+from ._position import Position, newest_reply_time
 from ._replies import IN_EVENT, event_token, not_an_event, parse_cursor
 from ._split import SplitReassembler
 from ._states import AGGREGATES, INITIAL, RESUMES, Act, Effect, Event, Phase, State, transition
-from ._token import describe, raw_event_token, token_cluster_time, token_in_raw_event
+from ._token import describe, raw_event_token, token_in_raw_event
 from .errors import (
     ChangeStreamError,
-    InvalidResumeTokenError,
     MalformedReplyError,
     MissingResumeTokenError,
     SplitEventError,
     describe_error,
-    reworded,
 )
 
 __all__ = [
@@ -449,51 +429,19 @@ class ChangeStreamMachine:
 
     def _explained(self, error: ErrorInfo) -> ErrorInfo:
         """``error`` whose fix is one of this client's options, saying which (codes unchanged)."""
-        exception = error.exception
-        text: str | None = None
-        if error.code == BSON_OBJECT_TOO_LARGE and self._fragments is None:
-            text = event_too_large_message()
-        elif error.code == ONLY_ON_REPLICA_SETS:
-            text = standalone_message()
-        elif (error.code == OVERFLOW and self._opened_from is not None
-              and self._state.flight in AGGREGATES):
-            text = damaged_token_message()
-        elif error.code == NO_MATCHING_DOCUMENT:
-            options = self._spec.options
-            for name in ("full_document", "full_document_before_change"):
-                if getattr(options, name) == "required":
-                    text = images_required_message(name)
-                    break
-        if text is not None:
-            text = f"{text}. Server: {describe_error(exception)}"
-            return dataclasses.replace(error, exception=reworded(exception, text))
-        if error.code == UNRECOGNIZED_PIPELINE_STAGE and self._split_stage:
-            refused = SplitEventError(split_unsupported_message(describe_error(exception)))
-            refused.__cause__ = exception
-            return dataclasses.replace(error, exception=refused)
-        return error
+        return explained(
+            error, self._spec.options, joins_fragments=self._fragments is not None,
+            adds_split_stage=bool(self._split_stage),
+            opens_from_token=self._opened_from is not None and self._state.flight in AGGREGATES,
+        )
 
     # -- classification ---------------------------------------------------------
-    @staticmethod
-    def is_resumable(error: ErrorInfo) -> bool:
-        """Spec "Resumable Error", using the wire version of the failing connection."""
-        if error.is_network or error.code == CURSOR_NOT_FOUND:
-            return True
-        if error.code is None or error.wire_version is None:
-            return False
-        if error.wire_version >= 9:
-            return RESUMABLE_LABEL in error.labels
-        return error.code in RESUMABLE_CODES_BEFORE_4_4
+    is_resumable = staticmethod(is_resumable)
+    """Spec "Resumable Error" (:func:`changestream._error_rules.is_resumable`)."""
 
     def is_retryable_read(self, error: ErrorInfo) -> bool:
         """Retryable-reads spec: may a failed aggregate be retried once?"""
-        if not self._spec.retry_reads or error.is_timeout or error.is_server_selection:
-            return False
-        return (
-            error.is_network
-            or error.code in RETRYABLE_READ_CODES
-            or RETRYABLE_READ_LABEL in error.labels
-        )
+        return is_retryable_read(error, retry_reads=self._spec.retry_reads)
 
     def _aggregate_error_event(self, error: ErrorInfo) -> Event:
         """An aggregate's error, by the retryable-reads spec (the table: retry once or fail)."""
@@ -716,19 +664,9 @@ class ChangeStreamMachine:
                       post_batch_token)
 
     def _check_start_token(self, reply: Mapping[str, Any]) -> None:
-        """A start token ahead of the server's cluster time: the server skips every change
-        until its clock reaches it. Warned of; refused beyond ``FUTURE_TOKEN_LIMIT``."""
+        """A start token ahead of the server's cluster time (see :func:`check_start_token`)."""
         assert self._opened_from is not None
-        option, token = self._opened_from
-        token_time, server_time = token_cluster_time(token), reply_cluster_time(reply)
-        if token_time is None or server_time is None or token_time.time - server_time.time < 2:
-            return  # (one-second resolution: a second ahead is rounding)
-        refused = token_time.time - server_time.time > FUTURE_TOKEN_LIMIT
-        message = future_token_message(token_time.as_datetime(), server_time.as_datetime(),
-                                       refused=refused)
-        if refused:
-            raise InvalidResumeTokenError(message, field=option, value=token)
-        log.warning("%s (%s on %s)", message, option, self._namespace())
+        check_start_token(*self._opened_from, reply, self._namespace())
 
     def _namespace(self) -> str:
         spec = self._spec

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "changestream._position", "changestream._options", "changestream._watch_types",
         "changestream._event_types", "changestream._event_build", "changestream.events",
         "changestream._actions", "changestream._states", "changestream._replies",
+        "changestream._error_rules",
         "changestream._commands", "changestream._machine", "changestream._split",
         "changestream._match", "changestream._lanes", "changestream._hub_items",
         "changestream._snapshot", "changestream.stores", "changestream._diagnosis",
@@ -121,3 +122,17 @@ def test_an_upward_import_is_caught() -> None:
     wrong = [(s, d) for s, ds in graph.items() for d in ds
              if NAMES.index(layer_of(d)) > NAMES.index(layer_of(s))]
     assert wrong == [("changestream._machine", "changestream.aio._stream")]
+
+
+MAX_LINES = 750
+"""A module past this holds more than one responsibility (issue 29): split it by concern."""
+
+
+def test_no_client_module_is_over_750_lines() -> None:
+    long = {
+        module: n
+        for module, path in graphs.module_files(ROOT, PACKAGE).items()
+        if not module.startswith(f"{PACKAGE}.testing")
+        and (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"split these by concern: {long}"

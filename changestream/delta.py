@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Literal
@@ -48,6 +48,7 @@ from bson import json_util
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
 
+from ._delta_history import AS_OF_SQL, HISTORY_SQL, HistoryTable, as_of
 from ._delta_json import relaxed_dumps
 from ._delta_layout import (
     CURRENT_SQL,
@@ -77,7 +78,7 @@ from .stores import StoredToken, TokenStoreError
 from .stores import _stored as _validated  # the other stores' validation, one wording
 
 __all__ = [
-    "CURRENT_SQL", "KEY", "OP", "SEQ", "Compaction", "DeltaSink", "DeltaSinkError",
+    "AS_OF_SQL", "CURRENT_SQL", "HISTORY_SQL", "KEY", "OP", "SEQ", "Compaction", "DeltaSink", "DeltaSinkError",
     "DocumentSchemaError", "SchemaTextError", "merge_table",
 ]
 
@@ -317,6 +318,7 @@ class DeltaSink:
         log_fraction: float = 0.5,
         max_log_rows: int = 2_000_000,
         target_file_size: int = 64 << 20,
+        history: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(app_id, str) or not app_id:
             raise ValueError(f"app_id must be a non-empty string, not {app_id!r}")
@@ -352,6 +354,15 @@ class DeltaSink:
         """Batches skipped because the table already held their version."""
         self.compactions: list[Compaction] = []
         """What each compaction by this sink object did."""
+        self.history: HistoryTable | None = None
+        """The history table (``history=``): every change, SCD type 2 (``_delta_history``)."""
+        if history is not None:
+            if os.fspath(history) == self.path:
+                raise ValueError("history must be another path than the table's")
+            self.history = HistoryTable(os.fspath(history), app_id=app_id,
+                                        full_document=full_document,
+                                        json_options=self._json_options,
+                                        storage_options=storage_options)
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r}, app_id={self.app_id!r})"
@@ -479,17 +490,56 @@ class DeltaSink:
             return
         try:
             first_load = self._first_load(staged)
+            before = self._history_first(staged, token)
             if first_load:
-                self._commit(self._base_rows(staged), batch_id, token, base=True)
+                self._commit(self._base_rows(staged), batch_id, token, base=True, before=before)
             else:
                 batch = merge_columns(staged, full_document=self.full_document,
                                       json_options=self._json_options)
-                self._commit(batch, batch_id, token)
+                self._commit(batch, batch_id, token, before=before)
         except BaseException:
             self._staged = staged + self._staged  # a retried save commits them
             raise
         if not first_load:  # after the commit: a failed compaction loses no batch
             self._maybe_compact()
+
+    def _history_first(
+        self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any] | None
+    ) -> Callable[[int], None] | None:
+        """The history table's commit of ``changes`` as batch ``v``, run before this table's."""
+        history = self.history
+        if history is None:
+            return None
+        text = None if token is None else self._token_text(token)
+
+        def data(keys: list[str], documents: list[Mapping[str, Any] | None]) -> pa.Table:
+            rows = _source(keys, ["upsert"] * len(keys), documents, self.schema,
+                           self._json_options)
+            return rows.drop_columns([KEY, OP])
+
+        def live() -> list[str]:
+            keys: list[str] = self.read_current().column(KEY).to_pylist()
+            return keys
+
+        def commit(version: int) -> None:
+            history.write(history.rows(changes, version, data, live), version, text)
+
+        return commit
+
+    @staticmethod
+    def _token_text(token: Mapping[str, Any]) -> str:
+        return json_util.dumps(ResumeToken.of(token, check=False).document(),
+                               json_options=_TOKEN_JSON)
+
+    def read_history(self) -> pa.Table:
+        """The history table with ``valid_to`` (:data:`HISTORY_SQL`), by ``_key`` then ``_seq``."""
+        if self.history is None:
+            raise ValueError("this sink keeps no history: give DeltaSink(..., history=PATH)")
+        return self.history.read()
+
+    def read_as_of(self, time: datetime) -> pa.Table:
+        """The collection as it was at ``time`` (aware), from the history (:data:`AS_OF_SQL`)."""
+        return as_of(self.read_history(), time)
 
     def _first_load(self, staged: Sequence[Mapping[str, Any]]) -> bool:
         """Are these snapshot records of this app id's first load (appended as base rows)?
@@ -563,10 +613,16 @@ class DeltaSink:
         if applied is not None and version <= applied and applied == self._seen_version:
             self.skipped += 1  # before any conversion: cheap
             return False
+        before = None
+        if self.history is not None:
+            if isinstance(batch, (MergeBatch, pa.Table)):
+                raise ValueError("a sink with a history table writes lists of changes (the "
+                                 "history keeps every change, a merge batch only the last)")
+            before = self._history_first(batch, token)
         if not isinstance(batch, (MergeBatch, pa.Table)):
             batch = merge_columns(batch, full_document=self.full_document,
                                   json_options=self._json_options)
-        if not self._commit(batch, version, token, cleared=cleared):
+        if not self._commit(batch, version, token, cleared=cleared, before=before):
             return False
         self._maybe_compact()
         return True
@@ -580,8 +636,12 @@ class DeltaSink:
         *,
         cleared: bool = False,
         base: bool = False,
+        before: Callable[[int], None] | None = None,
     ) -> bool:
-        """One commit of the batch's rows, its version and token; retried on conflicts."""
+        """One commit of the batch's rows, its version and token; retried on conflicts.
+
+        ``before(version)`` runs right before the commit (the history table's commit).
+        """
         if isinstance(batch, MergeBatch):
             cleared = batch.cleared
             source: pa.Table | None = merge_table(batch, self.schema, self.json_mode)
@@ -611,6 +671,8 @@ class DeltaSink:
                     transactions = [Transaction(self.app_id, number)]
                 properties = CommitProperties(custom_metadata=metadata,
                                               app_transactions=transactions)
+                if before is not None and number is not None:
+                    before(number)
                 if source is None:
                     rows = self._table_schema.empty_table()
                 else:

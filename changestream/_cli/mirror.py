@@ -77,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
         "@FILE reads it from FILE",
     )
     parser.add_argument(
+        "--history", metavar="PATH",
+        help="also keep a history table at PATH: one row per change with valid_from (and "
+        "valid_to by a query), SCD type 2; committed exactly once with the table",
+    )
+    parser.add_argument(
         "--batch", type=_positive_int, default=10_000, metavar="N",
         help="commit after N changes at most (default %(default)s)",
     )
@@ -119,6 +124,11 @@ def main(argv: list[str]) -> int:
         parser.error(f"--to: the directory {Path(args.to).parent} does not exist")
     if "://" not in args.to and Path(args.to).exists() and not Path(args.to).is_dir():
         parser.error(f"--to: {args.to} is not a directory")
+    if args.history is not None:
+        if args.history == args.to:
+            parser.error("--history: give another path than --to")
+        if "://" not in args.history and not Path(args.history).parent.is_dir():
+            parser.error(f"--history: the directory {Path(args.history).parent} does not exist")
     try:
         from ..delta import DeltaSink, SchemaTextError
     except ImportError as exc:
@@ -136,7 +146,7 @@ def main(argv: list[str]) -> int:
     except (PyMongoError, ValueError, TypeError) as exc:
         parser.error(f"invalid URI: {_redact(describe_error(exc), args.uri)}")
     sink = DeltaSink(args.to, app_id=args.app_id, full_document=args.full_document,
-                     json_mode=args.json_mode, schema=schema)
+                     json_mode=args.json_mode, schema=schema, history=args.history)
     with panics_held():  # delta-rs's writer threads may panic on a failed write: one line, ours
         return _mirror(args, client, sink)
 

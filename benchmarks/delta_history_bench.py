@@ -106,8 +106,14 @@ def main() -> None:
     base: float | None = None
     for size in [int(s) for s in args.sizes.split(",")]:
         keys = size // 4
-        for label, pick in (("newest 5%", lambda: keys - 1 - rng.randrange(max(1, keys // 20))),
-                            ("uniform", lambda: rng.randrange(keys))):
+
+        def newest(keys: int = keys) -> int:
+            return keys - 1 - rng.randrange(max(1, keys // 20))
+
+        def uniform(keys: int = keys) -> int:
+            return rng.randrange(keys)
+
+        for label, pick in (("newest 5%", newest), ("uniform", uniform)):
             for close in (False, True):
                 root = Path(tempfile.mkdtemp(prefix="history_bench_"))
                 try:

@@ -48,6 +48,7 @@ from bson import json_util
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
 
+from ._delta_drift import RESCUED, Drift, RescuedCounts
 from ._delta_history import AS_OF_SQL, HISTORY_SQL, HistoryTable, as_of
 from ._delta_json import relaxed_dumps
 from ._delta_layout import (
@@ -78,8 +79,8 @@ from .stores import StoredToken, TokenStoreError
 from .stores import _stored as _validated  # the other stores' validation, one wording
 
 __all__ = [
-    "AS_OF_SQL", "CURRENT_SQL", "HISTORY_SQL", "KEY", "OP", "SEQ", "Compaction", "DeltaSink", "DeltaSinkError",
-    "DocumentSchemaError", "SchemaTextError", "merge_table",
+    "AS_OF_SQL", "CURRENT_SQL", "HISTORY_SQL", "KEY", "OP", "RESCUED", "SEQ", "Compaction",
+    "DeltaSink", "DeltaSinkError", "DocumentSchemaError", "SchemaTextError", "merge_table",
 ]
 
 KEY = "_key"
@@ -170,6 +171,9 @@ def _source(
     documents: Sequence[Mapping[str, Any] | None],
     schema: pa.Schema | None,
     json_options: json_util.JSONOptions,
+    drift: Drift | None = None,
+    *,
+    count: bool = True,
 ) -> pa.Table:
     columns: dict[str, pa.Array] = {
         KEY: pa.array(keys, pa.string()),
@@ -178,7 +182,10 @@ def _source(
     if schema is None:
         columns[DOCUMENT] = pa.array(_json_texts(documents, json_options), pa.string())
         return pa.table(columns)
-    columns.update(document_columns(keys, documents, schema, json_options))
+    if drift is not None:  # rescue or evolve (_delta_drift)
+        columns.update(drift.columns(keys, documents, json_options, count=count))
+    else:
+        columns.update(document_columns(keys, documents, schema, json_options))
     return pa.table(columns)
 
 
@@ -319,6 +326,8 @@ class DeltaSink:
         max_log_rows: int = 2_000_000,
         target_file_size: int = 64 << 20,
         history: str | os.PathLike[str] | None = None,
+        on_mismatch: Literal["fail", "rescue"] = "fail",
+        evolve: bool = False,
     ) -> None:
         if not isinstance(app_id, str) or not app_id:
             raise ValueError(f"app_id must be a non-empty string, not {app_id!r}")
@@ -332,7 +341,14 @@ class DeltaSink:
         """The document columns as Arrow (``None``: one JSON column)."""
         self.json_mode = json_mode
         self._json_options = _json_options(json_mode)
-        self._table_schema = table_schema(self.schema)
+        self._drift: Drift | None = None
+        if on_mismatch != "fail" or evolve:
+            if self.schema is None:
+                raise ValueError("on_mismatch='rescue' and evolve=True need a schema (without "
+                                 "one every document is stored whole as JSON)")
+            self._drift = Drift(self.schema, on_mismatch, evolve, _cell, _misfit)
+        self._table_schema = table_schema(
+            self.schema if self._drift is None else self._drift.schema)
         self.full_document = full_document
         self._storage_options = storage_options
         self.idle_commit_seconds = idle_commit_seconds
@@ -390,6 +406,10 @@ class DeltaSink:
         want = self._table_schema.names
         if names == want:
             return
+        if self._drift is not None and names[:3] == want[:3] and self._drift.adopt(
+                pa.schema(list(have)[3:])):  # columns evolved by an earlier run
+            self._table_schema = table_schema(self._drift.schema)
+            return
         if SEQ not in names and names == [n for n in want if n not in (SEQ, OP)]:
             raise DeltaSinkError(
                 f"the Delta table at {self.path} has the layout of an earlier changestream (one "
@@ -413,6 +433,24 @@ class DeltaSink:
         table = self.table()
         assert table is not None
         return table
+
+    @property
+    def rescued(self) -> int:
+        """Values this sink put into ``_rescued`` (fields of committed batches; 0 without rescue)."""
+        return 0 if self._drift is None else self._drift.rescued
+
+    @property
+    def columns(self) -> pa.Schema:
+        """The data columns as the table has them now (``_rescued``, evolved ones included)."""
+        return self._table_schema.remove(0).remove(0).remove(0)
+
+    def reporting(self, callback: Callable[[Any], object]) -> Callable[[Any], object]:
+        """``callback`` for ``consume(on_stats=...)``, with :attr:`rescued` in each report.
+
+        ``ConsumeStats.rescued`` is 0 unless a sink fills it in this way; the
+        exporters count it (``changestream_values_rescued_total``).
+        """
+        return RescuedCounts(callback, lambda: self.rescued)
 
     @property
     def applied_version(self) -> int | None:
@@ -514,7 +552,7 @@ class DeltaSink:
 
         def data(keys: list[str], documents: list[Mapping[str, Any] | None]) -> pa.Table:
             rows = _source(keys, ["upsert"] * len(keys), documents, self.schema,
-                           self._json_options)
+                           self._json_options, self._drift, count=False)
             return rows.drop_columns([KEY, OP])
 
         def live() -> list[str]:
@@ -571,7 +609,8 @@ class DeltaSink:
             documents.append(change["fullDocument"])
             keys.append(key)
         texts = [key_json(key, self._json_options) for key in keys]
-        rows = _source(texts, ["upsert"] * len(texts), documents, self.schema, self._json_options)
+        rows = _source(texts, ["upsert"] * len(texts), documents, self.schema, self._json_options,
+                       self._drift)
         return rows.sort_by(KEY)  # tight key ranges in the file's statistics
 
     # -- the handler -------------------------------------------------------------------------
@@ -642,15 +681,24 @@ class DeltaSink:
 
         ``before(version)`` runs right before the commit (the history table's commit).
         """
+        drift = self._drift
+        if drift is not None and drift.evolve:
+            self.table()  # an evolved table's columns first (a restart), then new ones
         if isinstance(batch, MergeBatch):
             cleared = batch.cleared
-            source: pa.Table | None = merge_table(batch, self.schema, self.json_mode)
+            merge_rows = batch.rows
+            source: pa.Table | None = _source(
+                [r.key_json for r in merge_rows], [r.op for r in merge_rows],
+                [r.document for r in merge_rows],
+                self.schema, self._json_options, drift)
         elif isinstance(batch, MergeColumns):
             cleared = batch.cleared
             source = _source(batch.keys, batch.ops, batch.documents, self.schema,
-                             self._json_options)
+                             self._json_options, drift)
         else:
             source = batch
+        if drift is not None and drift.evolve:
+            self._table_schema = table_schema(drift.schema)  # new fields, new columns
         metadata = {_META_APP: self.app_id}
         if token is not None:
             metadata[_META_TOKEN] = json_util.dumps(
@@ -679,12 +727,17 @@ class DeltaSink:
                     rows = with_seq(source, self._table_schema,
                                     0 if base else first_seq(table.version()))
                 write_deltalake(table, rows, mode="overwrite" if cleared else "append",
+                                schema_mode="merge" if drift is not None and drift.evolve
+                                else None,
                                 commit_properties=properties,
                                 writer_properties=_LOG_WRITER,
                                 storage_options=self._storage_options)
                 if number is not None:
                     self._seen_version = number
         self.commits += 1
+        if drift is not None:  # counted once committed (a failed batch is counted when retried)
+            drift.rescued += drift.pending if source is not None else 0
+            drift.pending = 0
         if token is not None:
             self._token_committed_at = time.monotonic()
             self._position = dict(ResumeToken.of(token, check=False).document())

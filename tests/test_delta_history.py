@@ -335,3 +335,12 @@ def test_mirror_history_survives_kill_9_with_both_tables_exactly_once(
     now = datetime.now(timezone.utc)
     as_of = DeltaSink(target, app_id="changestream-mirror", history=history).read_as_of(now)
     assert documents(as_of) == final
+
+
+def test_mirror_history_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
+    base = ["mongodb://x", "--db", "d", "--coll", "c", "--to", str(tmp_path / "t")]
+    for extra in (["--history", str(tmp_path / "t")], ["--history", "/no/such/dir/h"]):
+        proc = subprocess.run([sys.executable, "-m", "changestream", "mirror", *base, *extra],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "--history" in proc.stderr

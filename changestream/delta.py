@@ -627,7 +627,14 @@ class DeltaSink:
         if self._staged:
             raise RuntimeError("changes staged by the handler are not saved yet; use one of "
                                "the two ways per sink")
+        self._refuse_tables()
         self._staged_table = (table, cleared)  # replaces a batch whose save failed: re-cut
+
+    def _refuse_tables(self) -> None:
+        """Merge tables are built outside the sink (Spark): no rescue, evolution or history."""
+        if self._drift is not None:
+            raise ValueError("a sink with on_mismatch='rescue' or evolve=True builds its rows "
+                             "itself: give it changes, not a merge table")
 
     # -- whole batches -----------------------------------------------------------------------
     def write(
@@ -652,6 +659,8 @@ class DeltaSink:
         if applied is not None and version <= applied and applied == self._seen_version:
             self.skipped += 1  # before any conversion: cheap
             return False
+        if isinstance(batch, pa.Table):
+            self._refuse_tables()
         before = None
         if self.history is not None:
             if isinstance(batch, (MergeBatch, pa.Table)):

@@ -249,3 +249,17 @@ def test_mirror_rescue_goes_on_and_says_how_many_were_rescued(
                               "--coll", "c", "--to", str(tmp_path / "u"), *args_],
                              capture_output=True, text=True, timeout=60)
         assert bad.returncode == 2 and "need --schema" in bad.stderr, bad.stderr
+
+
+def test_evolve_with_history_and_merge_tables_refused(tmp_path: Path) -> None:
+    events = Events()
+    sink = DeltaSink(tmp_path / "t", app_id="a", schema="_id BIGINT", evolve=True,
+                     history=tmp_path / "h")
+    apply(sink, [events.insert({"_id": 1})])
+    apply(sink, [events.insert({"_id": 2, "new": "n"})])
+    history = {r["_key"]: r for r in sink.read_history().to_pylist()}
+    assert history["1"]["new"] is None and history["2"]["new"] == "n"
+    with pytest.raises(ValueError, match="not a merge table"):
+        sink.write(pa.table({"_key": ["3"], "_op": ["upsert"], "_id": [3]}), version=5)
+    with pytest.raises(ValueError, match="not a merge table"):
+        sink.stage(pa.table({"_key": ["3"], "_op": ["upsert"], "_id": [3]}))

@@ -307,7 +307,9 @@ def test_mirror_history_survives_kill_9_with_both_tables_exactly_once(
             first.kill()
         coll.insert_one({"_id": "end"})
         events = []
+        deadline = time.monotonic() + 60
         while True:
+            assert time.monotonic() < deadline, "the reference stream did not reach the end"
             change = reference.try_next()
             if change is not None:
                 events.append(change)

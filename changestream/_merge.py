@@ -26,8 +26,8 @@ from ._token import ResumeToken
 from .errors import ChangeStreamError
 
 __all__ = [
-    "MergeBatch", "MergeColumns", "MergeRow", "MissingDocumentError", "key_json", "merge_columns",
-    "merge_ready",
+    "CLEARS", "MergeBatch", "MergeColumns", "MergeRow", "MissingDocumentError", "change_effect",
+    "change_order", "key_json", "merge_columns", "merge_ready",
 ]
 
 RELAXED = json_util.RELAXED_JSON_OPTIONS
@@ -36,6 +36,7 @@ CANONICAL = json_util.CANONICAL_JSON_OPTIONS
 _UPSERTS = frozenset({"insert", "replace", "update"})
 _CLEARS = frozenset({"drop", "rename", "dropDatabase"})
 """After these every document of the watched collection is gone (renamed away, dropped)."""
+CLEARS = _CLEARS
 
 
 class MissingDocumentError(ChangeStreamError):
@@ -213,3 +214,18 @@ def _op_document(
         "(post-images: enable changeStreamPreAndPostImages on the collection), and pass the "
         "same full_document= to merge_ready"
     )
+
+
+def change_order(change: Mapping[str, Any], index: int) -> tuple[int, bytes, int]:
+    """Where ``change`` (the ``index``-th of its batch) sorts: token order, snapshot records first.
+
+    What :func:`merge_ready` sorts by; the history table orders every change by it.
+    """
+    return _order(change["_id"], index)
+
+
+def change_effect(
+    text: str, change: Mapping[str, Any], full_document: str | None
+) -> tuple[Literal["upsert", "delete"], Mapping[str, Any] | None]:
+    """What one document change leaves (:func:`merge_ready`'s rule, its errors)."""
+    return _op_document(text, change, full_document)

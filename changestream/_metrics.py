@@ -65,13 +65,16 @@ class ConsumeStats:
     oplog_full: bool | None = None
     """Has the oplog reached its size limit (``None``: cannot tell)? Until it has, nothing is
     truncated and :attr:`oplog_headroom` is ``None``: "not full", not 0."""
+    rescued: int = 0
+    """Values a typed Delta sink put into its ``_rescued`` column (``on_mismatch="rescue"``);
+    0 unless the sink fills it in: ``on_stats=sink.reporting(callback)`` (``mirror`` does)."""
     run_id: str = ""
     """Which ``consume`` call this report is from (a random id per call): the counts above
     start at 0 in each call, so a callback that accumulates them across calls (the exporters)
     tells one call's reports from another's by it."""
 
 
-COUNTERS = ("handled", "resumes", "reopens", "stored", "retries", "dead_letters")
+COUNTERS = ("handled", "resumes", "reopens", "stored", "retries", "dead_letters", "rescued")
 """The fields of :class:`ConsumeStats` that only grow during one run (the exporters' counters)."""
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Literal
@@ -48,6 +48,8 @@ from bson import json_util
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
 
+from ._delta_drift import RESCUED, Drift, RescuedCounts
+from ._delta_history import AS_OF_SQL, HISTORY_SQL, HistoryTable, as_of
 from ._delta_json import relaxed_dumps
 from ._delta_layout import (
     CURRENT_SQL,
@@ -77,8 +79,8 @@ from .stores import StoredToken, TokenStoreError
 from .stores import _stored as _validated  # the other stores' validation, one wording
 
 __all__ = [
-    "CURRENT_SQL", "KEY", "OP", "SEQ", "Compaction", "DeltaSink", "DeltaSinkError",
-    "DocumentSchemaError", "SchemaTextError", "merge_table",
+    "AS_OF_SQL", "CURRENT_SQL", "HISTORY_SQL", "KEY", "OP", "RESCUED", "SEQ", "Compaction",
+    "DeltaSink", "DeltaSinkError", "DocumentSchemaError", "SchemaTextError", "merge_table",
 ]
 
 KEY = "_key"
@@ -169,6 +171,9 @@ def _source(
     documents: Sequence[Mapping[str, Any] | None],
     schema: pa.Schema | None,
     json_options: json_util.JSONOptions,
+    drift: Drift | None = None,
+    *,
+    count: bool = True,
 ) -> pa.Table:
     columns: dict[str, pa.Array] = {
         KEY: pa.array(keys, pa.string()),
@@ -177,7 +182,10 @@ def _source(
     if schema is None:
         columns[DOCUMENT] = pa.array(_json_texts(documents, json_options), pa.string())
         return pa.table(columns)
-    columns.update(document_columns(keys, documents, schema, json_options))
+    if drift is not None:  # rescue or evolve (_delta_drift)
+        columns.update(drift.columns(keys, documents, json_options, count=count))
+    else:
+        columns.update(document_columns(keys, documents, schema, json_options))
     return pa.table(columns)
 
 
@@ -317,6 +325,9 @@ class DeltaSink:
         log_fraction: float = 0.5,
         max_log_rows: int = 2_000_000,
         target_file_size: int = 64 << 20,
+        history: str | os.PathLike[str] | None = None,
+        on_mismatch: Literal["fail", "rescue"] = "fail",
+        evolve: bool = False,
     ) -> None:
         if not isinstance(app_id, str) or not app_id:
             raise ValueError(f"app_id must be a non-empty string, not {app_id!r}")
@@ -330,7 +341,14 @@ class DeltaSink:
         """The document columns as Arrow (``None``: one JSON column)."""
         self.json_mode = json_mode
         self._json_options = _json_options(json_mode)
-        self._table_schema = table_schema(self.schema)
+        self._drift: Drift | None = None
+        if on_mismatch != "fail" or evolve:
+            if self.schema is None:
+                raise ValueError("on_mismatch='rescue' and evolve=True need a schema (without "
+                                 "one every document is stored whole as JSON)")
+            self._drift = Drift(self.schema, on_mismatch, evolve, _cell, _misfit)
+        self._table_schema = table_schema(
+            self.schema if self._drift is None else self._drift.schema)
         self.full_document = full_document
         self._storage_options = storage_options
         self.idle_commit_seconds = idle_commit_seconds
@@ -352,6 +370,15 @@ class DeltaSink:
         """Batches skipped because the table already held their version."""
         self.compactions: list[Compaction] = []
         """What each compaction by this sink object did."""
+        self.history: HistoryTable | None = None
+        """The history table (``history=``): every change, SCD type 2 (``_delta_history``)."""
+        if history is not None:
+            if os.fspath(history) == self.path:
+                raise ValueError("history must be another path than the table's")
+            self.history = HistoryTable(os.fspath(history), app_id=app_id,
+                                        full_document=full_document,
+                                        json_options=self._json_options,
+                                        storage_options=storage_options)
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r}, app_id={self.app_id!r})"
@@ -379,6 +406,10 @@ class DeltaSink:
         want = self._table_schema.names
         if names == want:
             return
+        if self._drift is not None and names[:3] == want[:3] and self._drift.adopt(
+                pa.schema(list(have)[3:])):  # columns evolved by an earlier run
+            self._table_schema = table_schema(self._drift.schema)
+            return
         if SEQ not in names and names == [n for n in want if n not in (SEQ, OP)]:
             raise DeltaSinkError(
                 f"the Delta table at {self.path} has the layout of an earlier changestream (one "
@@ -402,6 +433,24 @@ class DeltaSink:
         table = self.table()
         assert table is not None
         return table
+
+    @property
+    def rescued(self) -> int:
+        """Values this sink put into ``_rescued`` (fields of committed batches; 0 without rescue)."""
+        return 0 if self._drift is None else self._drift.rescued
+
+    @property
+    def columns(self) -> pa.Schema:
+        """The data columns as the table has them now (``_rescued``, evolved ones included)."""
+        return self._table_schema.remove(0).remove(0).remove(0)
+
+    def reporting(self, callback: Callable[[Any], object]) -> Callable[[Any], object]:
+        """``callback`` for ``consume(on_stats=...)``, with :attr:`rescued` in each report.
+
+        ``ConsumeStats.rescued`` is 0 unless a sink fills it in this way; the
+        exporters count it (``changestream_values_rescued_total``).
+        """
+        return RescuedCounts(callback, lambda: self.rescued)
 
     @property
     def applied_version(self) -> int | None:
@@ -479,17 +528,56 @@ class DeltaSink:
             return
         try:
             first_load = self._first_load(staged)
+            before = self._history_first(staged, token)
             if first_load:
-                self._commit(self._base_rows(staged), batch_id, token, base=True)
+                self._commit(self._base_rows(staged), batch_id, token, base=True, before=before)
             else:
                 batch = merge_columns(staged, full_document=self.full_document,
                                       json_options=self._json_options)
-                self._commit(batch, batch_id, token)
+                self._commit(batch, batch_id, token, before=before)
         except BaseException:
             self._staged = staged + self._staged  # a retried save commits them
             raise
         if not first_load:  # after the commit: a failed compaction loses no batch
             self._maybe_compact()
+
+    def _history_first(
+        self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any] | None
+    ) -> Callable[[int], None] | None:
+        """The history table's commit of ``changes`` as batch ``v``, run before this table's."""
+        history = self.history
+        if history is None:
+            return None
+        text = None if token is None else self._token_text(token)
+
+        def data(keys: list[str], documents: list[Mapping[str, Any] | None]) -> pa.Table:
+            rows = _source(keys, ["upsert"] * len(keys), documents, self.schema,
+                           self._json_options, self._drift, count=False)
+            return rows.drop_columns([KEY, OP])
+
+        def live() -> list[str]:
+            keys: list[str] = self.read_current().column(KEY).to_pylist()
+            return keys
+
+        def commit(version: int) -> None:
+            history.write(history.rows(changes, version, data, live), version, text)
+
+        return commit
+
+    @staticmethod
+    def _token_text(token: Mapping[str, Any]) -> str:
+        return json_util.dumps(ResumeToken.of(token, check=False).document(),
+                               json_options=_TOKEN_JSON)
+
+    def read_history(self) -> pa.Table:
+        """The history table with ``valid_to`` (:data:`HISTORY_SQL`), by ``_key`` then ``_seq``."""
+        if self.history is None:
+            raise ValueError("this sink keeps no history: give DeltaSink(..., history=PATH)")
+        return self.history.read()
+
+    def read_as_of(self, time: datetime) -> pa.Table:
+        """The collection as it was at ``time`` (aware), from the history (:data:`AS_OF_SQL`)."""
+        return as_of(self.read_history(), time)
 
     def _first_load(self, staged: Sequence[Mapping[str, Any]]) -> bool:
         """Are these snapshot records of this app id's first load (appended as base rows)?
@@ -521,7 +609,8 @@ class DeltaSink:
             documents.append(change["fullDocument"])
             keys.append(key)
         texts = [key_json(key, self._json_options) for key in keys]
-        rows = _source(texts, ["upsert"] * len(texts), documents, self.schema, self._json_options)
+        rows = _source(texts, ["upsert"] * len(texts), documents, self.schema, self._json_options,
+                       self._drift)
         return rows.sort_by(KEY)  # tight key ranges in the file's statistics
 
     # -- the handler -------------------------------------------------------------------------
@@ -538,7 +627,14 @@ class DeltaSink:
         if self._staged:
             raise RuntimeError("changes staged by the handler are not saved yet; use one of "
                                "the two ways per sink")
+        self._refuse_tables()
         self._staged_table = (table, cleared)  # replaces a batch whose save failed: re-cut
+
+    def _refuse_tables(self) -> None:
+        """Merge tables are built outside the sink (Spark): no rescue, evolution or history."""
+        if self._drift is not None:
+            raise ValueError("a sink with on_mismatch='rescue' or evolve=True builds its rows "
+                             "itself: give it changes, not a merge table")
 
     # -- whole batches -----------------------------------------------------------------------
     def write(
@@ -563,10 +659,18 @@ class DeltaSink:
         if applied is not None and version <= applied and applied == self._seen_version:
             self.skipped += 1  # before any conversion: cheap
             return False
+        if isinstance(batch, pa.Table):
+            self._refuse_tables()
+        before = None
+        if self.history is not None:
+            if isinstance(batch, (MergeBatch, pa.Table)):
+                raise ValueError("a sink with a history table writes lists of changes (the "
+                                 "history keeps every change, a merge batch only the last)")
+            before = self._history_first(batch, token)
         if not isinstance(batch, (MergeBatch, pa.Table)):
             batch = merge_columns(batch, full_document=self.full_document,
                                   json_options=self._json_options)
-        if not self._commit(batch, version, token, cleared=cleared):
+        if not self._commit(batch, version, token, cleared=cleared, before=before):
             return False
         self._maybe_compact()
         return True
@@ -580,17 +684,30 @@ class DeltaSink:
         *,
         cleared: bool = False,
         base: bool = False,
+        before: Callable[[int], None] | None = None,
     ) -> bool:
-        """One commit of the batch's rows, its version and token; retried on conflicts."""
+        """One commit of the batch's rows, its version and token; retried on conflicts.
+
+        ``before(version)`` runs right before the commit (the history table's commit).
+        """
+        drift = self._drift
+        if drift is not None and drift.evolve:
+            self.table()  # an evolved table's columns first (a restart), then new ones
         if isinstance(batch, MergeBatch):
             cleared = batch.cleared
-            source: pa.Table | None = merge_table(batch, self.schema, self.json_mode)
+            merge_rows = batch.rows
+            source: pa.Table | None = _source(
+                [r.key_json for r in merge_rows], [r.op for r in merge_rows],
+                [r.document for r in merge_rows],
+                self.schema, self._json_options, drift)
         elif isinstance(batch, MergeColumns):
             cleared = batch.cleared
             source = _source(batch.keys, batch.ops, batch.documents, self.schema,
-                             self._json_options)
+                             self._json_options, drift)
         else:
             source = batch
+        if drift is not None and drift.evolve:
+            self._table_schema = table_schema(drift.schema)  # new fields, new columns
         metadata = {_META_APP: self.app_id}
         if token is not None:
             metadata[_META_TOKEN] = json_util.dumps(
@@ -611,18 +728,25 @@ class DeltaSink:
                     transactions = [Transaction(self.app_id, number)]
                 properties = CommitProperties(custom_metadata=metadata,
                                               app_transactions=transactions)
+                if before is not None and number is not None:
+                    before(number)
                 if source is None:
                     rows = self._table_schema.empty_table()
                 else:
                     rows = with_seq(source, self._table_schema,
                                     0 if base else first_seq(table.version()))
                 write_deltalake(table, rows, mode="overwrite" if cleared else "append",
+                                schema_mode="merge" if drift is not None and drift.evolve
+                                else None,
                                 commit_properties=properties,
                                 writer_properties=_LOG_WRITER,
                                 storage_options=self._storage_options)
                 if number is not None:
                     self._seen_version = number
         self.commits += 1
+        if drift is not None:  # counted once committed (a failed batch is counted when retried)
+            drift.rescued += drift.pending if source is not None else 0
+            drift.pending = 0
         if token is not None:
             self._token_committed_at = time.monotonic()
             self._position = dict(ResumeToken.of(token, check=False).document())

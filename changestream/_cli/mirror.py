@@ -77,6 +77,21 @@ def _parser() -> argparse.ArgumentParser:
         "@FILE reads it from FILE",
     )
     parser.add_argument(
+        "--on-mismatch", choices=("fail", "rescue"), default="fail",
+        help="with --schema, a value that does not fit its column: stop, nothing written "
+        "(fail, default), or keep it and every field outside the schema in the row's "
+        "_rescued JSON column (rescue)",
+    )
+    parser.add_argument(
+        "--evolve", action="store_true",
+        help="with --schema, add new top-level fields as new columns (Delta schema evolution)",
+    )
+    parser.add_argument(
+        "--history", metavar="PATH",
+        help="also keep a history table at PATH: one row per change with valid_from (and "
+        "valid_to by a query), SCD type 2; committed exactly once with the table",
+    )
+    parser.add_argument(
         "--batch", type=_positive_int, default=10_000, metavar="N",
         help="commit after N changes at most (default %(default)s)",
     )
@@ -119,12 +134,20 @@ def main(argv: list[str]) -> int:
         parser.error(f"--to: the directory {Path(args.to).parent} does not exist")
     if "://" not in args.to and Path(args.to).exists() and not Path(args.to).is_dir():
         parser.error(f"--to: {args.to} is not a directory")
+    if args.history is not None:
+        if args.history == args.to:
+            parser.error("--history: give another path than --to")
+        if "://" not in args.history and not Path(args.history).parent.is_dir():
+            parser.error(f"--history: the directory {Path(args.history).parent} does not exist")
     try:
         from ..delta import DeltaSink, SchemaTextError
     except ImportError as exc:
         _say(str(exc))
         return 1
     schema = None
+    if args.schema is None and (args.on_mismatch != "fail" or args.evolve):
+        parser.error("--on-mismatch rescue and --evolve need --schema (without it every "
+                     "document is stored whole as JSON)")
     if args.schema is not None:
         try:
             schema = _schema_text(args.schema)
@@ -136,7 +159,8 @@ def main(argv: list[str]) -> int:
     except (PyMongoError, ValueError, TypeError) as exc:
         parser.error(f"invalid URI: {_redact(describe_error(exc), args.uri)}")
     sink = DeltaSink(args.to, app_id=args.app_id, full_document=args.full_document,
-                     json_mode=args.json_mode, schema=schema)
+                     json_mode=args.json_mode, schema=schema, history=args.history,
+                     on_mismatch=args.on_mismatch, evolve=args.evolve)
     with panics_held():  # delta-rs's writer threads may panic on a failed write: one line, ours
         return _mirror(args, client, sink)
 
@@ -203,7 +227,8 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
             watch_options={"full_document": args.full_document, "max_await_time_ms": 500},
             save_every=args.batch, save_interval=args.batch_seconds, stop=stop,
             oversize=args.oversize,
-            on_stats=progress, stats_interval=progress.interval, stop_on_signals=True,
+            on_stats=sink.reporting(progress), stats_interval=progress.interval,
+            stop_on_signals=True,
         )
         if progress.idle_stop:  # caught up: fold the change log, the table is the collection
             sink.finish()
@@ -233,5 +258,7 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
         client.close()
     version = sink.applied_version
     why = f"no change for {args.until_idle:g} s" if progress.idle_stop else "stopped"
-    _say(f"{why}; {result.handled} changes mirrored by this run; {args.to} holds batch {version}")
+    rescued = f"; {sink.rescued} values rescued into _rescued" if sink.rescued else ""
+    _say(f"{why}; {result.handled} changes mirrored by this run; {args.to} holds batch "
+         f"{version}{rescued}")
     return 0

@@ -12,8 +12,8 @@ Instruments are created on the meter given, else on
 provider: configure the SDK and its exporter as usual). The same names as the
 Prometheus exporter, dotted: ``changestream.events.handled``,
 ``changestream.resumes``, ``changestream.reopens``, ``changestream.tokens.stored``,
-``changestream.handler.retries``, ``changestream.dead_letters`` (counters, monotonic
-for the life of the process: an exporter reused by a later ``consume`` call adds that
+``changestream.handler.retries``, ``changestream.dead_letters``,
+``changestream.values.rescued`` (counters, monotonic for the life of the process: an exporter reused by a later ``consume`` call adds that
 call's counts); ``changestream.events.rate`` (events/s), ``changestream.lag``
 (seconds), ``changestream.oplog.headroom`` (seconds; absent where it cannot be
 read), ``changestream.last_stored_token.timestamp`` (Unix seconds)
@@ -73,6 +73,9 @@ class _Instruments:
             "dead_letters": meter.create_counter(
                 "changestream.dead_letters", unit="{event}",
                 description="Changes on_error's dead_letter took"),
+            "rescued": meter.create_counter(
+                "changestream.values.rescued", unit="{value}",
+                description="Values a Delta sink put into its _rescued column"),
         }
         """The counter of each :data:`~changestream._metrics.COUNTERS` field."""
         for name, read, unit, description in (

@@ -35,6 +35,8 @@ name                                          type     meaning
 ``changestream_tokens_stored_total``          counter  tokens written to the store
 ``changestream_handler_retries_total``        counter  handler calls repeated under ``on_error``
 ``changestream_dead_letters_total``           counter  changes ``on_error``'s ``dead_letter`` took
+``changestream_values_rescued_total``         counter  values a Delta sink put into ``_rescued``
+                                                       (``on_stats=sink.reporting(exporter)``)
 ``changestream_last_stored_token_timestamp``  gauge    cluster time of the last stored token (Unix s)
 ============================================  =======  ==============================================
 """
@@ -74,13 +76,14 @@ class _Family:
     stored: Counter
     retries: Counter
     dead_letters: Counter
+    rescued: Counter
     stored_time: Gauge
 
     def counters(self) -> dict[str, Counter]:
         """The counter of each :data:`~changestream._metrics.COUNTERS` field."""
         return {"handled": self.handled, "resumes": self.resumes, "reopens": self.reopens,
                 "stored": self.stored, "retries": self.retries,
-                "dead_letters": self.dead_letters}
+                "dead_letters": self.dead_letters, "rescued": self.rescued}
 
 
 _FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, _Family]] = (
@@ -125,6 +128,8 @@ def _family(registry: CollectorRegistry, namespace: str, labels: tuple[str, ...]
             retries=counter("handler_retries",
                             "Handler calls repeated on the same change (on_error)"),
             dead_letters=counter("dead_letters", "Changes on_error's dead_letter took"),
+            rescued=counter("values_rescued",
+                            "Values a Delta sink put into its _rescued column"),
             stored_time=gauge(
                 "last_stored_token_timestamp",
                 "Cluster time of the last stored token (Unix seconds)",

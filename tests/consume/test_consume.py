@@ -410,9 +410,8 @@ def test_transient_handler_errors_are_retried_for_retry_for_before_on_error_coun
     a stop it is raised as is, never dead-lettered."""
     import asyncio
 
-    from changestream._sync._sync_io import call_handler
-
     from changestream._consumer.handler_errors import HandlerCalls, TransientBudget
+    from changestream._sync._sync_io import call_handler
     from changestream.aio._async_io import call_handler as async_call_handler
 
     def calls_with(retry_for: float) -> tuple[HandlerCalls, list[Any]]:

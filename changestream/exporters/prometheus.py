@@ -22,30 +22,32 @@ them apart).
 Metrics (``namespace`` prefix, default ``changestream``; every one carries the
 labels given as keyword arguments):
 
-============================================  =======  ==============================================
-name                                          type     meaning
-============================================  =======  ==============================================
-``changestream_events_handled_total``         counter  changes passed to the handler
-``changestream_events_per_second``            gauge    handled changes per second, last interval
-``changestream_lag_seconds``                  gauge    how far behind the stream is (``ConsumeStats.lag``)
-``changestream_oplog_headroom_seconds``       gauge    token time minus the oldest oplog entry (absent
-                                                       where it cannot be read)
-``changestream_history_lost_in_seconds``      gauge    estimated time until the stored position falls
-                                                       off the oplog (``ConsumeStats.history_lost_in``;
-                                                       absent while there is no estimate)
-``changestream_server_large_events_split``     gauge    the server's ``metrics.changeStreams.
-                                                       largeEventsSplit`` (absent where ``serverStatus``
-                                                       cannot be read)
-``changestream_server_large_events_failed``    gauge    the server's ``largeEventsFailed``
-``changestream_server_docs_examined_per_returned``  gauge  oplog entries examined per event returned
-                                                       (9.0+; since the previous read)
-``changestream_resumes_total``                counter  automatic resumes inside the stream
-``changestream_reopens_total``                counter  streams reopened by the loop
-``changestream_tokens_stored_total``          counter  tokens written to the store
-``changestream_handler_retries_total``        counter  handler calls repeated under ``on_error``
-``changestream_dead_letters_total``           counter  changes ``on_error``'s ``dead_letter`` took
-``changestream_last_stored_token_timestamp``  gauge    cluster time of the last stored token (Unix s)
-============================================  =======  ==============================================
+==================================================  =======  ==============================================
+name                                                type     meaning
+==================================================  =======  ==============================================
+``changestream_events_handled_total``               counter  changes passed to the handler
+``changestream_events_per_second``                  gauge    handled changes per second, last interval
+``changestream_lag_seconds``                        gauge    how far behind the stream is
+                                                             (``ConsumeStats.lag``)
+``changestream_oplog_headroom_seconds``             gauge    token time minus the oldest oplog entry
+                                                             (absent where it cannot be read)
+``changestream_history_lost_in_seconds``            gauge    estimated time until the stored position falls
+                                                             off the oplog
+                                                             (``ConsumeStats.history_lost_in``; absent
+                                                             while there is no estimate)
+``changestream_server_large_events_split``          gauge    the server's
+                                                             ``metrics.changeStreams.largeEventsSplit``
+                                                             (absent where ``serverStatus`` cannot be read)
+``changestream_server_large_events_failed``         gauge    the server's ``largeEventsFailed``
+``changestream_server_docs_examined_per_returned``  gauge    oplog entries examined per event returned
+                                                             (9.0+; since the previous read)
+``changestream_resumes_total``                      counter  automatic resumes inside the stream
+``changestream_reopens_total``                      counter  streams reopened by the loop
+``changestream_tokens_stored_total``                counter  tokens written to the store
+``changestream_handler_retries_total``              counter  handler calls repeated under ``on_error``
+``changestream_dead_letters_total``                 counter  changes ``on_error``'s ``dead_letter`` took
+``changestream_last_stored_token_timestamp``        gauge    cluster time of the last stored token (Unix s)
+==================================================  =======  ==============================================
 """
 
 from __future__ import annotations

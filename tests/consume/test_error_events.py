@@ -154,3 +154,26 @@ def test_spark_fetcher_stops_with_a_clear_error_at_an_error_event(coll: Any) -> 
             "fullDocument": {"operationType": "error"}}
     for form in (dict, lambda d: bson.encode(d), lambda d: RawBSONDocument(bson.encode(d))):
         assert is_error_event(form(doc)) and not is_error_event(form(data))
+
+
+# -- the Delta sink (the CLI's mirror) ----------------------------------------------------------
+def test_merge_ready_refuses_an_error_event_even_without_a_document_key() -> None:
+    error = {"_id": {"_data": "8201"}, "operationType": "error", "ns": {"db": "d", "coll": "c"}}
+    with pytest.raises(ValueError, match="operationType 'error'"):
+        changestream.merge_ready([error])
+
+
+def test_mirror_through_consume_stops_before_an_error_event(coll: Any, tmp_path: Any) -> None:
+    """What ``changestream mirror`` runs: consume with the DeltaSink as handler and store."""
+    pytest.importorskip("deltalake", reason='needs pip install "changestream[delta]"')
+    from changestream.delta import DeltaSink
+
+    token = start_token(coll)
+    sink = DeltaSink(tmp_path / "t", app_id="m")
+    coll.insert_many([{"_id": 1}, {"_id": 2, "bad": True}, {"_id": 3}])
+    with pytest.raises(NotResumableError, match="operationType 'error'"):
+        changestream.consume(
+            lambda t: changestream.watch(coll, AS_ERROR, resume_after=t or token, **FAST),
+            sink, sink, save_every=1, retry_for=5)
+    rows = sink.read_current().to_pylist()
+    assert [row["_key"] for row in rows] == ["1"]  # only the change before the event

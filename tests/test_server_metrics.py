@@ -263,3 +263,26 @@ def test_an_oplog_that_is_not_full_gives_no_headroom_and_no_estimate_end_to_end(
     assert snap.history_lost_in is None
     assert snap.server_large_events_split == 0
     assert snap.server_docs_examined_per_returned is not None
+
+
+def test_through_mongos_the_counters_are_mongos_own_and_the_headroom_is_absent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from changestream.testing import ShardedCluster
+
+    with ShardedCluster("9.0", shards=2, mongoses=1, noop_interval=0.2) as cluster, \
+            MongoClient(cluster.uri) as client:
+        client.db.coll.insert_one({"i": 0})
+        reporter = StatsReporter(lambda stats: None, 10.0)
+        with caplog.at_level(logging.INFO, logger="changestream"), \
+                changestream.watch(client.db.coll, max_await_time_ms=200) as stream:
+            client.db.coll.insert_one({"i": 1})
+            assert stream.next()["fullDocument"]["i"] == 1
+            reporter.on_stream(stream)
+            _probe_headroom(reporter)
+            _probe_server(reporter)
+            snap = reporter.snapshot(1, 0)
+    assert snap.server_large_events_split == 0 and snap.server_large_events_failed == 0
+    assert snap.server_docs_examined_per_returned is None  # mongod's cursor sums only
+    assert snap.oplog_headroom is None and snap.history_lost_in is None
+    assert "not readable through mongos" in caplog.text

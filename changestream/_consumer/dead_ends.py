@@ -46,8 +46,8 @@ from ..errors import (
 )
 
 __all__ = [
-    "DEAD_END_MARK", "describe_token", "error_event", "invalidated", "is_error_event",
-    "is_invalidate", "removed_shard", "unrecoverable",
+    "DEAD_END_MARK", "ERROR_EVENT", "describe_token", "error_event", "invalidated", "is_error_event",
+    "is_invalidate", "operation_type", "removed_shard", "unrecoverable",
 ]
 
 REMOVED_SHARD_MESSAGE = "Change stream events no more available due to removed shard"
@@ -132,7 +132,8 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
     return None
 
 
-def _operation_type(change: Any) -> Any:
+def operation_type(change: Any) -> Any:
+    """``operationType`` of a document or a typed event (``None``: not an event)."""
     if type(change) is dict or isinstance(change, Mapping):  # (dict: no ABC check per change)
         return change.get("operationType")
     return getattr(change, "operation_type", None)
@@ -156,7 +157,7 @@ def invalidated(change: Any, token: Any, invalidate_token: Any) -> StreamInvalid
 
 
 def is_invalidate(change: Any) -> bool:
-    return bool(_operation_type(change) == "invalidate")
+    return bool(operation_type(change) == "invalidate")
 
 
 ERROR_EVENT = "error"
@@ -167,7 +168,7 @@ fields is assumed)."""
 
 def is_error_event(change: Any) -> bool:
     """Is ``change`` an ``operationType: "error"`` event (never data to apply)?"""
-    return bool(_operation_type(change) == ERROR_EVENT)
+    return bool(operation_type(change) == ERROR_EVENT)
 
 
 def _event_token(change: Any) -> Any:

@@ -21,7 +21,15 @@ from .._stream_view import StreamView
 from ..errors import ConsumeError, describe_error, one_line
 from ..stores import StoredToken
 from .bounds import DEFAULT_CALL_TIMEOUT, check_call_timeout
-from .dead_ends import DEAD_END_MARK, error_event, invalidated, is_error_event, is_invalidate
+from .dead_ends import (
+    DEAD_END_MARK,
+    ERROR_EVENT,
+    error_event,
+    invalidated,
+    is_error_event,
+    is_invalidate,
+    operation_type,
+)
 from .handler_errors import HandlerCalls, TransientBudget
 from .history import HistoryGap, HistoryPolicy
 from .retry import RetryPolicy, is_transient
@@ -170,9 +178,10 @@ class Run:
             if self.parallel:
                 return MARK
             return SAVE if progress.on_idle(token, healthy=not stalled) else NOTHING
-        if is_invalidate(change):
+        operation = operation_type(change)  # (read once: this runs per change)
+        if operation == "invalidate":
             raise invalidated(change, progress.token, self.present(token))
-        if is_error_event(change) and not self.calls.dead_letters_error_events:
+        if operation == ERROR_EVENT and not self.calls.dead_letters_error_events:
             raise error_event(change, progress.token, self.store)
         return HANDLE
 

@@ -407,10 +407,11 @@ _EVENT_FIELDS: Final[Mapping[str, _Field]] = {
         _Field("operationDescription", "operation_description", _MAPPING_TYPES, _mapping),
         _Field("stateBeforeChange", "state_before_change", _MAPPING_TYPES, _mapping),
         _Field("nsType", "ns_type", frozenset({str}), _string),
+        _Field("commitTimestamp", "commit_timestamp", frozenset({Timestamp}), _timestamp),
     )
 }
 # Common fields absent from nearly every event (transactions, expanded events, splits).
-_RARE: Final = ("txn_number", "lsid", "collection_uuid", "split_event")
+_RARE: Final = ("txn_number", "lsid", "collection_uuid", "split_event", "commit_timestamp")
 
 # read(source, source.get, operation_type, raw)
 _EventReader = Callable[

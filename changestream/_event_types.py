@@ -189,6 +189,9 @@ class ChangeEvent(_Deferrable):
     ``extra`` holds every top-level field the class does not model or whose value
     had an unexpected type; ``raw`` is the original document object (not compared,
     not in ``repr``). ``wall_time`` is a ``DatetimeMS`` when the codec asks for one.
+    ``collection_uuid`` (``collectionUUID``) comes with showExpandedEvents;
+    ``commit_timestamp`` (``commitTimestamp``, a Timestamp) only on CRUD events of a
+    prepared (cross-shard) transaction when the server was asked for it.
     ``ns`` lives here because every type but ``invalidate`` carries it, so code can
     read a namespace without knowing the event type. Events are not mappings: use
     ``raw`` for key access.
@@ -205,6 +208,7 @@ class ChangeEvent(_Deferrable):
     lsid: Mapping[str, Any] | None = None
     collection_uuid: UUID | Binary | None = None
     split_event: SplitEvent | None = None
+    commit_timestamp: Timestamp | None = None
     extra: Mapping[str, Any] = field(default_factory=_empty)
     raw: Mapping[str, Any] = field(default_factory=_empty, repr=False, compare=False)
 
@@ -352,7 +356,12 @@ class RefineCollectionShardKeyEvent(_DescribedEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UnknownEvent(ChangeEvent):
-    """An ``operationType`` this version does not know; ``operation_type`` is the raw string."""
+    """An ``operationType`` this version does not know; ``operation_type`` is the raw string.
+
+    Also how an ``operationType: "error"`` document arrives (reported for MongoDB 9.1,
+    not in mongod's source as of this writing): its fields are not modelled, they stay
+    in ``extra`` and ``raw``; ``consume`` never hands it to the handler as data.
+    """
 
     __match_args__ = ("operation_type", "ns")
 

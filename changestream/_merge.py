@@ -110,7 +110,9 @@ def merge_ready(
     :class:`MissingDocumentError`, saying to open the stream with
     ``full_document="updateLookup"`` or ``"required"`` (post-images). Events
     without a ``documentKey`` (DDL) give no row; ``drop``, ``rename`` and
-    ``dropDatabase`` set :attr:`MergeBatch.cleared`.
+    ``dropDatabase`` set :attr:`MergeBatch.cleared`. An ``operationType: "error"``
+    event (a failure the server reports in place of a change) raises ``ValueError``:
+    it is never applied, nor skipped unseen.
     """
     last, cleared, last_token = _collapse(changes, json_options)
     rows = [_row(key, text, change, full_document) for text, (key, change) in last.items()]
@@ -159,6 +161,13 @@ def _collapse(
     namespace: tuple[Any, Any] | None = None
     for _, change in ordered:
         operation = change.get("operationType")
+        if operation == "error":
+            raise ValueError(
+                f"the batch holds an error event (operationType 'error', token "
+                f"{ResumeToken.of(change['_id']).to_json()}): the server reported a failure "
+                "in place of a change, so it is not applied as data; fix the cause it names, "
+                "or start after its token to skip it"
+            )
         ns = change.get("ns") or {}
         here = (ns.get("db"), ns.get("coll"))
         if namespace is None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from ._headroom import HeadroomProbe
 from ._position import Position
+from ._server_metrics import HistoryLossEstimate, ServerMetricsProbe
 from ._token import token_cluster_time
 
 __all__ = ["COUNTERS", "ConsumeStats", "RunIncrements", "StatsCallback", "StatsReporter"]
@@ -72,6 +73,21 @@ class ConsumeStats:
     """Which ``consume`` call this report is from (a random id per call): the counts above
     start at 0 in each call, so a callback that accumulates them across calls (the exporters)
     tells one call's reports from another's by it."""
+    history_lost_in: timedelta | None = None
+    """Estimated time until the stored position falls off the oplog (history lost, 286): the
+    :attr:`oplog_headroom` divided by how fast the lag grew over the last reports. ``None``:
+    no headroom known (the oplog not full, or not readable) or the lag not growing."""
+    server_large_events_split: int | None = None
+    """The server's ``metrics.changeStreams.largeEventsSplit`` (events
+    ``$changeStreamSplitLargeEvent`` split, since the server started; every stream of the
+    server, not only this one). ``None``: ``serverStatus`` not readable here, or no such
+    counter. Through mongos, mongos's own counter (see ``docs/consume.md``)."""
+    server_large_events_failed: int | None = None
+    """The server's ``metrics.changeStreams.largeEventsFailed`` (events too large to return)."""
+    server_docs_examined_per_returned: float | None = None
+    """Oplog entries the server's change-stream cursors examined per event returned, since
+    the previous read (MongoDB 9.0+: ``cursor.docsExamined.sum / cursor.docsReturned.sum``);
+    high means the streams filter out most of what they read."""
 
 
 COUNTERS = ("handled", "resumes", "reopens", "stored", "retries", "dead_letters", "rescued")
@@ -132,6 +148,10 @@ class StatsReporter:
         """The run's :class:`~changestream._consumer.handler_errors.HandlerCalls` (retry and dead-letter counts)."""
         self.headroom = HeadroomProbe()
         """Reads of the oldest oplog entry (done by the stats timer)."""
+        self.server = ServerMetricsProbe()
+        """Reads of ``serverStatus().metrics.changeStreams`` (done by the stats timer)."""
+        self.history = HistoryLossEstimate()
+        """The time to history loss, from the headroom and the lag's trend."""
         self.timer: Any = None
         """The running stats timer (a task or a thread), ``None`` before it starts."""
         self.ended = False
@@ -185,22 +205,29 @@ class StatsReporter:
         stream = self._stream
         position = None if stream is None else stream.position
         resumes = self._resumes_before + (0 if stream is None else stream.resumes)
+        lag = None if position is None else position.lag
+        headroom = self.headroom.headroom(position)
+        server = self.server.latest
         return ConsumeStats(
             handled=handled,
             events_per_second=rate,
-            lag=None if position is None else position.lag,
+            lag=lag,
             position=position,
             resumes=resumes,
             reopens=reopens,
             stored=self.stored,
             last_stored_token_time=self.last_stored_token_time,
             elapsed=now - self._started,
-            oplog_headroom=self.headroom.headroom(position),
+            oplog_headroom=headroom,
             final=final,
             retries=0 if self.calls is None else self.calls.retries,
             dead_letters=0 if self.calls is None else self.calls.dead_letters,
             run_id=self._run_id,
             oplog_full=self.headroom.full,
+            history_lost_in=self.history.update(now, lag, headroom),
+            server_large_events_split=None if server is None else server.large_events_split,
+            server_large_events_failed=None if server is None else server.large_events_failed,
+            server_docs_examined_per_returned=self.server.examined_per_returned,
         )
 
     def _report(self, handled: int, reopens: int, *, final: bool) -> None:

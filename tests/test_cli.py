@@ -212,3 +212,25 @@ def test_console_script_entry_point() -> None:
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
     assert all(command in result.stdout for command in ("watch", "serve", "demo"))
+
+
+def test_an_error_event_stops_watch_with_one_line_and_is_not_printed(
+    mongodb_uri: str, mongo_client: MongoClient[dict[str, Any]], database: str,
+    tmp_path: Path, processes: list[Process]
+) -> None:
+    """An ``operationType: "error"`` event (9.1, reported; made here by a pipeline stage) is
+    no change to print: watch stops with one line, the token file before it."""
+    coll = mongo_client[database].coll
+    token_file = tmp_path / "token.json"
+    as_error = json.dumps([{"$set": {"operationType": {
+        "$cond": [{"$eq": ["$fullDocument.bad", True]}, "error", "$operationType"]}}}])
+    process = watch(processes, mongodb_uri, database, token_file, "--pipeline", as_error)
+    coll.insert_many([{"_id": 1}, {"_id": 2, "bad": True}, {"_id": 3}])
+    printed = process.lines(1)
+    assert printed[0]["documentKey"] == {"_id": 1}
+    assert process.finish() == 1
+    errors = [line for line in process.stderr if "operationType 'error'" in line]
+    assert len(errors) == 1, process.stderr
+    assert process.stdout.empty()
+    stored = FileTokenStore(token_file).load()
+    assert stored is not None and stored.token == printed[0]["_id"]

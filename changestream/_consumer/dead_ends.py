@@ -46,8 +46,8 @@ from ..errors import (
 )
 
 __all__ = [
-    "DEAD_END_MARK", "describe_token", "invalidated", "is_invalidate", "removed_shard",
-    "unrecoverable",
+    "DEAD_END_MARK", "ERROR_EVENT", "describe_token", "error_event", "invalidated", "is_error_event",
+    "is_invalidate", "operation_type", "removed_shard", "unrecoverable",
 ]
 
 REMOVED_SHARD_MESSAGE = "Change stream events no more available due to removed shard"
@@ -132,7 +132,8 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
     return None
 
 
-def _operation_type(change: Any) -> Any:
+def operation_type(change: Any) -> Any:
+    """``operationType`` of a document or a typed event (``None``: not an event)."""
     if type(change) is dict or isinstance(change, Mapping):  # (dict: no ABC check per change)
         return change.get("operationType")
     return getattr(change, "operation_type", None)
@@ -156,4 +157,50 @@ def invalidated(change: Any, token: Any, invalidate_token: Any) -> StreamInvalid
 
 
 def is_invalidate(change: Any) -> bool:
-    return bool(_operation_type(change) == "invalidate")
+    return bool(operation_type(change) == "invalidate")
+
+
+ERROR_EVENT = "error"
+"""The ``operationType`` of an error reported as an event (said to come with MongoDB 9.1's
+``showErrorsAsEvents``; not in mongod's source as of this writing, so nothing about its
+fields is assumed)."""
+
+
+def is_error_event(change: Any) -> bool:
+    """Is ``change`` an ``operationType: "error"`` event (never data to apply)?"""
+    return bool(operation_type(change) == ERROR_EVENT)
+
+
+def _event_token(change: Any) -> Any:
+    if isinstance(change, Mapping):
+        return change.get("_id")
+    return getattr(change, "resume_token", None)
+
+
+def _event_text(change: Any) -> str:
+    """The event's document, short: it is all we know of what the server reported."""
+    raw = change if isinstance(change, Mapping) else getattr(change, "raw", None)
+    try:
+        shown = {key: value for key, value in (raw or {}).items() if key != "_id"}
+    except Exception:  # a damaged raw document: the type is enough
+        shown = {"operationType": ERROR_EVENT}
+    text = repr(shown)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def error_event(change: Any, token: Any, store: object | None) -> NotResumableError:
+    """The error for an ``operationType: "error"`` event: stop (``store`` given: the run's)
+    or the exception handed to ``dead_letter`` with the event (``store`` None)."""
+    event_token = _event_token(change)
+    at = "no token" if event_token is None else f"token {token_to_json(event_token)}"
+    what = (f"the change stream delivered an error event (operationType 'error', {at}): "
+            f"the server reports a failure in place of a change, so it was not applied as "
+            f"data. Event: {_event_text(change)}")
+    if store is None:
+        return NotResumableError(what, token=event_token)
+    return NotResumableError(
+        f"{what}. Fix the cause it names, then run again: {describe_store(store)} holds "
+        f"{describe_token(token)}, before the event (to skip it instead, start after the "
+        f"event's token, or pass on_error=OnError(dead_letter=...) to set such events aside).",
+        token=token,
+    )

@@ -27,6 +27,7 @@ from typing import Any
 import tenacity
 
 from ..errors import describe_error
+from .dead_ends import error_event, is_error_event
 from .retry import handler_error_is_transient
 
 __all__ = ["HandlerCalls", "OnError", "TransientBudget", "check_on_error"]
@@ -211,6 +212,23 @@ class HandlerCalls:
         log.warning("the handler failed %d times on a change (%s); passed to dead_letter",
                     policy.retries + 1, describe_error(exc))
         return policy.dead_letter
+
+    @property
+    def dead_letters_error_events(self) -> bool:
+        """An ``operationType: "error"`` event goes to ``dead_letter`` (else the run stops)."""
+        policy = self.policy
+        return policy is not None and policy.dead_letter is not None
+
+    def error_event(self, change: Any) -> tuple[Callable[[Any, BaseException], Any],
+                                                BaseException] | None:
+        """``change`` is an error event: its ``dead_letter`` and the exception passed with it,
+        without calling the handler (it is no data, and no retry changes it)."""
+        policy = self.policy
+        if policy is None or policy.dead_letter is None or not is_error_event(change):
+            return None
+        exc = error_event(change, None, None)
+        log.warning("%s; passed to dead_letter", exc)
+        return policy.dead_letter, exc
 
     def dead_lettered(self) -> None:
         """``dead_letter`` returned: the change is counted (one that raised is not)."""

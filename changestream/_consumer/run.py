@@ -21,7 +21,15 @@ from .._stream_view import StreamView
 from ..errors import ConsumeError, describe_error, one_line
 from ..stores import StoredToken
 from .bounds import DEFAULT_CALL_TIMEOUT, check_call_timeout
-from .dead_ends import DEAD_END_MARK, invalidated, is_invalidate
+from .dead_ends import (
+    DEAD_END_MARK,
+    ERROR_EVENT,
+    error_event,
+    invalidated,
+    is_error_event,
+    is_invalidate,
+    operation_type,
+)
 from .handler_errors import HandlerCalls, TransientBudget
 from .history import HistoryGap, HistoryPolicy
 from .retry import RetryPolicy, is_transient
@@ -170,20 +178,25 @@ class Run:
             if self.parallel:
                 return MARK
             return SAVE if progress.on_idle(token, healthy=not stalled) else NOTHING
-        if is_invalidate(change):
+        operation = operation_type(change)  # (read once: this runs per change)
+        if operation == "invalidate":
             raise invalidated(change, progress.token, self.present(token))
+        if operation == ERROR_EVENT and not self.calls.dead_letters_error_events:
+            raise error_event(change, progress.token, self.store)
         return HANDLE
 
     def polled_buffered(self, batch: list[tuple[Any, Any]]) -> int:
         """With workers: ``batch`` came from the stream's buffer after a :data:`HANDLE`
         (no poll, no I/O); how many of its changes to admit: all but an invalidate and what
-        follows it (after admitting them, :meth:`polled` the invalidate: it raises)."""
+        follows it (after admitting them, :meth:`polled` the invalidate: it raises). An error
+        event stops the batch the same way unless ``dead_letter`` takes it."""
         self.stats.poll(self.progress.handled, self.opened - 1)
+        stops = ("invalidate",) if self.calls.dead_letters_error_events else ("invalidate", "error")
         for index, (change, _) in enumerate(batch):
             if type(change) is dict:  # (is_invalidate inline for dicts: this runs per change)
-                if change.get("operationType") == "invalidate":
+                if change.get("operationType") in stops:
                     return index
-            elif is_invalidate(change):
+            elif is_invalidate(change) or ("error" in stops and is_error_event(change)):
                 return index
         return len(batch)
 

@@ -11,7 +11,8 @@ count moves. The timer runs beside the loop (a task of the event loop in
 asyncio, a daemon thread in the sync twin), calls the same
 :meth:`~changestream._metrics.StatsReporter.poll` and, every
 :data:`~changestream._headroom.PROBE_EVERY` seconds, reads how full the oplog
-is and its oldest entry for the headroom. It stops with the loop's final report
+is and its oldest entry for the headroom, and the server's change-stream counters
+(``serverStatus``). It stops with the loop's final report
 (:meth:`StatsReporter.finish`).
 """
 
@@ -26,6 +27,7 @@ from pymongo.errors import PyMongoError
 from .._consumer.run import Run
 from .._headroom import OPLOG_QUERY, OPLOG_STATS, log, oplog_client
 from .._metrics import StatsReporter
+from .._server_metrics import SERVER_STATUS
 
 __all__ = ["start_stats_timer"]
 
@@ -52,6 +54,10 @@ def _tick(run: Run, stats: StatsReporter) -> None:
             _probe_headroom(stats)
         except Exception:  # the probe is best effort; the report matters more
             log.debug("reading the oplog headroom failed", exc_info=True)
+        try:
+            _probe_server(stats)
+        except Exception:  # best effort too
+            log.debug("reading serverStatus failed", exc_info=True)
         stats.poll(run.progress.handled, max(run.opened - 1, 0))
 
 
@@ -81,3 +87,19 @@ def _probe_headroom(stats: StatsReporter) -> None:
         probe.failed(exc)
         return
     probe.read(entry)
+
+
+def _probe_server(stats: StatsReporter) -> None:
+    """Read ``serverStatus().metrics.changeStreams`` if it is time to (through mongos:
+    mongos's own; see :mod:`changestream._server_metrics`)."""
+    probe = stats.server
+    stream = stats.stream
+    if not probe.due() or stream is None or stream.client is None:
+        return
+    try:
+        with pymongo.timeout(PROBE_TIMEOUT):
+            reply: Any = stream.client.admin.command(dict(SERVER_STATUS))
+    except PyMongoError as exc:
+        probe.failed(exc)
+        return
+    probe.read(reply)

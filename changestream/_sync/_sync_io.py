@@ -49,6 +49,11 @@ def call_handler(handler: Callable[[Any], object], change: Any, calls: HandlerCa
     if not calls.retrying:
         handler(change)
         return
+    refused = calls.error_event(change)
+    if refused is not None:  # an error event: to the dead letter, never to the handler
+        refused[0](change, refused[1])
+        calls.dead_lettered()
+        return
     stop = calls.stop
     sleep = time.sleep if stop is None else stop.wait  # the backoff wakes on a stop
     try:

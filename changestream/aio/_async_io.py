@@ -55,6 +55,11 @@ async def call_handler(handler: Callable[[Any], Any], change: Any, calls: Handle
         if inspect.isawaitable(result):
             await result
         return
+    refused = calls.error_event(change)
+    if refused is not None:  # an error event: to the dead letter, never to the handler
+        await _once(refused[0], change, refused[1])
+        calls.dead_lettered()
+        return
     try:
         await tenacity.AsyncRetrying(sleep=_sleeper(calls), **calls.arguments())(
             _once, handler, change)

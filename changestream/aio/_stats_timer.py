@@ -7,7 +7,8 @@ count moves. The timer runs beside the loop (a task of the event loop in
 asyncio, a daemon thread in the sync twin), calls the same
 :meth:`~changestream._metrics.StatsReporter.poll` and, every
 :data:`~changestream._headroom.PROBE_EVERY` seconds, reads how full the oplog
-is and its oldest entry for the headroom. It stops with the loop's final report
+is and its oldest entry for the headroom, and the server's change-stream counters
+(``serverStatus``). It stops with the loop's final report
 (:meth:`StatsReporter.finish`).
 
 This asyncio module is the one source of both timers: ``tools/gen_sync.py``
@@ -25,6 +26,7 @@ from pymongo.errors import PyMongoError
 from .._consumer.run import Run
 from .._headroom import OPLOG_QUERY, OPLOG_STATS, log, oplog_client
 from .._metrics import StatsReporter
+from .._server_metrics import SERVER_STATUS
 
 __all__ = ["start_stats_timer"]
 
@@ -53,6 +55,10 @@ async def _tick(run: Run, stats: StatsReporter) -> None:
             await _probe_headroom(stats)
         except Exception:  # the probe is best effort; the report matters more
             log.debug("reading the oplog headroom failed", exc_info=True)
+        try:
+            await _probe_server(stats)
+        except Exception:  # best effort too
+            log.debug("reading serverStatus failed", exc_info=True)
         stats.poll(run.progress.handled, max(run.opened - 1, 0))
 
 
@@ -82,3 +88,19 @@ async def _probe_headroom(stats: StatsReporter) -> None:
         probe.failed(exc)
         return
     probe.read(entry)
+
+
+async def _probe_server(stats: StatsReporter) -> None:
+    """Read ``serverStatus().metrics.changeStreams`` if it is time to (through mongos:
+    mongos's own; see :mod:`changestream._server_metrics`)."""
+    probe = stats.server
+    stream = stats.stream
+    if not probe.due() or stream is None or stream.client is None:
+        return
+    try:
+        with pymongo.timeout(PROBE_TIMEOUT):
+            reply: Any = await stream.client.admin.command(dict(SERVER_STATUS))
+    except PyMongoError as exc:
+        probe.failed(exc)
+        return
+    probe.read(reply)

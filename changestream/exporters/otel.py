@@ -16,7 +16,12 @@ Prometheus exporter, dotted: ``changestream.events.handled``,
 ``changestream.values.rescued`` (counters, monotonic for the life of the process: an exporter reused by a later ``consume`` call adds that
 call's counts); ``changestream.events.rate`` (events/s), ``changestream.lag``
 (seconds), ``changestream.oplog.headroom`` (seconds; absent where it cannot be
-read), ``changestream.last_stored_token.timestamp`` (Unix seconds)
+read), ``changestream.history_lost_in`` (seconds until the stored position falls off the
+oplog; absent while there is no estimate), ``changestream.server.large_events.split``,
+``changestream.server.large_events.failed`` and
+``changestream.server.docs_examined_per_returned`` (the server's
+``serverStatus().metrics.changeStreams``; absent where it cannot be read),
+``changestream.last_stored_token.timestamp`` (Unix seconds)
 (observable gauges reporting the latest stats).
 
 Several loops in one process export side by side: the exporters of one meter
@@ -86,6 +91,16 @@ class _Instruments:
             ("changestream.oplog.headroom",
              lambda s: None if s.oplog_headroom is None else s.oplog_headroom.total_seconds(),
              "s", "Token cluster time minus the oldest oplog entry's"),
+            ("changestream.history_lost_in",
+             lambda s: None if s.history_lost_in is None else s.history_lost_in.total_seconds(),
+             "s", "Estimated time until the stored position falls off the oplog"),
+            ("changestream.server.large_events.split", lambda s: s.server_large_events_split,
+             "{event}", "The server's metrics.changeStreams.largeEventsSplit"),
+            ("changestream.server.large_events.failed", lambda s: s.server_large_events_failed,
+             "{event}", "The server's metrics.changeStreams.largeEventsFailed"),
+            ("changestream.server.docs_examined_per_returned",
+             lambda s: s.server_docs_examined_per_returned, "1",
+             "Oplog entries the server's change streams examined per event returned"),
             ("changestream.last_stored_token.timestamp",
              lambda s: None if s.last_stored_token_time is None
              else s.last_stored_token_time.timestamp(),

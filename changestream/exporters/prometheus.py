@@ -22,23 +22,34 @@ them apart).
 Metrics (``namespace`` prefix, default ``changestream``; every one carries the
 labels given as keyword arguments):
 
-============================================  =======  ==============================================
-name                                          type     meaning
-============================================  =======  ==============================================
-``changestream_events_handled_total``         counter  changes passed to the handler
-``changestream_events_per_second``            gauge    handled changes per second, last interval
-``changestream_lag_seconds``                  gauge    how far behind the stream is (``ConsumeStats.lag``)
-``changestream_oplog_headroom_seconds``       gauge    token time minus the oldest oplog entry (absent
-                                                       where it cannot be read)
-``changestream_resumes_total``                counter  automatic resumes inside the stream
-``changestream_reopens_total``                counter  streams reopened by the loop
-``changestream_tokens_stored_total``          counter  tokens written to the store
-``changestream_handler_retries_total``        counter  handler calls repeated under ``on_error``
-``changestream_dead_letters_total``           counter  changes ``on_error``'s ``dead_letter`` took
-``changestream_values_rescued_total``         counter  values a Delta sink put into ``_rescued``
-                                                       (``on_stats=sink.reporting(exporter)``)
-``changestream_last_stored_token_timestamp``  gauge    cluster time of the last stored token (Unix s)
-============================================  =======  ==============================================
+==================================================  =======  ==============================================
+name                                                type     meaning
+==================================================  =======  ==============================================
+``changestream_events_handled_total``               counter  changes passed to the handler
+``changestream_events_per_second``                  gauge    handled changes per second, last interval
+``changestream_lag_seconds``                        gauge    how far behind the stream is
+                                                             (``ConsumeStats.lag``)
+``changestream_oplog_headroom_seconds``             gauge    token time minus the oldest oplog entry
+                                                             (absent where it cannot be read)
+``changestream_history_lost_in_seconds``            gauge    estimated time until the stored position falls
+                                                             off the oplog
+                                                             (``ConsumeStats.history_lost_in``; absent
+                                                             while there is no estimate)
+``changestream_server_large_events_split``          gauge    the server's
+                                                             ``metrics.changeStreams.largeEventsSplit``
+                                                             (absent where ``serverStatus`` cannot be read)
+``changestream_server_large_events_failed``         gauge    the server's ``largeEventsFailed``
+``changestream_server_docs_examined_per_returned``  gauge    oplog entries examined per event returned
+                                                             (9.0+; since the previous read)
+``changestream_resumes_total``                      counter  automatic resumes inside the stream
+``changestream_reopens_total``                      counter  streams reopened by the loop
+``changestream_tokens_stored_total``                counter  tokens written to the store
+``changestream_handler_retries_total``              counter  handler calls repeated under ``on_error``
+``changestream_dead_letters_total``                 counter  changes ``on_error``'s ``dead_letter`` took
+``changestream_values_rescued_total``               counter  values a Delta sink put into ``_rescued``
+                                                             (``on_stats=sink.reporting(exporter)``)
+``changestream_last_stored_token_timestamp``        gauge    cluster time of the last stored token (Unix s)
+==================================================  =======  ==============================================
 """
 
 from __future__ import annotations
@@ -71,6 +82,10 @@ class _Family:
     rate: Gauge
     lag: Gauge
     headroom: Gauge
+    history_lost_in: Gauge
+    server_split: Gauge
+    server_failed: Gauge
+    server_examined: Gauge
     resumes: Counter
     reopens: Counter
     stored: Counter
@@ -122,6 +137,17 @@ def _family(registry: CollectorRegistry, namespace: str, labels: tuple[str, ...]
             headroom=gauge(
                 "oplog_headroom_seconds", "Token cluster time minus the oldest oplog entry's"
             ),
+            history_lost_in=gauge(
+                "history_lost_in_seconds",
+                "Estimated seconds until the stored position falls off the oplog",
+            ),
+            server_split=gauge("server_large_events_split",
+                               "The server's metrics.changeStreams.largeEventsSplit"),
+            server_failed=gauge("server_large_events_failed",
+                                "The server's metrics.changeStreams.largeEventsFailed"),
+            server_examined=gauge("server_docs_examined_per_returned",
+                                  "Oplog entries the server's change streams examined per "
+                                  "event returned (since the previous read)"),
             resumes=counter("resumes", "Automatic resumes inside the change stream"),
             reopens=counter("reopens", "Change streams reopened by the consume loop"),
             stored=counter("tokens_stored", "Resume tokens written to the store"),
@@ -180,5 +206,12 @@ class PrometheusExporter:
             family.lag.labels(**labels).set(stats.lag.total_seconds())
         if stats.oplog_headroom is not None:
             family.headroom.labels(**labels).set(stats.oplog_headroom.total_seconds())
+        if stats.history_lost_in is not None:
+            family.history_lost_in.labels(**labels).set(stats.history_lost_in.total_seconds())
+        for gauge, value in ((family.server_split, stats.server_large_events_split),
+                             (family.server_failed, stats.server_large_events_failed),
+                             (family.server_examined, stats.server_docs_examined_per_returned)):
+            if value is not None:
+                gauge.labels(**labels).set(value)
         if stats.last_stored_token_time is not None:
             family.stored_time.labels(**labels).set(stats.last_stored_token_time.timestamp())

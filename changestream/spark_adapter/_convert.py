@@ -63,6 +63,7 @@ __all__ = [
     "Event",
     "EventConverter",
     "event_token",
+    "is_error_event",
     "is_invalidate",
     "raw_bytes",
     "raw_event",
@@ -453,6 +454,20 @@ def is_invalidate(event: Event) -> bool:
     if isinstance(event, RawBSONDocument) and b"invalidate" not in event.raw:
         return False
     return event.get("operationType") == "invalidate"
+
+
+_ERROR_TYPE = b"\x02operationType\x00\x06\x00\x00\x00error\x00"
+"""``operationType: "error"`` as BSON: raw events without these bytes are not decoded."""
+
+
+def is_error_event(event: Event) -> bool:
+    """Whether a change document is an ``operationType: "error"`` event (reported for
+    MongoDB 9.1; not in mongod's source as of this writing): never data to write."""
+    if isinstance(event, bytes):
+        return _ERROR_TYPE in event and bson.decode(event).get("operationType") == "error"
+    if isinstance(event, RawBSONDocument) and _ERROR_TYPE not in event.raw:
+        return False
+    return event.get("operationType") == "error"
 
 
 def event_token(event: Event) -> Any:

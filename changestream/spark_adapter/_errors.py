@@ -20,6 +20,7 @@ from .._codes import CHANGE_STREAM_HISTORY_LOST
 from ..errors import (
     ChangeStreamError,
     HistoryLostError,
+    NotResumableError,
     StreamInvalidatedError,
     describe_error,
     one_line,
@@ -32,6 +33,7 @@ __all__ = [
     "ChangeStreamHistoryLostError",
     "ChangeStreamInvalidatedError",
     "SchemaMismatchError",
+    "error_event",
     "history_lost",
     "history_lost_as_error",
     "invalidated",
@@ -70,6 +72,21 @@ def invalidated(token: Mapping[str, Any] | None) -> StreamInvalidatedError:
         f"startup_mode=token, start_after={text}",
         token=token,
         invalidate_token=token,
+    )
+
+
+def error_event(token: Mapping[str, Any] | None) -> NotResumableError:
+    """The stream delivered an ``operationType: "error"`` event: the failure of a change, not
+    data; the query stops after writing every event before it."""
+    text = token_to_json(token) if token is not None else "<no token>"
+    return NotResumableError(
+        f"the change stream delivered an error event (operationType 'error', token {text}): "
+        "the server reports a failure in place of a change, so it was not written as data; "
+        "every event before it was delivered. Fix the cause the event names (read it with "
+        "changestream.watch(..., start_at_operation_time=...) or the mongo shell), then "
+        f"restart the query; to skip it, start a new query with startup_mode=token, "
+        f"start_after={text}",
+        token=token,
     )
 
 

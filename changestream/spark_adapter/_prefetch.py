@@ -37,7 +37,8 @@ from pymongo.errors import PyMongoError
 from .. import ChangeStream
 from .._consumer.retry import RetryPolicy, is_transient
 from ..errors import RetriesExhaustedError, describe_error
-from ._convert import event_token, is_invalidate
+from ._convert import event_token, is_error_event, is_invalidate
+from ._errors import error_event
 
 __all__ = ["POLL", "RETRY", "Prefetcher", "Stopped", "open_retrying"]
 
@@ -236,6 +237,12 @@ class Prefetcher:
             if is_invalidate(kept):
                 with cond:
                     self.stopped = self.stopped or Stopped(event_token(kept))
+                    cond.notify_all()
+                return
+            if is_error_event(kept):  # never data: the query stops after what came before
+                with cond:
+                    self.stopped = self.stopped or Stopped(
+                        error=error_event(event_token(kept)))
                     cond.notify_all()
                 return
             self.fetched += 1  # before the append: a mark never looks newer than it is

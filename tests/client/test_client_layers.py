@@ -35,7 +35,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "changestream._snapshot", "changestream.stores", "changestream._diagnosis",
         "changestream._stream_view", "changestream._merge", "changestream._delta_schema",
         "changestream._delta_json",
-        "changestream._metrics", "changestream._headroom", "changestream._consumer",
+        "changestream._metrics", "changestream._headroom", "changestream._server_metrics",
+        "changestream._consumer",
         "changestream._consumer.*",
     )),
     # The one module that touches PyMongo's internals, and what both shells share.

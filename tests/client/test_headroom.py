@@ -173,8 +173,8 @@ def test_when_how_full_cannot_be_told_the_headroom_is_unknown_not_0(
 def test_consume_on_a_new_deployment_does_not_cry_wolf(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """End to end on the simulator (whose oplog is unbounded and which cannot tell its
-    size): no headroom warning, the headroom unknown, not 0."""
+    """End to end on the simulator (whose unbounded oplog answers $collStats with mongod's
+    990 MiB default maxSize): not full, so no headroom and no warning, never 0."""
     import threading
 
     from pymongo import MongoClient
@@ -203,4 +203,38 @@ def test_consume_on_a_new_deployment_does_not_cry_wolf(
         client.close()
     assert not [r for r in caplog.records if "oplog headroom is" in r.getMessage()]
     assert all(stats.oplog_headroom is None for stats in reports)
-    assert all(getattr(stats, "oplog_full", False) is None for stats in reports)
+    assert all(stats.oplog_full is False for stats in reports if stats.oplog_full is not None)
+    assert any(stats.oplog_full is False for stats in reports)
+    assert "the oplog is not full" in caplog.text
+
+
+def test_a_full_simulated_oplog_gives_the_headroom_end_to_end() -> None:
+    """The simulator's $collStats on local.oplog.rs (issue 32): an oplog of 64 KiB filled
+    past its limit is full, and the headroom is token time minus its oldest entry."""
+    from pymongo import MongoClient
+
+    import changestream
+    from changestream._sync._stats_timer import _probe_headroom
+    from changestream.testing import ReplicaSet
+
+    with ReplicaSet("9.0", oplog_max_bytes=64 * 1024) as rs:
+        client: MongoClient[dict[str, Any]] = MongoClient(rs.uri)
+        try:
+            coll = client.db.coll
+            for i in range(20):
+                coll.insert_many([{"i": i, "pad": "x" * 1000} for _ in range(10)])
+            oldest = client.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])
+            assert oldest is not None
+            reporter = StatsReporter(lambda stats: None, 10.0)
+            with changestream.watch(coll, max_await_time_ms=50) as stream:
+                coll.insert_one({"i": -1})
+                assert stream.try_next() is not None
+                reporter.on_stream(stream)
+                _probe_headroom(reporter)
+                snap = reporter.snapshot(1, 0)
+                token_time = stream.position.token_time
+        finally:
+            client.close()
+    assert snap.oplog_full is True
+    assert token_time is not None
+    assert snap.oplog_headroom == timedelta(seconds=token_time.time - oldest["ts"].time)

@@ -31,6 +31,7 @@ from ..storage.sessions import WriteUnit, session_keys, session_uid, transaction
 from .common import ListCursor, open_cursor
 from .crud import insert_one
 from .ddl import drop_collection, ensure_collection
+from .oplog_stats import is_oplog_coll_stats, oplog_coll_stats
 from .snapshot_reads import (
     SnapshotCursor,
     aggregate_source,
@@ -228,6 +229,11 @@ def _plain(
         for name, spec in stages[1:]:
             docs = run_stage(docs, name, spec)
         return open_cursor(ctx, f"{ctx.db}.$cmd.aggregate", docs, batch_size)
+    if is_oplog_coll_stats(ctx.db, coll, stages):  # how full the oplog is
+        docs = oplog_coll_stats(ctx, stages[0][1])
+        for name, spec in stages[1:]:
+            docs = run_stage(docs, name, spec)
+        return open_cursor(ctx, f"{ctx.db}.{coll}", docs, batch_size)
     out = stages[-1][1] if stages and stages[-1][0] == "$out" else None
     if out is not None:
         stages = stages[:-1]

@@ -161,6 +161,12 @@ class Oplog:
         return self._offset + len(self._entries)
 
     @property
+    def size(self) -> int:
+        """Approximate BSON bytes of the entries kept (what ``$collStats`` calls ``size``)."""
+        with self._cond:
+            return self._bytes
+
+    @property
     def last_ts(self) -> Timestamp | None:
         with self._cond:
             return self._entries[-1].ts if self._entries else None

@@ -356,13 +356,19 @@ class DatabaseTables:
                     self._queue_ready.wait()
                 if not self._queue:
                     return
-                table, position = self._queue.pop(0)
+                table, position = self._queue[0]
             try:
                 self._run_copy(table, position)
             except BaseException as exc:  # the main thread raises it at its next call
-                self._copy_error = exc
-                table.done.set()
+                with self._queue_ready:
+                    self._copy_error = exc
+                    failed, self._queue = self._queue, []
+                    self._copier = None
+                for waiting, _ in failed:
+                    waiting.done.set()
                 return
+            with self._queue_ready:
+                self._queue.pop(0)
             table.done.set()
 
     def _run_copy(self, table: _Table, position: Mapping[str, Any]) -> None:

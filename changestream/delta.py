@@ -80,6 +80,7 @@ from .stores import _stored as _validated  # the other stores' validation, one w
 __all__ = [
     "CURRENT_SQL", "KEY", "OP", "SEQ", "Compaction", "DatabaseDroppedError", "DatabaseSink",
     "DeltaSink", "DeltaSinkError", "DocumentSchemaError", "SchemaTextError", "merge_table",
+    "table_path",
 ]
 
 KEY = "_key"
@@ -739,4 +740,12 @@ class DatabaseSink(DatabaseTables):
 
     def table_path(self, collection: str) -> str:
         """Where ``collection``'s table is (``path/<collection>``, a few characters escaped)."""
-        return os.path.join(self.path, table_directory(collection))
+        return table_path(self.path, collection)
+
+
+def table_path(path: str | os.PathLike[str], collection: str) -> str:
+    """The table of ``collection`` in a database mirror at ``path``: ``path/<collection>``.
+
+    The name as it is, except ``/``, ``\\``, ``%`` and a leading ``.``, %-escaped.
+    """
+    return os.path.join(os.fspath(path), table_directory(collection))

@@ -267,3 +267,82 @@ def test_mirror_a_database_bad_arguments_exit_2_with_one_line(
          "--to", str(tmp_path / "t"), *extra], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert says in done.stderr.strip().splitlines()[-1]
+
+
+# -- Spark's foreachBatch path: a batch routed by collection (as Arrow, no JVM) ---------------
+def change_rows(events: list[Any]) -> Any:
+    """Change events as the Spark paths' rows (the columns the Delta writers read), in Arrow."""
+    import pyarrow as pa
+    from bson import json_util
+
+    def text(value: Any) -> str | None:
+        return None if value is None else json_util.dumps(
+            value, json_options=json_util.RELAXED_JSON_OPTIONS)
+
+    return pa.table({
+        "resume_token": [e["_id"]["_data"] for e in events],
+        "operation_type": [e["operationType"] for e in events],
+        "database": [e.get("ns", {}).get("db") for e in events],
+        "collection": [e.get("ns", {}).get("coll") for e in events],
+        "document_key": [text(e.get("documentKey")) for e in events],
+        "full_document": [text(e.get("fullDocument")) for e in events],
+    })
+
+
+def test_merge_into_tables_routes_each_batch_by_collection_once(db: Any, tmp_path: Path) -> None:
+    pytest.importorskip("pyspark", reason="the Spark adapter needs pyspark (no JVM is started)")
+    from changestream.spark_adapter import merge_into_tables
+
+    with changestream.watch(db, full_document="updateLookup", max_await_time_ms=50) as stream:
+        for seed, name in enumerate(("a", "b", "c")):
+            write_mix(db[name], 80, seed)
+        db.c.drop()
+        db.a.insert_one({"_id": "last"})
+        events: list[Any] = []
+        while not events or events[-1].get("documentKey", {}).get("_id") != "last":
+            change = stream.try_next()
+            if change is not None:
+                events.append(change)
+    func = merge_into_tables(str(tmp_path), app_id="spark", full_document="updateLookup",
+                             include=lambda name: name != "b")
+    half = len(events) // 2
+    func(change_rows(events[:half]), 0)
+    func(change_rows(events[half:]), 1)
+    func(change_rows(events[half:]), 1)  # Spark runs a batch again: every table skips it
+    assert sorted(os.listdir(tmp_path)) == ["a", "c"]
+    for name in ("a", "c"):
+        assert table_state(tmp_path / name) == {d["_id"]: d for d in db[name].find()}
+        versions = committed_versions(tmp_path / name, "spark")  # the batch ids touching it
+        assert versions == sorted(set(versions)) and versions[-1] == 1, versions
+    assert committed_versions(tmp_path / "a", "spark") == [0, 1]
+    assert func.sinks["a"].skipped == 1 and func.sinks["c"].skipped == 1
+
+
+@pytest.mark.spark
+def test_the_data_source_on_a_database_into_one_table_per_collection(
+    rs: ReplicaSet, db: Any, tmp_path: Path
+) -> None:
+    pytest.importorskip("pyspark", reason="needs pyspark and Java")
+    from spark_support import spark_builder
+
+    from changestream.spark_adapter import merge_into_tables, register
+
+    start = db.client.admin.command("ping")["$clusterTime"]["clusterTime"]
+    for seed, name in enumerate(("a", "b")):
+        write_mix(db[name], 60, seed)
+    spark = spark_builder().getOrCreate()
+    register(spark)
+    try:
+        df = (spark.readStream.format("changestream").option("uri", rs.uri)
+              .option("database", db.name).option("full_document", "updateLookup")
+              .option("startup_mode", "timestamp")
+              .option("start_at_operation_time", str(start.time)).load())
+        query = (df.writeStream.foreachBatch(merge_into_tables(
+                     str(tmp_path / "tables"), app_id="q", full_document="updateLookup"))
+                 .option("checkpointLocation", str(tmp_path / "chk"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(300)
+    finally:
+        spark.stop()
+    for name in ("a", "b"):
+        assert table_state(tmp_path / "tables" / name) == {d["_id"]: d for d in db[name].find()}

@@ -178,6 +178,7 @@ class DatabaseTables:
         self._copier: threading.Thread | None = None
         self._copy_error: BaseException | None = None
         self._closing = False
+        self._copies_started = False
         self.copies = 0
         """Collection copies finished by this object."""
 
@@ -339,6 +340,7 @@ class DatabaseTables:
         self._enqueue(table, position)
 
     def _enqueue(self, table: _Table, position: dict[str, Any]) -> None:
+        self._copies_started = True
         table.copying, table.held = True, []
         table.done.clear()
         with self._queue_ready:
@@ -413,6 +415,8 @@ class DatabaseTables:
         if self._copy_error is not None:
             error, self._copy_error = self._copy_error, None
             raise error
+        if not self._copies_started:
+            return  # the per-change fast path: no copy ever ran
         for table in self.tables.values():
             if table.copying and table.done.is_set():
                 stored = table.sink.load()
@@ -423,6 +427,7 @@ class DatabaseTables:
                     if not table.holds(change):
                         table.sink(change)
                         table.staged += 1
+        self._copies_started = any(table.copying for table in self.tables.values())
 
     def _wait(self, table: _Table) -> None:
         table.done.wait()

@@ -317,32 +317,3 @@ def test_merge_into_tables_routes_each_batch_by_collection_once(db: Any, tmp_pat
     assert committed_versions(tmp_path / "a", "spark") == [0, 1]
     assert func.sinks["a"].skipped == 1 and func.sinks["c"].skipped == 1
 
-
-@pytest.mark.spark
-def test_the_data_source_on_a_database_into_one_table_per_collection(
-    rs: ReplicaSet, db: Any, tmp_path: Path
-) -> None:
-    pytest.importorskip("pyspark", reason="needs pyspark and Java")
-    from spark_support import spark_builder
-
-    from changestream.spark_adapter import merge_into_tables, register
-
-    start = db.client.admin.command("ping")["$clusterTime"]["clusterTime"]
-    for seed, name in enumerate(("a", "b")):
-        write_mix(db[name], 60, seed)
-    spark = spark_builder().getOrCreate()
-    register(spark)
-    try:
-        df = (spark.readStream.format("changestream").option("uri", rs.uri)
-              .option("database", db.name).option("full_document", "updateLookup")
-              .option("startup_mode", "timestamp")
-              .option("start_at_operation_time", str(start.time)).load())
-        query = (df.writeStream.foreachBatch(merge_into_tables(
-                     str(tmp_path / "tables"), app_id="q", full_document="updateLookup"))
-                 .option("checkpointLocation", str(tmp_path / "chk"))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination(300)
-    finally:
-        spark.stop()
-    for name in ("a", "b"):
-        assert table_state(tmp_path / "tables" / name) == {d["_id"]: d for d in db[name].find()}

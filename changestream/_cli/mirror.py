@@ -30,6 +30,7 @@ from .common import (
     collection_name,
     database_name,
     not_dead_end,
+    sink_failure,
 )
 from .common import Parser as _Parser
 from .common import call_seconds as _call_seconds
@@ -180,22 +181,6 @@ def _regex(text: str) -> re.Pattern[str]:
         return re.compile(text)
     except re.error as exc:
         raise argparse.ArgumentTypeError(f"not a regular expression: {exc}") from exc
-
-
-def sink_failure(exc: BaseException, target: str, sink: Any) -> str:
-    """One line for a failure of the table itself: what happened and what to do."""
-    text = str(exc)
-    errno = getattr(exc, "errno", None)
-    if errno == 28 or "No space left on device" in text or "os error 28" in text:
-        try:
-            version = sink.applied_version
-        except Exception:  # the table cannot even be read
-            version = None
-        held = "nothing yet" if version is None else f"batch {version}"
-        return (f"the disk holding {target} is full (No space left on device): the failed "
-                f"batch was not committed and the table holds {held}; free some space, then "
-                f"run again: it resumes from there")
-    return f"{type(exc).__name__}: {text}"  # (say() makes it one line)
 
 
 def _schema_text(value: str) -> str:

@@ -21,12 +21,11 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from .. import ConsumeError, StreamInvalidatedError, TokenStoreError, consume, describe_error
-from .common import cluster_time, not_dead_end
+from .common import cluster_time, not_dead_end, sink_failure
 from .common import log_level as _log_level
 from .common import reach as _reach
 from .common import redact as _redact
 from .common import say as _say
-from .mirror import sink_failure
 from .progress import StatusLine, WatchProgress
 
 __all__ = ["mirror_database"]

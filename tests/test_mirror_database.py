@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -317,3 +318,75 @@ def test_merge_into_tables_routes_each_batch_by_collection_once(db: Any, tmp_pat
     assert committed_versions(tmp_path / "a", "spark") == [0, 1]
     assert func.sinks["a"].skipped == 1 and func.sinks["c"].skipped == 1
 
+
+
+class Crash(Exception):
+    """The process dies here (before or after a table's commit)."""
+
+
+class CrashingSink:
+    """A table sink that dies at the ``at``-th save of a run (counted over every table)."""
+
+    def __init__(self, sink: DeltaSink, counter: list[int], at: int, after: bool) -> None:
+        self.sink, self.path, self.counter, self.at, self.after = sink, sink.path, counter, at, after
+
+    def __call__(self, change: Any) -> None:
+        self.sink(change)
+
+    def load(self) -> Any:
+        return self.sink.load()
+
+    def finish(self) -> Any:
+        return self.sink.finish()
+
+    def save(self, token: Any, *, batch_id: int | None = None) -> None:
+        self.counter[0] += 1
+        if self.counter[0] == self.at and not self.after:
+            raise Crash(f"died before save {self.at}")
+        self.sink.save(token, batch_id=batch_id)
+        if self.counter[0] == self.at:
+            raise Crash(f"died after save {self.at}")
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-commit", "after-commit"])
+def test_a_crash_at_any_commit_around_a_rename_and_a_new_collection_resumes_exactly_once(
+    db: Any, tmp_path: Path, after: bool
+) -> None:
+    """Each save of the run (the target's emptying, its copy, the source's emptying, the
+    stream's batches) is a place the process may die: the next run ends with every table
+    equal to its collection, each version committed once."""
+    from changestream._delta_database import DatabaseTables
+
+    options = {"app_id": "m", "full_document": "updateLookup"}
+    db.x.insert_many([{"_id": i, "v": "x"} for i in range(30)])
+    db.y.insert_many([{"_id": i, "v": "y"} for i in range(100, 140)])
+    first = DatabaseSink(tmp_path, db, **options)  # type: ignore[arg-type]
+    first.load()
+    first.finish()
+    db.y.update_one({"_id": 100}, {"$set": {"w": 1}})
+    db.x.rename("y", dropTarget=True)
+    db.y.update_many({}, {"$set": {"w": 2}})
+    db.z.insert_many([{"_id": i} for i in range(25)])
+    db.x.insert_one({"_id": "again"})
+    for crash_at in range(1, 40):
+        root = tmp_path / f"run{crash_at}"
+        shutil.copytree(tmp_path, root, ignore=shutil.ignore_patterns("run*"))
+        counter = [0]
+        crashing = DatabaseTables(
+            root, db, lambda path: CrashingSink(DeltaSink(path, **options), counter,  # type: ignore[arg-type]
+                                                crash_at, after),
+            watch_options={"full_document": "updateLookup", "max_await_time_ms": 50},
+            copy_batch_size=10)
+        try:
+            run_until_marker(crashing, lambda: None, db.marker)  # type: ignore[arg-type]
+        except (AssertionError, Crash):
+            pass
+        finally:
+            crashing.close()
+        if counter[0] < crash_at:
+            break  # the run made fewer saves: every place was tried
+        again = DatabaseSink(root, db, watch_options={"max_await_time_ms": 50}, **options)  # type: ignore[arg-type]
+        run_until_marker(again, lambda: None, db.marker)
+        assert_tables(root, db, ["x", "y", "z"], "m")
+    print(f"{crash_at - 1} crash points tried")
+    assert crash_at > 5

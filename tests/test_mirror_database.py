@@ -372,9 +372,12 @@ def test_a_crash_at_any_commit_around_a_rename_and_a_new_collection_resumes_exac
         root = tmp_path / f"run{crash_at}"
         shutil.copytree(tmp_path, root, ignore=shutil.ignore_patterns("run*"))
         counter = [0]
+
+        def sink_for(path: str, counter: list[int] = counter, at: int = crash_at) -> Any:
+            return CrashingSink(DeltaSink(path, **options), counter, at, after)  # type: ignore[arg-type]
+
         crashing = DatabaseTables(
-            root, db, lambda path: CrashingSink(DeltaSink(path, **options), counter,  # type: ignore[arg-type]
-                                                crash_at, after),
+            root, db, sink_for,
             watch_options={"full_document": "updateLookup", "max_await_time_ms": 50},
             copy_batch_size=10)
         try:

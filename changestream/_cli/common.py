@@ -43,8 +43,8 @@ __all__ = [
     "redact",
     "say",
     "seconds",
-    "sink_failure",
     "setup_logging",
+    "sink_failure",
     "version",
 ]
 

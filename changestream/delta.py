@@ -50,6 +50,7 @@ from bson.objectid import ObjectId
 
 from ._delta_drift import RESCUED, Drift, RescuedCounts
 from ._delta_history import AS_OF_SQL, HISTORY_SQL, HistoryTable, as_of
+from ._delta_database import DatabaseDroppedError, DatabaseTables, table_directory
 from ._delta_json import relaxed_dumps
 from ._delta_layout import (
     CURRENT_SQL,
@@ -80,7 +81,8 @@ from .stores import _stored as _validated  # the other stores' validation, one w
 
 __all__ = [
     "AS_OF_SQL", "CURRENT_SQL", "HISTORY_SQL", "KEY", "OP", "RESCUED", "SEQ", "Compaction",
-    "DeltaSink", "DeltaSinkError", "DocumentSchemaError", "SchemaTextError", "merge_table",
+    "DatabaseDroppedError", "DatabaseSink", "DeltaSink", "DeltaSinkError", "DocumentSchemaError",
+    "SchemaTextError", "merge_table", "table_path",
 ]
 
 KEY = "_key"
@@ -818,3 +820,56 @@ class DeltaSink:
         ``changestream mirror --until-idle`` calls it before it exits.
         """
         return self.compact()
+
+
+class DatabaseSink(DatabaseTables):
+    """A whole database, one :class:`DeltaSink` table per collection under ``path/<collection>``.
+
+    Both handler and token store of :func:`changestream.consume`, with
+    :meth:`open_stream` as its first argument: one change stream on
+    ``database`` serves every table, and each table keeps its own position
+    (exactly once on its own, as a :class:`DeltaSink`). Collections without a
+    table are copied (a consistent snapshot) while the stream goes on; a
+    ``drop`` empties a table; a ``rename`` empties the source's table and
+    starts the target's from a copy. ``include(name)`` picks the collections
+    (default: all but ``system.*``); the other keyword arguments are each
+    table's :class:`DeltaSink`'s. See ``docs/mirror.md``, "A whole database".
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        database: Any,
+        *,
+        app_id: str = "changestream",
+        include: Any = None,
+        full_document: str | None = None,
+        copy_batch_size: int = 10_000,
+        watch_options: Mapping[str, Any] | None = None,
+        **sink_options: Any,
+    ) -> None:
+        DeltaSink(os.path.join(os.fspath(path), "_"), app_id=app_id, full_document=full_document,
+                  **sink_options)  # the options' mistakes, named before anything is read
+        self.app_id = app_id
+
+        def sink_for(table_path: str) -> DeltaSink:
+            return DeltaSink(table_path, app_id=app_id, full_document=full_document,
+                             **sink_options)
+
+        options = dict(watch_options or {})
+        if full_document is not None:
+            options.setdefault("full_document", full_document)
+        super().__init__(path, database, sink_for, include=include,
+                         watch_options=options, copy_batch_size=copy_batch_size)
+
+    def table_path(self, collection: str) -> str:
+        """Where ``collection``'s table is (``path/<collection>``, a few characters escaped)."""
+        return table_path(self.path, collection)
+
+
+def table_path(path: str | os.PathLike[str], collection: str) -> str:
+    """The table of ``collection`` in a database mirror at ``path``: ``path/<collection>``.
+
+    The name as it is, except ``/``, ``\\``, ``%`` and a leading ``.``, %-escaped.
+    """
+    return os.path.join(os.fspath(path), table_directory(collection))

@@ -44,6 +44,7 @@ __all__ = [
     "say",
     "seconds",
     "setup_logging",
+    "sink_failure",
     "version",
 ]
 
@@ -255,3 +256,19 @@ def _set_name_hint(exc: PyMongoError, uri: str) -> str:
         return ""
     return (f"; no member answered as replica set {wanted[0]!r}: check that the URI's "
             f"replicaSet= is the set's name (rs.status().set), or leave it out")
+
+
+def sink_failure(exc: BaseException, target: str, sink: Any) -> str:
+    """One line for a failure of the table itself: what happened and what to do."""
+    text = str(exc)
+    errno = getattr(exc, "errno", None)
+    if errno == 28 or "No space left on device" in text or "os error 28" in text:
+        try:
+            version = sink.applied_version
+        except Exception:  # the table cannot even be read
+            version = None
+        held = "nothing yet" if version is None else f"batch {version}"
+        return (f"the disk holding {target} is full (No space left on device): the failed "
+                f"batch was not committed and the table holds {held}; free some space, then "
+                f"run again: it resumes from there")
+    return f"{type(exc).__name__}: {text}"  # (say() makes it one line)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 import threading
@@ -29,6 +30,7 @@ from .common import (
     collection_name,
     database_name,
     not_dead_end,
+    sink_failure,
 )
 from .common import Parser as _Parser
 from .common import call_seconds as _call_seconds
@@ -54,9 +56,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("uri", metavar="URI", help="MongoDB connection string")
     parser.add_argument("--db", required=True, type=database_name,
                         help="database of the collection")
-    parser.add_argument("--coll", required=True, type=collection_name,
-                        help="collection to mirror")
-    parser.add_argument("--to", required=True, metavar="PATH", help="the Delta table's directory")
+    parser.add_argument("--coll", type=collection_name,
+                        help="collection to mirror (without it: every collection of --db, one "
+                        "table each under --to/<collection>, from one change stream)")
+    parser.add_argument(
+        "--coll-regex", metavar="REGEX", type=_regex,
+        help="without --coll: only the collections whose whole name matches REGEX",
+    )
+    parser.add_argument(
+        "--exclude", metavar="REGEX", type=_regex, action="append", default=[],
+        help="without --coll: leave out the collections whose whole name matches REGEX "
+        "(repeatable)",
+    )
+    parser.add_argument("--to", required=True, metavar="PATH",
+                        help="the Delta table's directory (without --coll: the directory of "
+                        "the tables)")
     parser.add_argument(
         "--app-id", default="changestream-mirror", metavar="ID", type=_app_id,
         help="the writer's id in the table's application transactions (default %(default)s)",
@@ -130,6 +144,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.uri.startswith(("mongodb://", "mongodb+srv://")):
         parser.error("the URI must start with mongodb:// or mongodb+srv://")
+    if args.coll is not None and (args.coll_regex is not None or args.exclude):
+        parser.error("--coll-regex and --exclude pick collections of a whole database: "
+                     "leave out --coll")
+    if args.coll is None and args.schema is not None:
+        parser.error("--schema types one collection's documents: give --coll")
+    if args.coll is None and "://" in args.to:
+        parser.error("--to: a whole database is mirrored into a local directory (one table "
+                     "per collection); give --coll for an object store")
     if "://" not in args.to and not Path(args.to).parent.is_dir():
         parser.error(f"--to: the directory {Path(args.to).parent} does not exist")
     if "://" not in args.to and Path(args.to).exists() and not Path(args.to).is_dir():
@@ -158,6 +180,11 @@ def main(argv: list[str]) -> int:
         client: MongoClient[dict[str, Any]] = MongoClient(args.uri, connect=False)
     except (PyMongoError, ValueError, TypeError) as exc:
         parser.error(f"invalid URI: {_redact(describe_error(exc), args.uri)}")
+    if args.coll is None:
+        from .mirror_database import mirror_database
+
+        with panics_held():
+            return mirror_database(args, client)
     sink = DeltaSink(args.to, app_id=args.app_id, full_document=args.full_document,
                      json_mode=args.json_mode, schema=schema, history=args.history,
                      on_mismatch=args.on_mismatch, evolve=args.evolve)
@@ -172,20 +199,12 @@ def _app_id(text: str) -> str:
     return text
 
 
-def _sink_failure(exc: BaseException, target: str, sink: Any) -> str:
-    """One line for a failure of the table itself: what happened and what to do."""
-    text = str(exc)
-    errno = getattr(exc, "errno", None)
-    if errno == 28 or "No space left on device" in text or "os error 28" in text:
-        try:
-            version = sink.applied_version
-        except Exception:  # the table cannot even be read
-            version = None
-        held = "nothing yet" if version is None else f"batch {version}"
-        return (f"the disk holding {target} is full (No space left on device): the failed "
-                f"batch was not committed and the table holds {held}; free some space, then "
-                f"run again: it resumes from there")
-    return f"{type(exc).__name__}: {text}"  # (say() makes it one line)
+def _regex(text: str) -> re.Pattern[str]:
+    """``--coll-regex``/``--exclude``: a Python regular expression, matched against whole names."""
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {exc}") from exc
 
 
 def _schema_text(value: str) -> str:
@@ -249,7 +268,7 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
         return 1
     except Exception as exc:  # the sink's own errors (a schema mismatch, a table in use)
         progress.clear()
-        _say(_redact(_sink_failure(exc, args.to, sink), args.uri))
+        _say(_redact(sink_failure(exc, args.to, sink), args.uri))
         return 1
     finally:
         for handler in logging.getLogger().handlers:  # main() may be called as a function

@@ -26,7 +26,7 @@ from ._errors import (
     SchemaMismatchError,
 )
 from ._infer import infer_ddl
-from ._merge import merge_into, merge_ready, stage_into
+from ._merge import merge_into, merge_into_tables, merge_ready, stage_into
 from ._schema import ENVELOPE_COLUMNS, event_ddl
 from ._source import ChangeStreamDataSource, ChangeStreamReader, with_session_settings
 
@@ -43,6 +43,7 @@ __all__ = [
     "foreach_batch",
     "infer_ddl",
     "merge_into",
+    "merge_into_tables",
     "merge_ready",
     "register",
     "stage_into",

@@ -29,7 +29,7 @@ from pyspark.sql.types import StringType
 
 import changestream
 
-__all__ = ["merge_into", "merge_ready", "stage_into"]
+__all__ = ["merge_into", "merge_into_tables", "merge_ready", "stage_into"]
 
 _SNAPSHOT = "snapshot"
 _CLEARS = ("drop", "rename", "dropDatabase")
@@ -240,3 +240,53 @@ class _StageInto:
         """Stage the batch given as the Arrow table of its change rows."""
         table, cleared = _merge_table(_change_rows(batch), self.sink)
         self.sink.stage(table, cleared=cleared)
+
+
+def merge_into_tables(
+    path: str, *, app_id: str = "changestream", include: Callable[[str], bool] | None = None,
+    **sink_options: Any,
+) -> MergeIntoTables:
+    """``foreachBatch`` function of the data source on a whole database: one table per collection.
+
+    Each batch is split by its ``collection`` column and each part merged, as
+    :func:`merge_into` does, into ``DeltaSink(path/<collection>, app_id=app_id,
+    **sink_options)`` (:func:`changestream.delta.table_path`, the layout of
+    ``changestream mirror`` without ``--coll``) as version ``batch_id``: a batch
+    Spark runs again is skipped by every table that holds it. ``include(name)``
+    picks the collections (default: all). Rows without a collection
+    (``dropDatabase``) are left out. Also takes the batch as Arrow.
+    """
+    return MergeIntoTables(path, app_id, include, sink_options)
+
+
+class MergeIntoTables:
+    """:func:`merge_into_tables`'s function; :attr:`sinks` holds each collection's sink."""
+
+    def __init__(self, path: str, app_id: str, include: Callable[[str], bool] | None,
+                 sink_options: dict[str, Any]) -> None:
+        self.path = path
+        self.app_id = app_id
+        self.include = include
+        self.sink_options = sink_options
+        self.sinks: dict[str, Any] = {}
+
+    def sink(self, collection: str) -> Any:
+        """The Delta sink of ``collection``'s table (made on first use)."""
+        from changestream.delta import DeltaSink, table_path
+
+        if collection not in self.sinks:
+            self.sinks[collection] = DeltaSink(table_path(self.path, collection),
+                                               app_id=self.app_id, **self.sink_options)
+        return self.sinks[collection]
+
+    def __call__(self, df: DataFrame | Any, batch_id: int) -> None:
+        import pyarrow.compute as pc
+
+        changes = _change_rows(df)
+        names = [name for name in pc.unique(changes.column("collection")).to_pylist()
+                 if name is not None and (self.include is None or self.include(name))]
+        for name in sorted(names):
+            part = changes.filter(pc.equal(changes.column("collection"), name))
+            sink = self.sink(name)
+            table, cleared = _merge_table(part, sink)
+            sink.write(table, int(batch_id), cleared=cleared)

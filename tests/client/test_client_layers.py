@@ -50,7 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # What is built on the public client: sinks, exporters, Spark, the command line.
     ("integrations", (
         "changestream.delta", "changestream._delta_layout", "changestream._delta_history",
-        "changestream._delta_drift",
+        "changestream._delta_drift", "changestream._delta_database",
         "changestream.exporters", "changestream.exporters.*",
         "changestream.spark_adapter", "changestream.spark_adapter.*", "changestream._cli",
         "changestream._cli.*", "changestream.__main__",

@@ -23,6 +23,7 @@ from changestream.delta import DeltaSink, DocumentSchemaError
 from changestream.spark_adapter import (
     foreach_batch,
     merge_into,
+    merge_into_tables,
     merge_ready,
     stage_into,
     stream_opener,
@@ -262,3 +263,25 @@ def versions_or_none(table: str, app_id: str) -> list[int]:
         return committed_versions(table, app_id)
     except Exception:  # no table yet
         return []
+
+
+def test_the_data_source_on_a_database_into_one_table_per_collection(
+    spark: Any, mongodb_uri: str, coll: Any, tmp_path: Path
+) -> None:
+    """A database's stream, one table per collection under one directory (mirror's layout)."""
+    db = coll.database
+    start = db.client.admin.command("ping")["$clusterTime"]["clusterTime"]
+    for seed, name in enumerate(("a", "b")):
+        write_mix(db[name], 60, seed)
+    df = (spark.readStream.format("changestream").option("uri", mongodb_uri)
+          .option("database", db.name).option("full_document", "updateLookup")
+          .option("startup_mode", "timestamp")
+          .option("start_at_operation_time", str(start.time)).option("max_rows_per_batch", "50")
+          .load())
+    query = (df.writeStream.foreachBatch(merge_into_tables(
+                 str(tmp_path / "tables"), app_id="q", full_document="updateLookup"))
+             .option("checkpointLocation", str(tmp_path / "chk"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    for name in ("a", "b"):
+        assert table_state(tmp_path / "tables" / name) == {d["_id"]: d for d in db[name].find()}

@@ -48,9 +48,9 @@ from bson import json_util
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
 
+from ._delta_database import DatabaseDroppedError, DatabaseTables, table_directory
 from ._delta_drift import RESCUED, Drift, RescuedCounts
 from ._delta_history import AS_OF_SQL, HISTORY_SQL, HistoryTable, as_of
-from ._delta_database import DatabaseDroppedError, DatabaseTables, table_directory
 from ._delta_json import relaxed_dumps
 from ._delta_layout import (
     CURRENT_SQL,

@@ -352,6 +352,9 @@ class DeltaSink:
         """Batches skipped because the table already held their version."""
         self.compactions: list[Compaction] = []
         """What each compaction by this sink object did."""
+        self.commit_metadata: dict[str, str] = {}
+        """Extra entries of every batch commit's metadata (a re-snapshot's progress rides
+        in the commit that applies its chunk: ``_delta_resnapshot``)."""
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r}, app_id={self.app_id!r})"
@@ -591,7 +594,7 @@ class DeltaSink:
                              self._json_options)
         else:
             source = batch
-        metadata = {_META_APP: self.app_id}
+        metadata = {**self.commit_metadata, _META_APP: self.app_id}
         if token is not None:
             metadata[_META_TOKEN] = json_util.dumps(
                 ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON
@@ -687,6 +690,18 @@ class DeltaSink:
             self.compactions.append(result)
             pa.default_memory_pool().release_unused()  # the rewrite's buffers, back to the OS
         return result
+
+    def request_snapshot(self) -> int:
+        """Ask the mirror running on this table to re-read the collection while it streams.
+
+        A signal commit in the table (no rows); the running mirror sees it
+        within seconds and re-reads the collection in chunks of ``_id``
+        ranges between watermarks (``docs/mirror.md``, "Re-snapshot while
+        streaming"). Returns the signal's table version.
+        """
+        from ._delta_resnapshot import request_snapshot
+
+        return request_snapshot(self.path, self._storage_options)
 
     def finish(self) -> Compaction | None:
         """Compact what is logged: afterwards every reader sees the current state, plainly.

@@ -33,6 +33,7 @@ import bisect
 import dataclasses
 import datetime
 import json
+import logging
 import time
 from collections.abc import Mapping
 from decimal import Decimal
@@ -46,6 +47,7 @@ from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 from deltalake import CommitProperties, DeltaTable, write_deltalake
+from pymongo.errors import PyMongoError
 
 from ._merge import CANONICAL, RELAXED, key_json
 from ._snapshot import SNAPSHOT_MARK, range_filter, type_rank
@@ -59,6 +61,7 @@ REQUEST = "changestream.resnapshot.request"
 """Commit metadata of a re-snapshot request (its value: when, for people reading the log)."""
 STATE = "changestream.resnapshot"
 """Commit metadata of a batch commit: the re-snapshot's progress as JSON."""
+_log = logging.getLogger("changestream.mirror")
 _APP = "changestream.app_id"
 _TOKEN = "changestream.token"
 _EJSON = json_util.CANONICAL_JSON_OPTIONS
@@ -182,13 +185,18 @@ class DeltaResnapshot:
     """
 
     def __init__(self, sink: _Sink, collection: Any, *, chunk_size: int = 10_000,
-                 poll_seconds: float = 2.0) -> None:
+                 poll_seconds: float = 2.0,
+                 watermarks: str | None = "changestream_watermarks") -> None:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an integer >= 1, not {chunk_size!r}")
         self.sink = sink
         self.collection = collection
         self.chunk_size = chunk_size
         self.poll_seconds = poll_seconds
+        self.watermarks = watermarks
+        """The control collection (of the collection's database) of the high watermark writes
+        (``None``: none; the stream's own progress, e.g. mongod's periodic no-op, moves it)."""
+        self._marking = watermarks is not None
         self.progress = ResnapshotProgress()
         self._json = CANONICAL if sink.json_mode == "canonical" else RELAXED
         self._chunk: _Chunk | None = None
@@ -307,6 +315,23 @@ class DeltaResnapshot:
         upper = None if last else list(documents.values())[-1]["_id"]
         self._chunk = _Chunk(at if isinstance(at, Timestamp) else None, documents, upper, last)
         self._window.clear()
+        self._mark()
+
+    def _mark(self) -> None:
+        """DBLog's high watermark: a write after the chunk's read moves the stream's position past
+        the read time even when the collection is idle (the write is in another collection,
+        so the stream only advances its token). Without write access: the stream's own
+        progress does it, later (logged once)."""
+        if not self._marking or self.watermarks is None:
+            return
+        try:
+            self.collection.database[self.watermarks].update_one(
+                {"_id": self.sink.app_id}, {"$inc": {"chunks": 1}}, upsert=True)
+        except PyMongoError as exc:
+            self._marking = False
+            _log.warning("re-snapshot: cannot write the high watermark to %s.%s (%s); a "
+                         "chunk then waits for the stream's next change or no-op",
+                         self.collection.database.name, self.watermarks, exc)
 
     def _keys_in_range(self, lower: Any, has_lower: bool, chunk: _Chunk) -> list[str]:
         """The table's keys (as the re-snapshot started) in the chunk's ``_id`` range."""

@@ -61,6 +61,7 @@ from ._delta_layout import (
     log_size,
     with_seq,
 )
+from ._delta_resnapshot import DeltaResnapshot, ResnapshotProgress, request_snapshot
 from ._delta_schema import SchemaTextError, arrow_schema
 from ._merge import (
     CANONICAL,
@@ -70,6 +71,7 @@ from ._merge import (
     key_json,
     merge_columns,
 )
+from ._parallel_copy import parallel_copy
 from ._snapshot import SNAPSHOT_MARK, is_snapshot_position
 from ._token import ResumeToken
 from .errors import ChangeStreamError
@@ -77,8 +79,9 @@ from .stores import StoredToken, TokenStoreError
 from .stores import _stored as _validated  # the other stores' validation, one wording
 
 __all__ = [
-    "CURRENT_SQL", "KEY", "OP", "SEQ", "Compaction", "DeltaSink", "DeltaSinkError",
-    "DocumentSchemaError", "SchemaTextError", "merge_table",
+    "CURRENT_SQL", "KEY", "OP", "SEQ", "Compaction", "DeltaResnapshot", "DeltaSink",
+    "DeltaSinkError", "DocumentSchemaError", "ResnapshotProgress", "SchemaTextError",
+    "merge_table", "parallel_copy",
 ]
 
 KEY = "_key"
@@ -699,8 +702,6 @@ class DeltaSink:
         ranges between watermarks (``docs/mirror.md``, "Re-snapshot while
         streaming"). Returns the signal's table version.
         """
-        from ._delta_resnapshot import request_snapshot
-
         return request_snapshot(self.path, self._storage_options)
 
     def finish(self) -> Compaction | None:

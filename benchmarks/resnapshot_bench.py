@@ -89,6 +89,10 @@ def main() -> None:
     with simulator("8.0") as (uri, _pid), tempfile.TemporaryDirectory() as tmp:
         client: MongoClient[dict[str, Any]] = MongoClient(uri)
         coll = client.bench.c
+        try:  # a copy of many documents by many readers may outlast the default 300 s
+            client.admin.command("setParameter", 1, minSnapshotHistoryWindowInSeconds=3600)
+        except Exception as exc:  # noqa: BLE001 (a server that refuses: the default then)
+            print(f"minSnapshotHistoryWindowInSeconds stays: {exc}")
         began = time.perf_counter()
         for offset in range(0, args.docs, INSERT_BATCH):
             size = min(INSERT_BATCH, args.docs - offset)

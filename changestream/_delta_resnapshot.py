@@ -227,6 +227,9 @@ class DeltaResnapshot:
         return stored
 
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        if token.get("_data") == SNAPSHOT_MARK:  # the first copy: a re-snapshot waits for it
+            self.sink.save(token, batch_id=batch_id)
+            return
         before = dataclasses.replace(self.progress)
         staged = False
         if self._chunk is not None and _past(token, self._chunk.at):

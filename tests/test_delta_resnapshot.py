@@ -270,3 +270,20 @@ def test_mirror_snapshot_readers_end_to_end(
     assert done.returncode == 0, done.stderr
     assert "with 3 readers" in done.stderr
     assert_mirrors(target, coll, "changestream-mirror")
+
+
+def test_resnapshot_of_a_missing_table_says_so(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "changestream", "mirror", "mongodb://127.0.0.1:1", "--db", "d",
+         "--coll", "c", "--to", str(tmp_path / "none"), "--resnapshot"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "no Delta table at" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_snapshot_readers_must_be_positive(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "changestream", "mirror", "mongodb://127.0.0.1:1", "--db", "d",
+         "--coll", "c", "--to", str(tmp_path / "t"), "--snapshot-readers", "0"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--snapshot-readers" in done.stderr

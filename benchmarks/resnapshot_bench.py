@@ -91,7 +91,7 @@ def main() -> None:
         coll = client.bench.c
         try:  # a copy of many documents by many readers may outlast the default 300 s
             client.admin.command("setParameter", 1, minSnapshotHistoryWindowInSeconds=3600)
-        except Exception as exc:  # noqa: BLE001 (a server that refuses: the default then)
+        except Exception as exc:  # a server that refuses: the default then
             print(f"minSnapshotHistoryWindowInSeconds stays: {exc}")
         began = time.perf_counter()
         for offset in range(0, args.docs, INSERT_BATCH):

@@ -31,9 +31,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from bson.timestamp import Timestamp
+from pymongo.errors import PyMongoError
 
 from ._delta_resnapshot import bson_order_key
-from ._snapshot import SnapshotError, SnapshotPosition, is_snapshot_position, range_filter
+from ._snapshot import (
+    SnapshotError,
+    SnapshotPosition,
+    is_snapshot_position,
+    range_filter,
+    type_rank,
+)
 from .stores import StoredToken
 
 __all__ = ["CopyResult", "parallel_copy", "split_points"]
@@ -60,9 +67,16 @@ class CopyResult:
 
 
 def split_points(collection: Any, parts: int) -> list[Any]:
-    """Up to ``parts - 1`` ``_id`` values splitting the collection into ranges of about one size."""
+    """Up to ``parts - 1`` ``_id`` values splitting the collection into ranges of about one size.
+
+    A collection range-sharded on ``_id`` with several chunks is split at its chunks'
+    bounds (``config.chunks``: each range then reads one shard); otherwise at a sample's.
+    """
     if parts < 2:
         return []
+    chunked = _chunk_points(collection)
+    if chunked:
+        return chunked
     sample = collection.aggregate([{"$sample": {"size": parts * _SAMPLES_PER_RANGE}},
                                    {"$project": {"_id": 1}}])
     ids = sorted((doc["_id"] for doc in sample), key=bson_order_key)
@@ -74,6 +88,21 @@ def split_points(collection: Any, parts: int) -> list[Any]:
         if not points or bson_order_key(points[-1]) < bson_order_key(point):
             points.append(point)
     return points
+
+
+def _chunk_points(collection: Any) -> list[Any]:
+    """The chunk bounds of a collection range-sharded on ``{_id: 1}`` (none: not so sharded)."""
+    config = collection.database.client["config"]
+    namespace = f"{collection.database.name}.{collection.name}"
+    try:
+        entry = config.collections.find_one({"_id": namespace})
+        if not entry or dict(entry.get("key") or {}) != {"_id": 1}:
+            return []
+        chunks = config.chunks.find({"uuid": entry["uuid"]}, {"min": 1})
+        bounds = [c["min"]["_id"] for c in chunks if type_rank(c["min"]["_id"]) != -1]
+    except (PyMongoError, KeyError, TypeError):
+        return []  # not readable (no privilege, not a sharded cluster): the sample
+    return sorted(bounds, key=bson_order_key)
 
 
 def parallel_copy(collection: Any, sink: _Sink, *, readers: int, batch: int = 10_000,

@@ -287,3 +287,41 @@ def test_snapshot_readers_must_be_positive(tmp_path: Path) -> None:
          "--coll", "c", "--to", str(tmp_path / "t"), "--snapshot-readers", "0"],
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--snapshot-readers" in done.stderr
+
+
+def test_parallel_copy_and_resnapshot_through_mongos(tmp_path: Path) -> None:
+    """On the sharded simulator: snapshot reads at one cluster time through mongos, then a
+    re-snapshot; the table equals the collection."""
+    from changestream._parallel_copy import parallel_copy
+    from changestream.testing import ShardedCluster
+
+    with ShardedCluster("8.0", shards=2, mongoses=1, noop_interval=0.1) as cluster, \
+            MongoClient(cluster.uri) as mongo:
+        mongo.admin.command("enableSharding", "s")
+        mongo.admin.command("shardCollection", "s.c", key={"_id": "hashed"})
+        coll = mongo.s.c
+        coll.insert_many([{"_id": i, "v": i} for i in range(3000)])
+        path = tmp_path / "t"
+        sink = DeltaSink(str(path), full_document="updateLookup")
+        result = parallel_copy(coll, sink, readers=3, batch=500)
+        assert result.documents == 3000
+        mirror = DeltaResnapshot(sink, coll, chunk_size=400, poll_seconds=0)
+        stop = threading.Event()
+        runner = threading.Thread(target=consume, args=(coll, mirror, mirror), kwargs={
+            "initial_snapshot": True, "save_interval": 0.2, "stop": stop,
+            "watch_options": {"full_document": "updateLookup", "max_await_time_ms": 100}},
+            daemon=True)
+        runner.start()
+        try:
+            coll.delete_many({"_id": {"$lt": 100}})
+            version = sink.request_snapshot()
+            coll.update_many({"_id": {"$gte": 2900}}, {"$set": {"late": True}})
+            wait_for(lambda: mirror.progress.request == version and not mirror.progress.active,
+                     "the re-snapshot")
+            wait_for(lambda: table_state(path) == {d["_id"]: d for d in coll.find()},
+                     "the table to equal the collection")
+        finally:
+            stop.set()
+            runner.join(60)
+        assert mirror.progress.chunks >= 8
+        assert_mirrors(path, coll, "changestream")

@@ -358,8 +358,8 @@ class DeltaResnapshot:
             keys = rows.column("_key").combine_chunks()
             first = pa.concat_arrays([pa.array([True]), pc.not_equal(
                 keys.slice(1), keys.slice(0, len(keys) - 1)).fill_null(True)])
-            rows = rows.filter(first).filter(pc.equal(rows.filter(first).column("_op"),
-                                                      "upsert"))
+            rows = rows.filter(first)  # each key's latest row; the live ones below
+            rows = rows.filter(pc.equal(rows.column("_op"), "upsert"))
         texts: list[str] = rows.column("_key").to_pylist()
         pairs = sorted((bson_order_key(json_util.loads(text, json_options=self._json)), text)
                        for text in texts)

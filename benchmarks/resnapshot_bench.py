@@ -7,7 +7,7 @@ are preloaded; then, each a ``changestream mirror`` process as users run it:
 
 * **copy 1** / **copy N**: ``mirror --until-idle 0.5 --snapshot-readers 1`` (the single
   reader of ``consume``'s snapshot) and ``--snapshot-readers N`` into new tables: wall time;
-* **re-snapshot**: a mirror runs on the copy-N table; a writer makes ``--writes`` updates,
+* **re-snapshot**: a mirror runs on the copy-N table; 4 writer threads make ``--writes`` updates,
   replaces, inserts and deletes a second (paced); ``mirror --resnapshot`` asks, and the time
   until the committed progress says done is measured, with the writes achieved meanwhile;
   then the writes stop, the mirror catches up and the table is compared with the collection.
@@ -35,6 +35,8 @@ from benchmarks.bench_client import simulator
 
 PAYLOAD = "x" * 32
 INSERT_BATCH = 10_000
+WRITERS = 4
+"""Writer threads, each paced at a quarter of ``--writes`` (one thread's round trips fall short)."""
 
 
 def mirror_args(uri: str, coll: str, target: str, *extra: str) -> list[str]:
@@ -59,8 +61,9 @@ def progress(target: str) -> dict[str, Any] | None:
     return None
 
 
-def writer(coll: Any, keys: int, rate: float, stop: threading.Event, done: list[int]) -> None:
-    rnd = random.Random(1)
+def writer(coll: Any, keys: int, rate: float, stop: threading.Event, done: list[int],
+           seed: int = 1) -> None:
+    rnd = random.Random(seed)
     began = time.perf_counter()
     n = 0
     while not stop.is_set():
@@ -111,9 +114,11 @@ def main() -> None:
                         "--batch-seconds", "1"),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         stop, written = threading.Event(), []
-        thread = threading.Thread(target=writer, args=(coll, args.docs, args.writes, stop,
-                                                       written))
-        thread.start()
+        threads = [threading.Thread(target=writer, args=(coll, args.docs,
+                                                         args.writes / WRITERS, stop, written,
+                                                         seed)) for seed in range(WRITERS)]
+        for thread in threads:
+            thread.start()
         time.sleep(3)  # the mirror is streaming the writes
         asked = time.perf_counter()
         subprocess.run(mirror_args(uri, "c", target, "--resnapshot"), check=True,
@@ -127,13 +132,14 @@ def main() -> None:
             time.sleep(0.5)
         took = time.perf_counter() - asked
         stop.set()
-        thread.join()
+        for thread in threads:
+            thread.join()
         total = time.perf_counter() - asked + 3
         running.terminate()
         running.wait(30)
         print(f"re-snapshot of {state['keys']:,} documents in {args.chunk:,}-document chunks: "
               f"{took:.1f} s ({state['keys'] / took:,.0f} docs/s) while "
-              f"{written[0] / total:,.0f} writes/s went on; {state['dropped']:,} chunk rows "
+              f"{sum(written) / total:,.0f} writes/s went on; {state['dropped']:,} chunk rows "
               f"left to the stream, {state['deleted']:,} deleted; load average "
               f"{os.getloadavg()[0]:.1f}", flush=True)
         caught = subprocess.run(mirror_args(uri, "c", target, "--until-idle", "0.5"),

@@ -133,7 +133,8 @@ class ResnapshotProgress:
     dropped: int = 0
     """Re-read keys dropped because the stream changed them between the watermarks."""
     deleted: int = 0
-    """Keys the table held that the collection no longer has."""
+    """Delete rows written: keys the table held when the re-snapshot began that their chunk
+    did not return (the stream may have deleted some of them already)."""
 
     def text(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))

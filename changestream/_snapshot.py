@@ -54,6 +54,7 @@ __all__ = [
     "is_snapshot_position",
     "range_filter",
     "stream_start",
+    "type_rank",
 ]
 
 SNAPSHOT_MARK = "snapshot"
@@ -185,6 +186,11 @@ def _rank(value: Any) -> int:
     if isinstance(value, MaxKey):
         return 127
     raise SnapshotError(f"cannot order an _id of type {type(value).__name__}")
+
+
+def type_rank(value: Any) -> int:
+    """The canonical BSON type rank of a decoded ``_id`` (:class:`SnapshotError`: unorderable)."""
+    return _rank(value)
 
 
 def _types_between(low: int, high: int) -> list[str]:

@@ -64,6 +64,7 @@ from ._delta_layout import (
     log_size,
     with_seq,
 )
+from ._delta_resnapshot import DeltaResnapshot, ResnapshotProgress, request_snapshot
 from ._delta_schema import SchemaTextError, arrow_schema
 from ._merge import (
     CANONICAL,
@@ -73,6 +74,7 @@ from ._merge import (
     key_json,
     merge_columns,
 )
+from ._parallel_copy import parallel_copy
 from ._snapshot import SNAPSHOT_MARK, is_snapshot_position
 from ._token import ResumeToken
 from .errors import ChangeStreamError
@@ -81,8 +83,9 @@ from .stores import _stored as _validated  # the other stores' validation, one w
 
 __all__ = [
     "AS_OF_SQL", "CURRENT_SQL", "HISTORY_SQL", "KEY", "OP", "RESCUED", "SEQ", "Compaction",
-    "DatabaseDroppedError", "DatabaseSink", "DeltaSink", "DeltaSinkError", "DocumentSchemaError",
-    "SchemaTextError", "merge_table", "table_path",
+    "DatabaseDroppedError", "DatabaseSink", "DeltaResnapshot", "DeltaSink", "DeltaSinkError",
+    "DocumentSchemaError", "ResnapshotProgress", "SchemaTextError", "merge_table",
+    "parallel_copy", "table_path",
 ]
 
 KEY = "_key"
@@ -381,6 +384,9 @@ class DeltaSink:
                                         full_document=full_document,
                                         json_options=self._json_options,
                                         storage_options=storage_options)
+        self.commit_metadata: dict[str, str] = {}
+        """Extra entries of every batch commit's metadata (a re-snapshot's progress rides
+        in the commit that applies its chunk: ``_delta_resnapshot``)."""
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r}, app_id={self.app_id!r})"
@@ -710,7 +716,7 @@ class DeltaSink:
             source = batch
         if drift is not None and drift.evolve:
             self._table_schema = table_schema(drift.schema)  # new fields, new columns
-        metadata = {_META_APP: self.app_id}
+        metadata = {**self.commit_metadata, _META_APP: self.app_id}
         if token is not None:
             metadata[_META_TOKEN] = json_util.dumps(
                 ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON
@@ -813,6 +819,16 @@ class DeltaSink:
             self.compactions.append(result)
             pa.default_memory_pool().release_unused()  # the rewrite's buffers, back to the OS
         return result
+
+    def request_snapshot(self) -> int:
+        """Ask the mirror running on this table to re-read the collection while it streams.
+
+        A signal commit in the table (no rows); the running mirror sees it
+        within seconds and re-reads the collection in chunks of ``_id``
+        ranges between watermarks (``docs/mirror.md``, "Re-snapshot while
+        streaming"). Returns the signal's table version.
+        """
+        return request_snapshot(self.path, self._storage_options)
 
     def finish(self) -> Compaction | None:
         """Compact what is logged: afterwards every reader sees the current state, plainly.

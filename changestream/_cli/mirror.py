@@ -119,6 +119,20 @@ def _parser() -> argparse.ArgumentParser:
         "it and join the fragments before they reach the table (split; MongoDB 7.0+ or 6.0.9+)",
     )
     parser.add_argument(
+        "--resnapshot", action="store_true",
+        help="ask the mirror running on --to to re-read the collection in chunks while it "
+        "streams (a signal commit in the table), then exit; a mirror started later takes it up",
+    )
+    parser.add_argument(
+        "--resnapshot-chunk", type=_positive_int, default=10_000, metavar="N",
+        help="documents per chunk of a re-snapshot (default %(default)s)",
+    )
+    parser.add_argument(
+        "--snapshot-readers", type=_positive_int, default=1, metavar="N",
+        help="read a new table's first copy with N readers in parallel, over _id ranges, at "
+        "one cluster time (default %(default)s)",
+    )
+    parser.add_argument(
         "--until-idle", type=_seconds, metavar="SECONDS",
         help="exit (status 0) once caught up: the table holds every change made before the "
         "command started (never during the snapshot or a backlog) and no change arrived for "
@@ -176,6 +190,8 @@ def main(argv: list[str]) -> int:
             DeltaSink(args.to, schema=schema)  # reads it: a mistake is named before connecting
         except (OSError, SchemaTextError, ValueError) as exc:
             parser.error(f"--schema: {exc}")
+    if args.resnapshot:
+        return _request(args.to)
     try:
         client: MongoClient[dict[str, Any]] = MongoClient(args.uri, connect=False)
     except (PyMongoError, ValueError, TypeError) as exc:
@@ -192,6 +208,20 @@ def main(argv: list[str]) -> int:
         return _mirror(args, client, sink)
 
 
+def _request(target: str) -> int:
+    """``--resnapshot``: the signal commit; the running mirror does the rest."""
+    from .._delta_resnapshot import request_snapshot
+
+    try:
+        version = request_snapshot(target)
+    except (ValueError, OSError) as exc:
+        _say(str(exc))
+        return 1
+    _say(f"re-snapshot requested (table version {version}): the mirror running on {target} "
+         "re-reads the collection in chunks while it streams; its status line shows progress")
+    return 0
+
+
 def _app_id(text: str) -> str:
     """``--app-id``: the writer's name in the table; an empty one names nobody."""
     if not text:
@@ -205,6 +235,15 @@ def _regex(text: str) -> re.Pattern[str]:
         return re.compile(text)
     except re.error as exc:
         raise argparse.ArgumentTypeError(f"not a regular expression: {exc}") from exc
+
+
+def _copying(stored: Any) -> bool:
+    """Is the table new or in its first copy (a parallel copy may fill it)?"""
+    if stored is None:
+        return True
+    token = stored.token
+    return isinstance(token, dict) and token.get("_data") == "snapshot" \
+        and token.get("phase") == "copy"
 
 
 def _schema_text(value: str) -> str:
@@ -223,6 +262,12 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
     stop = threading.Event()
     status = StatusLine(sys.stderr) if args.status and sys.stderr.isatty() else None
     progress = WatchProgress(stop, status, args.until_idle)
+    from .._delta_resnapshot import DeltaResnapshot
+
+    resnapshot = DeltaResnapshot(sink, client[args.db][args.coll],
+                                 chunk_size=args.resnapshot_chunk)
+    progress.extra = resnapshot.progress_text
+    progress.busy = lambda: resnapshot.progress.active
     for handler in logging.getLogger().handlers:
         progress.attach(handler)
         handler.addFilter(not_dead_end)  # printed once below, as the exit message
@@ -235,14 +280,21 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
             return 1
         if args.until_idle is not None:
             progress.caught_up_to = cluster_time(client)
-        stored = sink.load()
+        stored = resnapshot.load()
+        if args.snapshot_readers > 1 and _copying(stored):
+            from .._parallel_copy import parallel_copy
+
+            _say(f"copying {namespace} into {args.to} with {args.snapshot_readers} readers")
+            parallel_copy(client[args.db][args.coll], sink, readers=args.snapshot_readers,
+                          batch=args.batch)
+            stored = resnapshot.load()
         if stored is None:
             _say(f"mirroring {namespace} into {args.to}: snapshot first; Ctrl-C to stop")
         else:
             _say(f"mirroring {namespace} into {args.to} from its last commit "
                  f"(batch {stored.batch_id}); Ctrl-C to stop")
         result = consume(
-            client[args.db][args.coll], sink, sink, initial_snapshot=True,
+            client[args.db][args.coll], resnapshot, resnapshot, initial_snapshot=True,
             watch_options={"full_document": args.full_document, "max_await_time_ms": 500},
             save_every=args.batch, save_interval=args.batch_seconds, stop=stop,
             oversize=args.oversize,
@@ -277,7 +329,10 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
         client.close()
     version = sink.applied_version
     why = f"no change for {args.until_idle:g} s" if progress.idle_stop else "stopped"
+    done = resnapshot.progress
+    again = f"; re-snapshot: {done.chunks} chunks, {done.keys} keys re-read, {done.dropped} " \
+        f"left to the stream, {done.deleted} deleted" if done.chunks else ""
     rescued = f"; {sink.rescued} values rescued into _rescued" if sink.rescued else ""
     _say(f"{why}; {result.handled} changes mirrored by this run; {args.to} holds batch "
-         f"{version}{rescued}")
+         f"{version}{again}{rescued}")
     return 0

@@ -65,11 +65,13 @@ class StatusLine:
         self._shown = False
         self._lock = threading.Lock()
 
-    def show(self, stats: ConsumeStats, rate: float) -> None:
+    def show(self, stats: ConsumeStats, rate: float, extra: str = "") -> None:
         text = (
             f"{stats.handled} events  {rate:.1f}/s  {_format_lag(stats)}"
             f"  resumes {stats.resumes + stats.reopens}"
         )
+        if extra:
+            text += f"  {extra}"
         with self._lock:
             self._stream.write(f"\r\x1b[K{text}")
             self._stream.flush()
@@ -115,6 +117,10 @@ class WatchProgress:
         self._drawn_handled = 0
         self.idle_stop = False
         """``True`` once ``--until-idle`` ended the run."""
+        self.extra: Callable[[], str] | None = None
+        """More of the status line (``mirror``: a re-snapshot's progress)."""
+        self.busy: Callable[[], bool] | None = None
+        """``--until-idle`` waits while this says so (``mirror``: a re-snapshot runs)."""
         self.caught_up_to: Timestamp | None = None
         """The deployment's cluster time when the command started: ``--until-idle`` waits until
         the stream's token has reached it (never during a snapshot or a backlog)."""
@@ -140,20 +146,24 @@ class WatchProgress:
             if stats.final:
                 self._status.clear()
             elif self._last_draw is None:
-                self._status.show(stats, stats.events_per_second)
+                self._status.show(stats, stats.events_per_second, self._extra())
                 self._last_draw, self._drawn_handled = now, stats.handled
             elif now - self._last_draw >= REFRESH * 0.9:
                 rate = (stats.handled - self._drawn_handled) / (now - self._last_draw)
-                self._status.show(stats, rate)
+                self._status.show(stats, rate, self._extra())
                 self._last_draw, self._drawn_handled = now, stats.handled
         if (
             self._until_idle is not None
             and not stats.final
             and now - self._last_change >= self._until_idle
             and self._caught_up(stats)
+            and not (self.busy is not None and self.busy())
         ):
             self.idle_stop = True
             self._stop.set()
+
+    def _extra(self) -> str:
+        return "" if self.extra is None else self.extra()
 
     def _caught_up(self, stats: ConsumeStats) -> bool:
         """The stream's token has reached the cluster time read at the start (a snapshot's

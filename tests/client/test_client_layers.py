@@ -51,6 +51,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("integrations", (
         "changestream.delta", "changestream._delta_layout", "changestream._delta_history",
         "changestream._delta_drift", "changestream._delta_database",
+        "changestream._delta_resnapshot", "changestream._parallel_copy",
         "changestream.exporters", "changestream.exporters.*",
         "changestream.spark_adapter", "changestream.spark_adapter.*", "changestream._cli",
         "changestream._cli.*", "changestream.__main__",

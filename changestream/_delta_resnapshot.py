@@ -1,0 +1,414 @@
+"""Re-snapshot while streaming: DBLog's watermarks over a Delta table kept by the change stream.
+
+A running mirror re-reads its collection in chunks of ``_id`` ranges without
+stopping the stream (Netflix's DBLog; Debezium's incremental snapshots):
+
+* **signal**: :func:`request_snapshot` makes an empty commit in the table
+  whose metadata asks for a re-snapshot (``mirror --resnapshot`` and
+  :meth:`changestream.delta.DeltaSink.request_snapshot`). The table is the one
+  thing the requester and the mirror surely share: no write access to MongoDB,
+  no extra collection, and the request is durable (a mirror that is down sees
+  it when it starts);
+* **low watermark**: right after a batch commit (the stream's position), the
+  next chunk is read: ``_id > after`` in ``_id`` order, ``chunk_size``
+  documents, with ``readConcern: snapshot`` (one point in time, ``T``);
+* **window**: every key the stream changes from then on is noted;
+* **high watermark**: the first save whose token is past ``T``. The chunk's
+  rows whose keys are in the window are dropped (the stream's version wins);
+  the others are applied, and the keys of the chunk's range that the table
+  holds but the chunk did not return are deleted, all in that save's commit,
+  with its token and the re-snapshot's progress (``changestream.resnapshot``
+  in the commit's metadata). A ``kill -9`` therefore loses or repeats no
+  chunk: the restarted mirror reads the progress of its last commit and goes
+  on after the last applied chunk.
+
+So a chunk row never overwrites a newer change, documents deleted meanwhile
+are removed, and once the last chunk is applied the table equals the
+collection (and stays so, the stream going on).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import datetime
+import json
+import logging
+import time
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from bson import json_util
+from bson.binary import Binary
+from bson.decimal128 import Decimal128
+from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from pymongo.errors import PyMongoError
+
+from ._merge import CANONICAL, RELAXED, key_json
+from ._snapshot import SNAPSHOT_MARK, range_filter, type_rank
+from ._token import token_cluster_time
+from .stores import StoredToken
+
+__all__ = ["REQUEST", "STATE", "DeltaResnapshot", "ResnapshotProgress", "bson_order_key",
+           "request_snapshot"]
+
+REQUEST = "changestream.resnapshot.request"
+"""Commit metadata of a re-snapshot request (its value: when, for people reading the log)."""
+STATE = "changestream.resnapshot"
+"""Commit metadata of a batch commit: the re-snapshot's progress as JSON."""
+_log = logging.getLogger("changestream.mirror")
+_APP = "changestream.app_id"
+_TOKEN = "changestream.token"
+_EJSON = json_util.CANONICAL_JSON_OPTIONS
+_RECORD_ID = {"_data": SNAPSHOT_MARK, "phase": "resnapshot"}
+"""The ``_id`` of a chunk's rows as staged changes (ordered before events; keys are disjoint)."""
+
+
+def request_snapshot(path: str, storage_options: dict[str, str] | None = None) -> int:
+    """Make the signal commit in the table at ``path``; its version."""
+    if not DeltaTable.is_deltatable(path, storage_options):
+        raise ValueError(f"no Delta table at {path}: a re-snapshot is asked of a running "
+                         "mirror's table")
+    table = DeltaTable(path, storage_options=storage_options)
+    empty = pa.schema(table.schema().to_arrow()).empty_table()
+    when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    write_deltalake(table, empty, mode="append", storage_options=storage_options,
+                    commit_properties=CommitProperties(custom_metadata={REQUEST: when}))
+    table.update_incremental()
+    return table.version()
+
+
+# -- BSON order of _id values ------------------------------------------------------------------
+def bson_order_key(value: Any) -> tuple[Any, ...]:
+    """A sort key that orders decoded ``_id`` values as mongod does (type rank, then value)."""
+    rank = type_rank(value)
+    if isinstance(value, bool):
+        return (rank, value)
+    if isinstance(value, Decimal128):
+        return (rank, value.to_decimal())
+    if isinstance(value, (int, float, Decimal)):
+        return (rank, value)
+    if isinstance(value, str):
+        return (rank, value)
+    if isinstance(value, ObjectId):
+        return (rank, value.binary)
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        return (rank, value)
+    if isinstance(value, Timestamp):
+        return (rank, (value.time, value.inc))
+    if isinstance(value, Mapping):
+        return (rank, tuple((type_rank(v), k, bson_order_key(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (rank, tuple(bson_order_key(v) for v in value))
+    if isinstance(value, (bytes, Binary)):
+        subtype = value.subtype if isinstance(value, Binary) else 0
+        return (rank, (len(value), subtype, bytes(value)))
+    return (rank, repr(value))  # MinKey, MaxKey, null: one value per rank
+
+
+# -- progress ----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class ResnapshotProgress:
+    """A re-snapshot's progress, as committed with the chunk that made it (JSON in the commit)."""
+
+    request: int = -1
+    """Table version of the last request taken up (-1: none)."""
+    active: bool = False
+    after: str | None = None
+    """The last applied chunk's upper ``_id`` (canonical Extended JSON; ``None``: from the start)."""
+    chunks: int = 0
+    total: int = 0
+    """Chunks expected (the collection's estimated count when it started)."""
+    keys: int = 0
+    """Documents re-read."""
+    applied: int = 0
+    """Rows the chunks applied (re-read keys not changed by the stream meanwhile)."""
+    dropped: int = 0
+    """Re-read keys dropped because the stream changed them between the watermarks."""
+    deleted: int = 0
+    """Delete rows written: keys the table held when the re-snapshot began that their chunk
+    did not return (the stream may have deleted some of them already)."""
+
+    def text(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, text: str) -> ResnapshotProgress:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in fields})
+
+    def status(self) -> str:
+        """For the status line: ``resnapshot 3/10 chunks, 30000 keys``."""
+        if not self.active:
+            return ""
+        return f"resnapshot {self.chunks}/{max(self.total, self.chunks)} chunks, {self.keys} keys"
+
+
+class _Sink(Protocol):
+    """What the re-snapshot needs of :class:`changestream.delta.DeltaSink`."""
+
+    path: str
+    app_id: str
+    json_mode: str
+    commit_metadata: dict[str, str]
+
+    def __call__(self, change: Mapping[str, Any]) -> None: ...
+    def load(self) -> StoredToken | None: ...
+    def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None: ...
+    def table(self) -> DeltaTable | None: ...
+
+
+@dataclasses.dataclass
+class _Chunk:
+    """A chunk read at ``at``, waiting for the stream to pass ``at`` (its high watermark)."""
+
+    at: Timestamp | None
+    documents: dict[str, Mapping[str, Any]]
+    """By the table's key text."""
+    upper: Any
+    last: bool
+
+
+class DeltaResnapshot:
+    """A Delta sink that re-snapshots on request while it streams: consume's handler and store.
+
+    Wraps a :class:`changestream.delta.DeltaSink` (everything is delegated to
+    it) and reads chunks from ``collection`` (a PyMongo collection). Requests
+    are looked for every ``poll_seconds`` (at a save); :meth:`request`
+    starts one from this process.
+    """
+
+    def __init__(self, sink: _Sink, collection: Any, *, chunk_size: int = 10_000,
+                 poll_seconds: float = 2.0,
+                 watermarks: str | None = "changestream_watermarks") -> None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be an integer >= 1, not {chunk_size!r}")
+        self.sink = sink
+        self.collection = collection
+        self.chunk_size = chunk_size
+        self.poll_seconds = poll_seconds
+        self.watermarks = watermarks
+        """The control collection (of the collection's database) of the high watermark writes
+        (``None``: none; the stream's own progress, e.g. mongod's periodic no-op, moves it)."""
+        self._marking = watermarks is not None
+        self.progress = ResnapshotProgress()
+        self._json = CANONICAL if sink.json_mode == "canonical" else RELAXED
+        self._chunk: _Chunk | None = None
+        self._window: set[str] = set()
+        self._table_keys: list[Any] | None = None
+        """The table's keys when the re-snapshot (re)started, in BSON order (values)."""
+        self._table_texts: list[str] = []
+        self._polled_at: float | None = None
+        self._asked = False
+
+    def progress_text(self) -> str:
+        """The status line's part: ``resnapshot 3/10 chunks, 30000 keys`` (empty: none runs)."""
+        return self.progress.status()
+
+    # -- consume's handler and store -----------------------------------------------------
+    def __call__(self, change: Mapping[str, Any]) -> None:
+        self.sink(change)
+        if self._chunk is not None:
+            key = (change.get("documentKey") or {}).get("_id", _NONE)
+            if key is not _NONE:
+                self._window.add(key_json(key, self._json))
+
+    def load(self) -> StoredToken | None:
+        stored = self.sink.load()
+        self.progress = self._committed_progress()
+        self.sink.commit_metadata[STATE] = self.progress.text()
+        self._chunk, self._table_keys = None, None
+        return stored
+
+    def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        if token.get("_data") == SNAPSHOT_MARK:  # the first copy: a re-snapshot waits for it
+            self.sink.save(token, batch_id=batch_id)
+            return
+        before = dataclasses.replace(self.progress)
+        staged = False
+        if self._chunk is not None and _past(token, self._chunk.at):
+            self._stage_chunk(self._chunk)
+            staged = True
+        self.sink.commit_metadata[STATE] = self.progress.text()
+        try:
+            self.sink.save(token, batch_id=batch_id)
+        except BaseException:
+            self.progress = before
+            self.sink.commit_metadata[STATE] = before.text()
+            raise
+        if staged:
+            self._chunk = None
+            self._window.clear()
+        self._poll()
+        if self.progress.active and self._chunk is None:
+            self._read_chunk()  # the low watermark: the position just committed
+
+    def request(self) -> int:
+        """Ask for a re-snapshot (a signal commit in the table); its table version."""
+        table = self.sink.table()
+        if table is None:
+            raise ValueError("the table does not exist yet: its first copy is a snapshot")
+        self._asked = True
+        return request_snapshot(self.sink.path)
+
+    # -- requests ------------------------------------------------------------------------
+    def _poll(self) -> None:
+        now = time.monotonic()
+        if not self._asked and self._polled_at is not None \
+                and now - self._polled_at < self.poll_seconds:
+            return
+        self._polled_at, self._asked = now, False
+        table = self.sink.table()
+        if table is None:
+            return
+        newest = -1
+        for commit in table.history(100):
+            if REQUEST in commit and int(commit.get("version", -1)) > self.progress.request:
+                newest = max(newest, int(commit["version"]))
+        if newest < 0:
+            return
+        count = self.collection.estimated_document_count()
+        self.progress = ResnapshotProgress(
+            request=newest, active=True, total=max(1, -(-count // self.chunk_size)))
+        self._chunk, self._table_keys = None, None  # a new request restarts a running one
+
+    def _committed_progress(self) -> ResnapshotProgress:
+        """The progress in this app id's last commit with a token (none: a fresh one)."""
+        table = self.sink.table()
+        if table is None:
+            return ResnapshotProgress()
+        for commit in table.history():
+            if commit.get(_APP) == self.sink.app_id and _TOKEN in commit:
+                text = commit.get(STATE)
+                return ResnapshotProgress.parse(str(text)) if text else ResnapshotProgress()
+        return ResnapshotProgress()
+
+    # -- chunks --------------------------------------------------------------------------
+    def _read_chunk(self) -> None:
+        after = None if self.progress.after is None else json_util.loads(
+            self.progress.after, json_options=_EJSON)
+        match = range_filter(after, has_lower=self.progress.after is not None)
+        pipeline: list[dict[str, Any]] = [{"$match": match}] if match else []
+        pipeline += [{"$sort": {"_id": 1}}, {"$limit": self.chunk_size}]
+        database = self.collection.database
+        documents: dict[str, Mapping[str, Any]] = {}
+        with database.client.start_session() as session:
+            reply = database.command(
+                {"aggregate": self.collection.name, "pipeline": pipeline,
+                 "cursor": {"batchSize": self.chunk_size},
+                 "readConcern": {"level": "snapshot"}}, session=session)
+            cursor = reply["cursor"]
+            at = cursor.get("atClusterTime") or reply.get("operationTime")
+            batch, cursor_id = cursor["firstBatch"], cursor["id"]
+            while True:
+                for doc in batch:
+                    documents[key_json(doc["_id"], self._json)] = doc
+                if not cursor_id:
+                    break
+                more = database.command("getMore", cursor_id, collection=self.collection.name,
+                                        session=session)
+                batch, cursor_id = more["cursor"]["nextBatch"], more["cursor"]["id"]
+        last = len(documents) < self.chunk_size
+        upper = None if last else list(documents.values())[-1]["_id"]
+        self._chunk = _Chunk(at if isinstance(at, Timestamp) else None, documents, upper, last)
+        self._window.clear()
+        self._mark()
+
+    def _mark(self) -> None:
+        """DBLog's high watermark: a write after the chunk's read moves the stream's position past
+        the read time even when the collection is idle (the write is in another collection,
+        so the stream only advances its token). Without write access: the stream's own
+        progress does it, later (logged once)."""
+        if not self._marking or self.watermarks is None:
+            return
+        try:
+            self.collection.database[self.watermarks].update_one(
+                {"_id": self.sink.app_id}, {"$inc": {"chunks": 1}}, upsert=True)
+        except PyMongoError as exc:
+            self._marking = False
+            _log.warning("re-snapshot: cannot write the high watermark to %s.%s (%s); a "
+                         "chunk then waits for the stream's next change or no-op",
+                         self.collection.database.name, self.watermarks, exc)
+
+    def _keys_in_range(self, lower: Any, has_lower: bool, chunk: _Chunk) -> list[str]:
+        """The table's keys (as the re-snapshot started) in the chunk's ``_id`` range."""
+        if self._table_keys is None:
+            self._load_table_keys()
+        assert self._table_keys is not None
+        start = 0 if not has_lower else bisect.bisect_right(self._table_keys,
+                                                           bson_order_key(lower))
+        end = len(self._table_keys) if chunk.last else bisect.bisect_right(
+            self._table_keys, bson_order_key(chunk.upper))
+        return self._table_texts[start:end]
+
+    def _load_table_keys(self) -> None:
+        table = self.sink.table()
+        if table is None:
+            self._table_keys, self._table_texts = [], []
+            return
+        rows = table.to_pyarrow_dataset().to_table(columns=["_key", "_seq", "_op"])
+        if rows.num_rows:
+            rows = rows.sort_by([("_key", "ascending"), ("_seq", "descending")])
+            keys = rows.column("_key").combine_chunks()
+            first = pa.concat_arrays([pa.array([True]), pc.not_equal(
+                keys.slice(1), keys.slice(0, len(keys) - 1)).fill_null(True)])
+            rows = rows.filter(first)  # each key's latest row; the live ones below
+            rows = rows.filter(pc.equal(rows.column("_op"), "upsert"))
+        texts: list[str] = rows.column("_key").to_pylist()
+        pairs = sorted((bson_order_key(json_util.loads(text, json_options=self._json)), text)
+                       for text in texts)
+        self._table_keys = [pair[0] for pair in pairs]
+        self._table_texts = [pair[1] for pair in pairs]
+
+    def _stage_chunk(self, chunk: _Chunk) -> None:
+        """The chunk as changes staged in the sink (it commits them with the batch)."""
+        progress = self.progress
+        lower = None if progress.after is None else json_util.loads(progress.after,
+                                                                   json_options=_EJSON)
+        namespace = {"db": self.collection.database.name, "coll": self.collection.name}
+        window = self._window
+        applied = dropped = deleted = 0
+        for text, doc in chunk.documents.items():
+            if text in window:
+                dropped += 1
+                continue
+            self.sink({"_id": _RECORD_ID, "operationType": "replace", "ns": namespace,
+                       "documentKey": {"_id": doc["_id"]}, "fullDocument": doc})
+            applied += 1
+        for text in self._keys_in_range(lower, progress.after is not None, chunk):
+            if text in chunk.documents or text in window:
+                continue
+            key = json_util.loads(text, json_options=self._json)
+            self.sink({"_id": _RECORD_ID, "operationType": "delete", "ns": namespace,
+                       "documentKey": {"_id": key}})
+            deleted += 1
+        progress.chunks += 1
+        progress.keys += len(chunk.documents)
+        progress.applied += applied
+        progress.dropped += dropped
+        progress.deleted += deleted
+        if chunk.last:
+            progress.active = False
+            progress.total = progress.chunks
+            self._table_keys, self._table_texts = None, []
+        else:
+            progress.after = json_util.dumps(chunk.upper, json_options=_EJSON)
+
+
+_NONE: Any = object()
+
+
+def _past(token: Mapping[str, Any], at: Timestamp | None) -> bool:
+    """Is the stream past the chunk's read time (its high watermark)?"""
+    if at is None:
+        return True  # no read time known: the chunk is applied at once (no window)
+    time_ = token_cluster_time(token)
+    return time_ is not None and time_ > at
+

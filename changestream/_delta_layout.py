@@ -74,10 +74,10 @@ the row groups' ``_key`` statistics (log files are written sorted by ``_key``)."
 
 
 def with_seq(rows: pa.Table, schema: pa.Schema, first_seq: int) -> pa.Table:
-    """``rows`` (``_key``, ``_op``, data columns) as ``schema``'s, numbered from ``first_seq``,
-    sorted by ``_key`` (one row per key: the numbers keep their batch's order).
+    """``rows`` (``_key``, ``_op``, data columns) as ``schema``'s, numbered from ``first_seq``.
 
-    ``first_seq`` 0 makes base rows (all ``_seq`` 0: a first load).
+    Log rows come out sorted by ``_key`` (one row per key: the numbers keep their batch's
+    order); ``first_seq`` 0 makes base rows (all ``_seq`` 0: a first load, sorted by the caller).
     """
     count = rows.num_rows
     if first_seq == 0:
@@ -86,7 +86,8 @@ def with_seq(rows: pa.Table, schema: pa.Schema, first_seq: int) -> pa.Table:
         seq = pc.add(pa.array(range(count), pa.int64()), pa.scalar(first_seq, pa.int64()))
     columns = [rows.column(KEY), seq, rows.column(OP)]
     columns += [rows.column(name) for name in schema.names[3:]]
-    return pa.Table.from_arrays(columns, schema=schema).sort_by(KEY)
+    table = pa.Table.from_arrays(columns, schema=schema)
+    return table if first_seq == 0 else table.sort_by(KEY)
 
 
 def first_seq(version: int) -> int:

@@ -263,6 +263,7 @@ _COMMIT_ATTEMPTS = 8
 """Commits tried when other writers' commits conflict (with jittered backoff)."""
 
 _LOG_WRITER = WriterProperties(max_row_group_size=LOG_ROW_GROUP)
+_BASE_WRITER = WriterProperties()
 
 _REOPEN_EVERY = 100
 """Versions after which the table is opened anew: delta-rs replays, on every write, each
@@ -618,7 +619,7 @@ class DeltaSink:
                                     0 if base else first_seq(table.version()))
                 write_deltalake(table, rows, mode="overwrite" if cleared else "append",
                                 commit_properties=properties,
-                                writer_properties=_LOG_WRITER,
+                                writer_properties=_BASE_WRITER if base else _LOG_WRITER,
                                 storage_options=self._storage_options)
                 if number is not None:
                     self._seen_version = number

@@ -271,7 +271,6 @@ commit since the version a ``DeltaTable`` was opened at (not since the newest ch
 so a long-lived object made each commit cost more (23 -> 142 ms per commit over 1,200
 commits); opened anew it starts from the checkpoint delta-rs writes every 100 versions.
 """
-"""Commits tried when other writers' commits conflict (with jittered backoff)."""
 
 
 class DeltaSink:

@@ -328,7 +328,10 @@ def merge_small(
     appended meanwhile are neither removed nor in conflict. ``None``: nothing
     to merge.
     """
-    base = [f for f in _files(table) if f.base]
+    files = _files(table)
+    if any(f.min_key is None for f in files):
+        return None  # a file without key statistics might hold base rows inside a run's range
+    base = [f for f in files if f.base]
     runs: list[list[tuple[str, str, list[str], int]]] = []
     run: list[tuple[str, str, list[str], int]] = []
     for component in _components(base):

@@ -238,9 +238,7 @@ def main() -> None:
                       f"{result['bytes_per_change']:,.0f} B and "
                       f"{result['rows_rewritten_per_change']:.1f} rows rewritten per change, "
                       f"peak RSS {peak_rss_mb():,.0f} MB  load {os.getloadavg()[0]:.1f}")
-                started = time.perf_counter()
                 sink.finish()
-            print(f"  finish() after (b): {time.perf_counter() - started:.1f} s")
             shutil.rmtree(f"{work}/t{size}", ignore_errors=True)
         if args.options:
             for size in [s for s in sizes if s <= 1_000_000]:

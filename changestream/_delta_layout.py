@@ -40,7 +40,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 __all__ = [
     "CURRENT_SQL", "DELETE", "KEY", "LOG_ROW_GROUP", "OP", "SEQ", "UPSERT", "Compaction", "LogSize",
-    "compact", "current_state", "layout_schema", "log_size", "with_seq",
+    "compact", "current_state", "layout_schema", "log_size", "merge_small", "with_seq",
 ]
 
 KEY = "_key"
@@ -74,10 +74,10 @@ the row groups' ``_key`` statistics (log files are written sorted by ``_key``)."
 
 
 def with_seq(rows: pa.Table, schema: pa.Schema, first_seq: int) -> pa.Table:
-    """``rows`` (``_key``, ``_op``, data columns) as ``schema``'s, numbered from ``first_seq``,
-    sorted by ``_key`` (one row per key: the numbers keep their batch's order).
+    """``rows`` (``_key``, ``_op``, data columns) as ``schema``'s, numbered from ``first_seq``.
 
-    ``first_seq`` 0 makes base rows (all ``_seq`` 0: a first load).
+    Log rows come out sorted by ``_key`` (one row per key: the numbers keep their batch's
+    order); ``first_seq`` 0 makes base rows (all ``_seq`` 0: a first load, sorted by the caller).
     """
     count = rows.num_rows
     if first_seq == 0:
@@ -86,7 +86,8 @@ def with_seq(rows: pa.Table, schema: pa.Schema, first_seq: int) -> pa.Table:
         seq = pc.add(pa.array(range(count), pa.int64()), pa.scalar(first_seq, pa.int64()))
     columns = [rows.column(KEY), seq, rows.column(OP)]
     columns += [rows.column(name) for name in schema.names[3:]]
-    return pa.Table.from_arrays(columns, schema=schema).sort_by(KEY)
+    table = pa.Table.from_arrays(columns, schema=schema)
+    return table if first_seq == 0 else table.sort_by(KEY)
 
 
 def first_seq(version: int) -> int:
@@ -304,6 +305,69 @@ def compact(
     return Compaction(log_rows=sum(f.rows for f in log_files), base_rows_read=read[0],
                       rows_written=written.rows, files_removed=len(removed),
                       bytes_removed=sum(f.size for f in removed), bytes_written=added)
+
+
+def merge_small(
+    table: DeltaTable,
+    schema: pa.Schema,
+    properties: CommitProperties,
+    *,
+    small_rows: int,
+    min_files: int,
+    unit_rows: int,
+    target_file_size: int,
+    storage_options: dict[str, str] | None = None,
+) -> Compaction | None:
+    """Merge runs of ``min_files`` or more neighbouring small base files into larger ones.
+
+    A first load appends one file per commit (``--batch`` documents), and
+    delta-rs pays for every file on every later commit; this rewrites such
+    runs (each at most ``unit_rows`` rows, read whole) as sorted files, in a
+    commit of its own that changes no logical content. Its predicate
+    (``_seq = 0`` and the runs' key ranges) matches only those files: log rows
+    appended meanwhile are neither removed nor in conflict. ``None``: nothing
+    to merge.
+    """
+    files = _files(table)
+    if any(f.min_key is None for f in files):
+        return None  # a file without key statistics might hold base rows inside a run's range
+    base = [f for f in files if f.base]
+    runs: list[list[tuple[str, str, list[str], int]]] = []
+    run: list[tuple[str, str, list[str], int]] = []
+    for component in _components(base):
+        rows = component[3]
+        if rows < small_rows and sum(c[3] for c in run) + rows <= unit_rows:
+            run.append(component)
+            continue
+        if len(run) >= min_files:
+            runs.append(run)
+        run = [component] if rows < small_rows else []
+    if len(run) >= min_files:
+        runs.append(run)
+    if not runs:
+        return None
+    dataset = table.to_pyarrow_dataset()
+    fragments = {fragment.path: fragment for fragment in dataset.get_fragments()}
+    sizes = {f.path: f for f in base}
+    paths = [[p for c in run for p in c[2]] for run in runs]
+    ranges = " OR ".join(f"({KEY} >= {_quote(run[0][0])} AND {KEY} <= {_quote(run[-1][1])})"
+                         for run in runs)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for names in paths:
+            rows = _subset(dataset, fragments, names).to_table().select(schema.names)
+            yield from rows.cast(schema).sort_by(KEY).to_batches(max_chunksize=65_536)
+
+    written = _count(batches(), schema)
+    write_deltalake(table, written.reader, mode="overwrite",
+                    predicate=f"{SEQ} = 0 AND ({ranges})", target_file_size=target_file_size,
+                    commit_properties=properties, storage_options=storage_options)
+    removed = [sizes[p] for names in paths for p in names]
+    table.update_incremental()
+    added = sum(f.size for f in _files(table) if f.path not in sizes and f.base)
+    return Compaction(log_rows=0, base_rows_read=written.rows, rows_written=written.rows,
+                      files_removed=len(removed), bytes_removed=sum(f.size for f in removed),
+                      bytes_written=added)
 
 
 def _units(segments: list[_Segment], unit_rows: int) -> list[tuple[str, str, list[str]]]:

@@ -62,6 +62,7 @@ from ._delta_layout import (
     first_seq,
     layout_schema,
     log_size,
+    merge_small,
     with_seq,
 )
 from ._delta_resnapshot import DeltaResnapshot, ResnapshotProgress, request_snapshot
@@ -276,6 +277,10 @@ _COMMIT_ATTEMPTS = 8
 """Commits tried when other writers' commits conflict (with jittered backoff)."""
 
 _LOG_WRITER = WriterProperties(max_row_group_size=LOG_ROW_GROUP)
+_BASE_WRITER = WriterProperties()
+
+_SMALL_RUN = 16
+"""Neighbouring small base files (a first load's) merged into one file at a time."""
 
 _REOPEN_EVERY = 100
 """Versions after which the table is opened anew: delta-rs replays, on every write, each
@@ -283,7 +288,6 @@ commit since the version a ``DeltaTable`` was opened at (not since the newest ch
 so a long-lived object made each commit cost more (23 -> 142 ms per commit over 1,200
 commits); opened anew it starts from the checkpoint delta-rs writes every 100 versions.
 """
-"""Commits tried when other writers' commits conflict (with jittered backoff)."""
 
 
 class DeltaSink:
@@ -360,6 +364,8 @@ class DeltaSink:
         self.log_fraction = log_fraction
         self.max_log_rows = max_log_rows
         self.target_file_size = target_file_size
+        self.unit_rows = 250_000
+        """Base rows a compaction rewrites at a time (its memory), and a merged file's."""
         self._table: DeltaTable | None = None
         self._opened_at = 0
         self._staged: list[Mapping[str, Any]] = []
@@ -546,7 +552,9 @@ class DeltaSink:
         except BaseException:
             self._staged = staged + self._staged  # a retried save commits them
             raise
-        if not first_load:  # after the commit: a failed compaction loses no batch
+        if first_load:  # after the commit: a failed merge or compaction loses no batch
+            self._merge_small()
+        else:
             self._maybe_compact()
 
     def _history_first(
@@ -747,7 +755,7 @@ class DeltaSink:
                                 schema_mode="merge" if drift is not None and drift.evolve
                                 else None,
                                 commit_properties=properties,
-                                writer_properties=_LOG_WRITER,
+                                writer_properties=_BASE_WRITER if base else _LOG_WRITER,
                                 storage_options=self._storage_options)
                 if number is not None:
                     self._seen_version = number
@@ -814,7 +822,8 @@ class DeltaSink:
                     custom_metadata={_META_APP: self.app_id, _META_COMPACTION: "log into base"})
                 result = compact(table, self._table_schema, properties,
                                  target_file_size=self.target_file_size,
-                                 storage_options=self._storage_options)
+                                 storage_options=self._storage_options,
+                                 unit_rows=self.unit_rows)
         if result is not None:
             self.compactions.append(result)
             pa.default_memory_pool().release_unused()  # the rewrite's buffers, back to the OS
@@ -829,6 +838,23 @@ class DeltaSink:
         streaming"). Returns the signal's table version.
         """
         return request_snapshot(self.path, self._storage_options)
+
+    def _merge_small(self) -> None:
+        """Merge the first load's small files once enough of them sit side by side."""
+        for attempt in self._retrying():
+            with attempt:
+                table = self.table()
+                if table is None:
+                    return
+                properties = CommitProperties(custom_metadata={
+                    _META_APP: self.app_id, _META_COMPACTION: "small base files"})
+                result = merge_small(
+                    table, self._table_schema, properties, small_rows=self.unit_rows // 2,
+                    min_files=_SMALL_RUN, unit_rows=self.unit_rows,
+                    target_file_size=self.target_file_size,
+                    storage_options=self._storage_options)
+        if result is not None:
+            self.compactions.append(result)
 
     def finish(self) -> Compaction | None:
         """Compact what is logged: afterwards every reader sees the current state, plainly.

@@ -694,3 +694,23 @@ def test_keys_with_quotes_and_backslashes_survive_compaction(tmp_path: Path) -> 
     done = sink.finish()
     assert done is not None and done.log_rows == 6
     assert plain_state(tmp_path / "t") == changes.state
+
+
+def test_a_first_load_merges_its_small_files_and_keeps_the_log(tmp_path: Path) -> None:
+    changes, other = Changes(), Changes()
+    sink = DeltaSink(tmp_path / "t", app_id="a")
+    sink.unit_rows = 200  # files under 100 rows are small; runs of at most 200 rows
+    keys = [f"k{n:04d}" for n in range(400)]
+    for n, start in enumerate(range(0, 400, 10)):
+        apply(sink, changes.snapshot(keys[start:start + 10]))
+        if n == 5:  # another writer's log rows, in the key range of the files merged next
+            DeltaSink(tmp_path / "t", app_id="b").write(
+                [other.event("update", "k0001", "b"), other.event("insert", "k0005x", "b")], 0)
+    merges = [c for c in sink.compactions if c.log_rows == 0]
+    assert merges and all(m.files_removed >= 16 for m in merges)
+    files = deltalake.DeltaTable(str(tmp_path / "t")).file_uris()
+    assert len(files) < 40 // 2  # 40 first-load commits, far fewer files
+    assert table_state(tmp_path / "t") == {**changes.state, **other.state}
+    sink.finish()
+    assert plain_state(tmp_path / "t") == {**changes.state, **other.state}
+    assert committed_versions(tmp_path / "t", "a") == list(range(40))

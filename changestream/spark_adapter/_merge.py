@@ -247,16 +247,30 @@ def _one_namespace(changes: Any) -> None:
                          "database and collection first")
 
 
+def _last_token(changes: Any) -> dict[str, str] | None:
+    """The resume token of the batch's last event (``None``: snapshot rows only)."""
+    import pyarrow.compute as pc
+
+    tokens = changes.column("resume_token")
+    last = pc.max(pc.filter(tokens, pc.fill_null(pc.not_equal(tokens, _SNAPSHOT), False)))
+    return None if last.as_py() is None else {"_data": last.as_py()}
+
+
 def merge_into(sink: Any) -> Callable[[DataFrame, int], None]:
     """``foreachBatch`` function of the data source: merge each batch as version ``batch_id``.
 
     Spark replays a batch with the same events and the same id after a
-    failure; the sink skips a version the table already holds.
+    failure; the sink skips a version the table already holds. The batch is
+    collected once as Arrow (``df.toArrow()``) and collapsed in Arrow kernels.
+    Its last event's token goes into the same commit, so ``changestream
+    mirror`` (or ``foreach_batch``) with the same app id can take the table
+    over from where the query stopped.
     """
 
     def func(df: DataFrame, batch_id: int) -> None:
-        table, cleared = _merge_table(_change_rows(df), sink)
-        sink.write(table, int(batch_id), cleared=cleared)
+        changes = _change_rows(df)
+        table, cleared = _merge_table(changes, sink)
+        sink.write(table, int(batch_id), _last_token(changes), cleared=cleared)
 
     return func
 

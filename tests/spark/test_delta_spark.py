@@ -262,3 +262,45 @@ def versions_or_none(table: str, app_id: str) -> list[int]:
         return committed_versions(table, app_id)
     except Exception:  # no table yet
         return []
+
+
+# -- the Arrow path: keys as the sink writes them, one layout for every writer ------------------
+def test_the_key_of_every_id_type_is_the_sinks_text_and_a_key_changed_often_ends_last(
+    tmp_path: Path,
+) -> None:
+    import datetime
+    import uuid
+
+    import pyarrow as pa
+    from bson import Binary, Decimal128, Int64, ObjectId, Timestamp
+
+    from changestream._merge import key_json
+    from changestream.spark_adapter._convert import relaxed_json
+    from changestream.spark_adapter._merge import _merge_table
+
+    ids: list[Any] = [
+        7, -3, 0, Int64(2**40), 2**62, "a", 'q"uo\\te', "é ☃ \n", "", ObjectId(), 1.5, -0.0,
+        float("nan"), True, None, {"b": 1, "a": [1, {"c": "d"}]}, [1, 2],
+        datetime.datetime(2020, 1, 2, 3, 4, 5, 6000, tzinfo=datetime.timezone.utc),
+        datetime.datetime(1960, 1, 1, tzinfo=datetime.timezone.utc), Decimal128("1.10"),
+        Binary(uuid.UUID(int=5).bytes, 4), Timestamp(5, 6),
+    ]
+    rows = []
+    for n in range(3):  # three changes of each key, in one batch, tokens out of order
+        for i, _id in enumerate(ids):
+            shard_key = {"region": "eu", "_id": _id} if i % 4 == 3 else {"_id": _id}
+            token = f"82{(2 - n) * 100 + i:06X}" if n else f"82{900 + i:06X}"  # n=0 is last
+            rows.append((token, "update", "db", "c", relaxed_json(shard_key),
+                         relaxed_json({"_id": _id, "n": n})))
+    changes = pa.table({name: pa.array(column, pa.string()) for name, column in zip(
+        ("resume_token", "operation_type", "database", "collection", "document_key",
+         "full_document"), zip(*rows, strict=True), strict=True)})
+
+    class Sink:
+        full_document = "updateLookup"
+        schema = None
+
+    table, cleared = _merge_table(changes, Sink())
+    assert not cleared
+    assert table.column("_key").to_pylist() == [key_json(_id) for _id in ids]
+    assert all('"n": 0}' in doc for doc in table.column("document").to_pylist())

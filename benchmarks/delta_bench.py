@@ -28,6 +28,11 @@ Events are inserts of new documents by default; ``--updates`` makes them updates
 * (n) the same query with a ``func`` that only collects the batch as Arrow
   (``df.toArrow()``): the rate the stream reaches the driver through Spark, the ceiling
   of (q) on this machine.
+* (s) (``--sink-only``, no server, no Spark) the driver's part of both Spark writers on
+  ready Arrow batches of change rows (``--batch`` changes each: 80% updates, most to the
+  newest 5% of keys, 20% inserts; ObjectId ``_id``s): ``stage_into``'s ``arrow_batch`` +
+  the sink's ``save`` (the collapse in Arrow kernels and one append commit, compactions
+  included), and the collapse alone: the rate the writers sustain once Spark has the rows.
 * (r) one batch merged as a new version vs. the same batch replayed (skipped by
   its application transaction): the cost of the skip is reading the table's
   latest txn version.
@@ -182,6 +187,59 @@ def data_source_rate(uri: str, events: int, keys: int, batch: int, path: str,
     return events / elapsed
 
 
+def change_batches(count: int, rows: int) -> list[Any]:
+    """Arrow batches of change rows as the Spark source gives them (JSON columns)."""
+    import random
+
+    import pyarrow as pa
+    from bson import ObjectId
+
+    from changestream.spark_adapter._convert import relaxed_json
+
+    rnd = random.Random(7)
+    ids: list[Any] = []
+    batches = []
+    for number in range(count):
+        columns: list[list[Any]] = [[], [], [], [], [], []]
+        for i in range(rows):
+            if not ids or rnd.random() < 0.2:
+                ids.append(ObjectId())
+                key, operation = ids[-1], "insert"
+            elif rnd.random() < 0.8:
+                key, operation = ids[-1 - int(rnd.random() * len(ids) * 0.05)], "update"
+            else:
+                key, operation = rnd.choice(ids), "update"
+            doc = {"_id": key, "v": i, "pad": PAD}
+            for column, value in zip(columns, (f"82{number:08X}{i:06X}", operation, "bench",
+                                               "c", relaxed_json({"_id": key}),
+                                               relaxed_json(doc)), strict=True):
+                column.append(value)
+        batches.append(pa.table(
+            {name: pa.array(column, pa.string()) for name, column in zip(
+                ("resume_token", "operation_type", "database", "collection", "document_key",
+                 "full_document"), columns, strict=True)}))
+    return batches
+
+
+def sink_only(path: str, rows: int, count: int) -> tuple[float, float]:
+    """Changes/s of ``stage_into`` + ``save`` on ready batches, and of the collapse alone."""
+    from changestream.spark_adapter import stage_into
+    from changestream.spark_adapter._merge import _merge_table
+
+    batches = change_batches(count, rows)
+    sink = DeltaSink(path, app_id="bench", full_document="updateLookup")
+    stage = stage_into(sink)
+    started = time.perf_counter()
+    for number, batch in enumerate(batches):
+        stage.arrow_batch(batch, number)
+        sink.save({"_data": batch.column("resume_token")[-1].as_py()}, batch_id=number)
+    written = rows * count / (time.perf_counter() - started)
+    started = time.perf_counter()
+    for batch in batches:
+        _merge_table(batch, sink)
+    return written, rows * count / (time.perf_counter() - started)
+
+
 def replay_cost(path: str, rows: int, runs: int) -> tuple[float, float]:
     """Seconds to merge a ``rows``-row batch as a new version, and to skip its replay."""
     from bson.timestamp import Timestamp
@@ -210,6 +268,8 @@ def main() -> None:
     parser.add_argument("--spark", action="store_true")
     parser.add_argument("--spark-only", action="store_true",
                         help="only the Spark modes (f), (q), (n) (implies --spark)")
+    parser.add_argument("--sink-only", action="store_true",
+                        help="only (s): the Spark writers' driver side on ready Arrow batches")
     parser.add_argument("--doc-bytes", type=int, default=200,
                         help="bytes of JSON per document (default 200)")
     parser.add_argument("--updates", action="store_true",
@@ -221,6 +281,15 @@ def main() -> None:
     args.spark = args.spark or args.spark_only
     print(f"load average at start: {os.getloadavg()[0]:.1f} (2 cores, shared)")
     work = tempfile.mkdtemp(prefix="delta_bench_")
+    if args.sink_only:
+        try:
+            written, collapsed = sink_only(f"{work}/s", args.batch, 10)
+            print(f"(s) stage_into + save, 10 ready batches of {args.batch}: {written:,.0f} "
+                  f"changes/s; the collapse alone {collapsed:,.0f} changes/s")
+            print(f"load average at end: {os.getloadavg()[0]:.1f}")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         with simulator(args.version) as (uri, _pid):
             if not args.spark_only:

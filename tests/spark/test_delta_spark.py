@@ -372,8 +372,12 @@ def test_the_data_source_and_mirror_take_one_table_over_from_each_other(
     write_mix(coll, 90, seed=14)
     query(sink, "chk", startup_mode="snapshot")  # the stream after the copy
     assert table_state(table) == {doc["_id"]: doc for doc in coll.find()}
+    # The query committed its last event's token with its batch: mirror resumes there
+    # (without it mirror would copy the whole collection again).
+    resumed = DeltaSink(table, app_id="query").load()
+    assert resumed is not None and resumed.batch_id == committed_versions(table, "query")[-1]
     write_mix(coll, 90, seed=15)
-    run_mirror(mongodb_uri, coll, table, "query")  # from the last token the query committed
+    run_mirror(mongodb_uri, coll, table, "query")
     assert table_state(table) == {doc["_id"]: doc for doc in coll.find()}
     versions = committed_versions(table, "query")
     assert versions == sorted(set(versions)), versions

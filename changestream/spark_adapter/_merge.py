@@ -9,12 +9,15 @@ the ``_id`` from ``document_key`` as compact relaxed Extended JSON, the same
 text :class:`changestream.delta.DeltaSink` writes from plain Python.
 
 :func:`merge_into` is the data source's ``foreachBatch`` (version = Spark's
-batch id: a replayed batch is skipped); :func:`stage_into` is
+batch id: a replayed batch is skipped; the batch's last token rides along so
+``mirror`` can take over); :func:`stage_into` is
 ``foreach_batch``'s ``func`` when the sink is also its token store, so the
 batch and its token land in one commit. A sink with a schema
 (``DeltaSink(schema=...)``) gets columns from both: a typed document's
 fields are cast to it, a JSON document is parsed into it; a value that does
 not fit fails the batch with :class:`changestream.delta.DocumentSchemaError`.
+Both writers take the batch as Arrow and collapse it in Arrow compute kernels
+on the driver (:func:`_merge_table`): no Python per row for the usual ``_id``s.
 """
 
 from __future__ import annotations

@@ -9,12 +9,15 @@ the ``_id`` from ``document_key`` as compact relaxed Extended JSON, the same
 text :class:`changestream.delta.DeltaSink` writes from plain Python.
 
 :func:`merge_into` is the data source's ``foreachBatch`` (version = Spark's
-batch id: a replayed batch is skipped); :func:`stage_into` is
+batch id: a replayed batch is skipped; the batch's last token rides along so
+``mirror`` can take over); :func:`stage_into` is
 ``foreach_batch``'s ``func`` when the sink is also its token store, so the
 batch and its token land in one commit. A sink with a schema
 (``DeltaSink(schema=...)``) gets columns from both: a typed document's
 fields are cast to it, a JSON document is parsed into it; a value that does
 not fit fails the batch with :class:`changestream.delta.DocumentSchemaError`.
+Both writers take the batch as Arrow and collapse it in Arrow compute kernels
+on the driver (:func:`_merge_table`): no Python per row for the usual ``_id``s.
 """
 
 from __future__ import annotations
@@ -127,63 +130,98 @@ def _change_rows(batch: DataFrame | Any) -> Any:
     return batch.select(list(_COLUMNS))
 
 
+_OID_KEY = r'^\{"_id": \{"\$oid": "([0-9a-f]{24})"\}\}$'
+"""A ``document_key`` of just an ObjectId ``_id``: its ``_key`` is ``{"$oid":"<hex>"}``."""
+_PLAIN_KEY = r'^\{"_id": (-?[0-9]+|"(?:[^"\\]|\\.)*")\}$'
+"""A ``document_key`` of just an integer or string ``_id``: its ``_key`` is the same text
+(an integer's digits; a string's ASCII-escaped literal, which no separator touches)."""
+
+
+def _keys(document_keys: Any) -> Any:
+    """The ``_key`` of each row's ``document_key`` (null: no ``_id``), vectorised.
+
+    ``document_key`` is relaxed Extended JSON with ``json``'s default separators;
+    ``_key`` is the ``_id`` alone, compact: the usual ``_id``s (an ObjectId, an
+    integer, a string, alone in the key) are rewritten by regular expressions in
+    Arrow; any other (a shard key beside it, a compound or date ``_id``) is
+    re-encoded by ``json_util`` row by row, the same text the sink writes.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    oid = pc.fill_null(pc.match_substring_regex(document_keys, _OID_KEY), False)
+    plain = pc.fill_null(pc.match_substring_regex(document_keys, _PLAIN_KEY), False)
+    keys = pc.if_else(
+        oid, pc.replace_substring_regex(document_keys, _OID_KEY, r'{"$oid":"\1"}'),
+        pc.if_else(plain, pc.replace_substring_regex(document_keys, _PLAIN_KEY, r"\1"),
+                   pa.scalar(None, pa.string())),
+    )
+    others = pc.and_(pc.is_valid(document_keys), pc.invert(pc.or_(oid, plain)))
+    if not pc.any(others).as_py():
+        return keys
+    rest = pc.indices_nonzero(others).to_pylist()  # the unusual keys only
+    texts = keys.to_pylist()
+    for i, document_key in zip(rest, document_keys.take(rest).to_pylist(), strict=True):
+        texts[i] = _id_json(document_key)
+    return pa.array(texts, pa.string())
+
+
 def _merge_table(changes: Any, sink: Any) -> tuple[Any, bool]:
     """The sink's merge table (``_key``, ``_op``, the data columns) and whether the batch cleared.
 
     ``changes`` is the batch as Arrow (the change event columns). The batch
     goes to the driver anyway (delta-rs writes from there), so it is
-    collapsed there as :func:`merge_ready` does in Spark. The data columns:
-    the JSON ``full_document`` as it is, or parsed into ``sink.schema``; a
-    typed (``full_document_schema``) document's fields cast to ``sink.schema``.
+    collapsed there as :func:`merge_ready` does in Spark, in Arrow compute
+    kernels (no Python per row): sorted by token (snapshot rows first, in
+    their order), cut after the last ``drop``/``rename``/``dropDatabase``,
+    then each key's last row, in token order. The data columns: the JSON
+    ``full_document`` as it is, or parsed into ``sink.schema``; a typed
+    (``full_document_schema``) document's fields cast to ``sink.schema``.
     """
+    import numpy
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from changestream.delta import DOCUMENT, KEY, OP, document_columns, struct_columns
 
-    full_document = sink.full_document
-    envelope = changes.select(list(_COLUMNS[:-1])).to_pydict()
-    tokens = envelope["resume_token"]
-    order = sorted(range(changes.num_rows),
-                   key=lambda i: (tokens[i] != _SNAPSHOT, tokens[i] or ""))
-    last: dict[str, int] = {}
-    cleared = False
-    namespace = None
-    for i in order:
-        here = (envelope["database"][i], envelope["collection"][i])
-        if here[1] is not None:
-            if namespace is None:
-                namespace = here
-            elif here != namespace:
-                raise ValueError("a Delta sink mirrors one collection; filter the batch by "
-                                 "database and collection first")
-        if envelope["operation_type"][i] in _CLEARS:
-            cleared = True
-            last.clear()
-            continue
-        key = _id_json(envelope["document_key"][i])
-        if key is not None:
-            last.pop(key, None)
-            last[key] = i
+    _one_namespace(changes)
+    tokens = changes.column("resume_token").combine_chunks()
+    events = pc.fill_null(pc.not_equal(tokens, _SNAPSHOT), True)
+    order = pc.sort_indices(  # stable: snapshot rows keep their order
+        pa.table({"e": events, "t": pc.fill_null(tokens, "")}),
+        sort_keys=[("e", "ascending"), ("t", "ascending")])
+    operations = changes.column("operation_type").combine_chunks().take(order)
+    clears = pc.fill_null(pc.is_in(operations, pa.array(_CLEARS)), False)
+    cleared = bool(pc.any(clears).as_py())
+    if cleared:  # only what comes after the last one
+        after = pc.indices_nonzero(clears)[-1].as_py() + 1
+        order, operations = order[after:], operations[after:]
+    keys = _keys(changes.column("document_key").combine_chunks().take(order))
+    positions = pa.table({"k": keys, "p": pa.array(numpy.arange(len(keys), dtype=numpy.int64))})
+    positions = positions.filter(pc.is_valid(keys))
+    last = positions.group_by("k", use_threads=False).aggregate([("p", "max")]).column(
+        "p_max").combine_chunks()
+    picked_at = pc.array_take(last, pc.sort_indices(last))  # each key's last row, in token order
+    rows = order.take(picked_at)
+    keys = keys.take(picked_at)
+    operations = operations.take(picked_at)
     documents = changes.column("full_document").combine_chunks()
-    present = documents.is_valid().to_pylist()
-    keys: list[str] = []
-    ops: list[str] = []
-    rows: list[int | None] = []  # the row of each upsert's document (None: a delete's)
-    for key, i in last.items():
-        operation = envelope["operation_type"][i]
-        if operation == "delete" or (
-            not present[i] and operation == "update" and full_document == "updateLookup"
-        ):
-            op = "delete"
-        elif present[i]:
-            op = "upsert"
-        else:
-            raise _missing(operation, key, tokens[i])
-        keys.append(key)
-        ops.append(op)
-        rows.append(i if op == "upsert" else None)
-    picked = documents.take(pa.array(rows, pa.int64()))
-    columns: dict[str, Any] = {KEY: pa.array(keys, pa.string()), OP: pa.array(ops, pa.string())}
+    present = documents.is_valid().take(rows)
+    deleted = pc.or_(
+        pc.equal(operations, "delete"),
+        pc.and_(pc.invert(present), pc.and_(pc.equal(operations, "update"),
+                                            pa.scalar(sink.full_document == "updateLookup"))),
+    )
+    unknown = pc.and_(pc.invert(deleted), pc.invert(present))
+    if pc.any(unknown).as_py():
+        i = pc.indices_nonzero(unknown)[0].as_py()
+        raise _missing(operations[i].as_py(), keys[i].as_py(),
+                       tokens.take(rows)[i].as_py())
+    upserts = pc.invert(deleted)
+    picked = documents.take(pc.if_else(upserts, rows, pa.scalar(None, pa.int64())))
+    columns: dict[str, Any] = {
+        KEY: keys, OP: pc.if_else(upserts, pa.scalar("upsert"), pa.scalar("delete")),
+    }
     typed = pa.types.is_struct(picked.type)
     if sink.schema is None:
         if typed:
@@ -193,24 +231,49 @@ def _merge_table(changes: Any, sink: Any) -> tuple[Any, bool]:
             )
         columns[DOCUMENT] = picked.cast(pa.string())
     elif typed:
-        columns.update(struct_columns(keys, picked, sink.schema))
-    else:
+        columns.update(struct_columns(keys.to_pylist(), picked, sink.schema))
+    else:  # JSON parsed into the schema's columns: json_util, row by row
         parsed = [None if doc is None else json_util.loads(doc, json_options=_RELAXED)
                   for doc in picked.to_pylist()]
-        columns.update(document_columns(keys, parsed, sink.schema))
+        columns.update(document_columns(keys.to_pylist(), parsed, sink.schema))
     return pa.table(columns), cleared
+
+
+def _one_namespace(changes: Any) -> None:
+    """A Delta sink mirrors one collection: refuse a batch of two."""
+    import pyarrow.compute as pc
+
+    named = changes.select(["database", "collection"]).filter(
+        pc.is_valid(changes.column("collection")))
+    if named.num_rows and named.group_by(["database", "collection"]).aggregate([]).num_rows > 1:
+        raise ValueError("a Delta sink mirrors one collection; filter the batch by "
+                         "database and collection first")
+
+
+def _last_token(changes: Any) -> dict[str, str] | None:
+    """The resume token of the batch's last event (``None``: snapshot rows only)."""
+    import pyarrow.compute as pc
+
+    tokens = changes.column("resume_token")
+    last = pc.max(pc.filter(tokens, pc.fill_null(pc.not_equal(tokens, _SNAPSHOT), False)))
+    return None if last.as_py() is None else {"_data": last.as_py()}
 
 
 def merge_into(sink: Any) -> Callable[[DataFrame, int], None]:
     """``foreachBatch`` function of the data source: merge each batch as version ``batch_id``.
 
     Spark replays a batch with the same events and the same id after a
-    failure; the sink skips a version the table already holds.
+    failure; the sink skips a version the table already holds. The batch is
+    collected once as Arrow (``df.toArrow()``) and collapsed in Arrow kernels.
+    Its last event's token goes into the same commit, so ``changestream
+    mirror`` (or ``foreach_batch``) with the same app id can take the table
+    over from where the query stopped.
     """
 
     def func(df: DataFrame, batch_id: int) -> None:
-        table, cleared = _merge_table(_change_rows(df), sink)
-        sink.write(table, int(batch_id), cleared=cleared)
+        changes = _change_rows(df)
+        table, cleared = _merge_table(changes, sink)
+        sink.write(table, int(batch_id), _last_token(changes), cleared=cleared)
 
     return func
 

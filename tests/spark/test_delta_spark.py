@@ -16,7 +16,14 @@ from spark_support import PANDAS_WARNING, wait_for
 
 pytest.importorskip("deltalake", reason="needs the 'delta' extra (deltalake)")
 
-from delta_support import assert_mirrors, committed_versions, table_state, write_mix
+from bson import json_util
+from delta_support import (
+    assert_mirrors,
+    committed_versions,
+    plain_state,
+    table_state,
+    write_mix,
+)
 
 import changestream
 from changestream.delta import DeltaSink, DocumentSchemaError
@@ -285,3 +292,123 @@ def test_the_data_source_on_a_database_into_one_table_per_collection(
     query.awaitTermination(300)
     for name in ("a", "b"):
         assert table_state(tmp_path / "tables" / name) == {d["_id"]: d for d in db[name].find()}
+
+
+# -- the Arrow path: keys as the sink writes them, one layout for every writer ------------------
+def test_the_key_of_every_id_type_is_the_sinks_text_and_a_key_changed_often_ends_last(
+    tmp_path: Path,
+) -> None:
+    import datetime
+    import uuid
+
+    import pyarrow as pa
+    from bson import Binary, Decimal128, Int64, ObjectId, Timestamp
+
+    from changestream._merge import key_json
+    from changestream.spark_adapter._convert import relaxed_json
+    from changestream.spark_adapter._merge import _merge_table
+
+    ids: list[Any] = [
+        7, -3, 0, Int64(2**40), 2**62, "a", 'q"uo\\te', "é ☃ \n", "", ObjectId(), 1.5, -0.0,
+        float("nan"), True, None, {"b": 1, "a": [1, {"c": "d"}]}, [1, 2],
+        datetime.datetime(2020, 1, 2, 3, 4, 5, 6000, tzinfo=datetime.timezone.utc),
+        datetime.datetime(1960, 1, 1, tzinfo=datetime.timezone.utc), Decimal128("1.10"),
+        Binary(uuid.UUID(int=5).bytes, 4), Timestamp(5, 6),
+    ]
+    rows = []
+    for n in range(3):  # three changes of each key, in one batch, tokens out of order
+        for i, _id in enumerate(ids):
+            shard_key = {"region": "eu", "_id": _id} if i % 4 == 3 else {"_id": _id}
+            token = f"82{(2 - n) * 100 + i:06X}" if n else f"82{900 + i:06X}"  # n=0 is last
+            rows.append((token, "update", "db", "c", relaxed_json(shard_key),
+                         relaxed_json({"_id": _id, "n": n})))
+    changes = pa.table({name: pa.array(column, pa.string()) for name, column in zip(
+        ("resume_token", "operation_type", "database", "collection", "document_key",
+         "full_document"), zip(*rows, strict=True), strict=True)})
+
+    class Sink:
+        full_document = "updateLookup"
+        schema = None
+
+    table, cleared = _merge_table(changes, Sink())
+    assert not cleared
+    assert table.column("_key").to_pylist() == [key_json(_id) for _id in ids]
+    assert all('"n": 0}' in doc for doc in table.column("document").to_pylist())
+
+
+def run_mirror(uri: str, coll: Any, table: Path, app_id: str) -> None:
+    """``changestream mirror --until-idle`` on ``table`` as ``app_id`` (the same sink, no JVM)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "changestream", "mirror", uri, "--db", coll.database.name,
+         "--coll", coll.name, "--to", str(table), "--app-id", app_id, "--batch", "25",
+         "--batch-seconds", "0.2", "--until-idle", "1", "--no-status"],
+        capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_foreach_batch_and_mirror_take_one_table_over_from_each_other(
+    spark: Any, mongodb_uri: str, coll: Any, tmp_path: Path
+) -> None:
+    table = tmp_path / "t"
+    opener = stream_opener(coll, full_document="updateLookup", max_await_time_ms=50)
+
+    def spark_run() -> None:
+        sink = DeltaSink(table, app_id="both", full_document="updateLookup")
+        foreach_batch(spark, opener, stage_into(sink), sink, max_rows=30, until_idle=True)
+
+    spark_run()  # pins the start
+    write_mix(coll, 90, seed=11)
+    spark_run()
+    assert_mirrors(table, coll, "both")
+    write_mix(coll, 90, seed=12)
+    run_mirror(mongodb_uri, coll, table, "both")  # continues from the token Spark committed
+    assert_mirrors(table, coll, "both")
+    write_mix(coll, 90, seed=13)
+    spark_run()  # and Spark from mirror's
+    assert_mirrors(table, coll, "both")
+    DeltaSink(table, app_id="both").finish()
+    assert plain_state(table) == {doc["_id"]: doc for doc in coll.find()}
+
+
+def test_the_data_source_and_mirror_take_one_table_over_from_each_other(
+    spark: Any, mongodb_uri: str, coll: Any, tmp_path: Path
+) -> None:
+    table = tmp_path / "t"
+    coll.insert_many([{"_id": i, "v": "before"} for i in range(40)])
+
+    def query(sink: DeltaSink, checkpoint: str, **options: str) -> None:
+        reader = (spark.readStream.format("changestream").option("uri", mongodb_uri)
+                  .option("database", coll.database.name).option("collection", coll.name)
+                  .option("full_document", "updateLookup").option("max_rows_per_batch", "40"))
+        for name, value in options.items():
+            reader = reader.option(name, value)
+        running = (reader.load().writeStream.foreachBatch(merge_into(sink))
+                   .option("checkpointLocation", str(tmp_path / checkpoint))
+                   .trigger(availableNow=True).start())
+        assert running.awaitTermination(240)
+        assert running.exception() is None
+
+    sink = DeltaSink(table, app_id="query", full_document="updateLookup")
+    query(sink, "chk", startup_mode="snapshot")
+    write_mix(coll, 90, seed=14)
+    query(sink, "chk", startup_mode="snapshot")  # the stream after the copy
+    assert table_state(table) == {doc["_id"]: doc for doc in coll.find()}
+    # The query committed its last event's token with its batch: mirror resumes there
+    # (without it mirror would copy the whole collection again).
+    resumed = DeltaSink(table, app_id="query").load()
+    assert resumed is not None and resumed.batch_id == committed_versions(table, "query")[-1]
+    write_mix(coll, 90, seed=15)
+    run_mirror(mongodb_uri, coll, table, "query")
+    assert table_state(table) == {doc["_id"]: doc for doc in coll.find()}
+    versions = committed_versions(table, "query")
+    assert versions == sorted(set(versions)), versions
+    # A new query (its own app id: Spark's batch ids start again at 0) after mirror's token.
+    position = DeltaSink(table, app_id="query").load()
+    assert position is not None
+    write_mix(coll, 90, seed=16)
+    after = json_util.dumps(position.token)
+    query(DeltaSink(table, app_id="query2", full_document="updateLookup"), "chk2",
+          startup_mode="token", start_after=after)
+    assert table_state(table) == {doc["_id"]: doc for doc in coll.find()}

@@ -36,7 +36,7 @@ from delta_support import (  # noqa: E402
     write_mix,
 )
 
-from changestream.delta import DeltaSink, DocumentSchemaError  # noqa: E402
+from changestream.delta import DeltaSink, DeltaSinkError, DocumentSchemaError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -518,12 +518,12 @@ def test_a_compaction_killed_before_its_commit_changes_nothing(
 def test_a_first_load_killed_between_batches_resumes_exactly_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import changestream.delta as delta
+    import changestream._delta_sink as sink_module
 
     changes = Changes()
     records = changes.snapshot(list(range(300)))
     sink = DeltaSink(tmp_path / "t", app_id="a")
-    real = delta.write_deltalake
+    real = sink_module.write_deltalake
     calls = [0]
 
     def dies_on_the_third(table: Any, data: Any, **kwargs: Any) -> None:
@@ -532,11 +532,11 @@ def test_a_first_load_killed_between_batches_resumes_exactly_once(
             raise KeyboardInterrupt("killed mid-commit")
         real(table, data, **kwargs)
 
-    monkeypatch.setattr(delta, "write_deltalake", dies_on_the_third)
+    monkeypatch.setattr(sink_module, "write_deltalake", dies_on_the_third)
     with pytest.raises(KeyboardInterrupt):
         for start in range(0, 300, 100):
             apply(sink, records[start:start + 100])
-    monkeypatch.setattr(delta, "write_deltalake", real)
+    monkeypatch.setattr(sink_module, "write_deltalake", real)
     restarted = DeltaSink(tmp_path / "t", app_id="a")
     position = restarted.load()
     assert position is not None and position.token["lastId"] == 199  # where the copy resumes
@@ -596,14 +596,14 @@ def test_writers_with_other_app_ids_retry_a_conflicting_commit(
 def test_a_second_writer_with_the_same_app_id_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import changestream.delta as delta
+    import changestream._delta_sink as sink_module
 
     changes = Changes()
     one = DeltaSink(tmp_path / "t", app_id="a")
     apply(one, [changes.event("insert", 1, "x")])
     two = DeltaSink(tmp_path / "t", app_id="a")
     apply(two, [changes.event("insert", 2, "y")])
-    with pytest.raises(delta.DeltaSinkError, match=r"another writer holds the Delta table at .* "
+    with pytest.raises(DeltaSinkError, match=r"another writer holds the Delta table at .* "
                                                    r"with app id 'a'"):
         apply(one, [changes.event("insert", 3, "z")])
     # The race: both read version 1, the other one commits first.
@@ -611,7 +611,7 @@ def test_a_second_writer_with_the_same_app_id_is_refused(
     three.load()
     four = DeltaSink(tmp_path / "t", app_id="a")
     four.load()
-    real = delta.write_deltalake
+    real = sink_module.write_deltalake
     calls = [0]
 
     def the_other_commits_first(table: Any, data: Any, **kwargs: Any) -> None:
@@ -620,10 +620,10 @@ def test_a_second_writer_with_the_same_app_id_is_refused(
             apply(four, [changes.event("insert", 4, "w")])
         real(table, data, **kwargs)
 
-    monkeypatch.setattr(delta, "write_deltalake", the_other_commits_first)
-    with pytest.raises(delta.DeltaSinkError, match="another writer holds"):
+    monkeypatch.setattr(sink_module, "write_deltalake", the_other_commits_first)
+    with pytest.raises(DeltaSinkError, match="another writer holds"):
         apply(three, [changes.event("insert", 5, "v")])
-    monkeypatch.setattr(delta, "write_deltalake", real)
+    monkeypatch.setattr(sink_module, "write_deltalake", real)
     versions = committed_versions(tmp_path / "t", "a")
     assert versions == list(range(len(versions)))  # no version twice
 

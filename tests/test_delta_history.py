@@ -215,7 +215,7 @@ def test_a_crash_between_the_two_commits_keeps_each_change_once(
 ) -> None:
     """The history commits batch v, the process dies before the table's commit; the run after it
     cuts the batch differently (more changes): the history's orphan is replaced, not doubled."""
-    import changestream.delta as delta
+    import changestream._delta_sink as sink_module
 
     clock = Clock()
     sink = DeltaSink(tmp_path / "t", app_id="a", history=tmp_path / "h")
@@ -224,15 +224,15 @@ def test_a_crash_between_the_two_commits_keeps_each_change_once(
     batch = [clock.event("update", 1, "y"), clock.event("delete", 2)]
     more = [clock.event("insert", 9, "z")]
     clock.tick()
-    real = delta.write_deltalake
+    real = sink_module.write_deltalake
 
     def dies(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt("killed between the history's commit and the table's")
 
-    monkeypatch.setattr(delta, "write_deltalake", dies)
+    monkeypatch.setattr(sink_module, "write_deltalake", dies)
     with pytest.raises(KeyboardInterrupt):
         apply(sink, batch)
-    monkeypatch.setattr(delta, "write_deltalake", real)
+    monkeypatch.setattr(sink_module, "write_deltalake", real)
     assert committed_versions(tmp_path / "h", "a") == [0, 1]  # the orphan
     assert committed_versions(tmp_path / "t", "a") == [0]
     restarted = DeltaSink(tmp_path / "t", app_id="a", history=tmp_path / "h")

@@ -49,7 +49,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api", ("changestream", "changestream.aio")),
     # What is built on the public client: sinks, exporters, Spark, the command line.
     ("integrations", (
-        "changestream.delta", "changestream._delta_layout", "changestream._delta_history",
+        "changestream.delta", "changestream._delta_sink", "changestream._delta_rows",
+        "changestream._delta_layout", "changestream._delta_history",
         "changestream._delta_drift", "changestream._delta_database",
         "changestream._delta_resnapshot", "changestream._parallel_copy",
         "changestream.exporters", "changestream.exporters.*",

@@ -1,0 +1,206 @@
+"""How staged changes become the Delta table's rows: the layout's columns, as JSON or typed.
+
+A document is one relaxed Extended JSON column (``document``) or, with a schema, the
+schema's typed columns; a value that does not fit raises :class:`DocumentSchemaError`
+naming the field, the ``_id`` and the value (nothing of the batch is written). The
+sink (:mod:`changestream.delta`), the history table and the Spark writers share these
+conversions, so every writer of a table writes the same text and the same types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+from bson import json_util
+from bson.decimal128 import Decimal128
+from bson.objectid import ObjectId
+
+from ._delta_drift import Drift
+from ._delta_json import relaxed_dumps
+from ._delta_layout import SEQ, layout_schema
+from ._delta_schema import arrow_schema
+from ._merge import CANONICAL, RELAXED, MergeBatch
+from .errors import ChangeStreamError
+
+__all__ = [
+    "DOCUMENT", "KEY", "OP", "DeltaSinkError", "DocumentSchemaError", "cell", "document_columns",
+    "json_options_for", "json_texts", "merge_table", "misfit", "source_table", "struct_columns",
+    "table_schema",
+]
+
+KEY = "_key"
+"""The merge key column: the document's ``_id`` as compact Extended JSON."""
+OP = "_op"
+"""``"upsert"`` or ``"delete"``: what a row does to its key (base rows: ``"upsert"``)."""
+DOCUMENT = "document"
+"""The default data column: the whole document as Extended JSON."""
+
+
+class DeltaSinkError(ChangeStreamError):
+    """The table cannot be used by this sink (another schema, no position of this app id)."""
+
+
+class DocumentSchemaError(DeltaSinkError):
+    """A document field does not fit its column of the user-given schema; nothing was written."""
+
+
+def json_options_for(json_mode: str) -> json_util.JSONOptions:
+    if json_mode == "relaxed":
+        return RELAXED
+    if json_mode == "canonical":
+        return CANONICAL
+    raise ValueError(f"json_mode must be 'relaxed' or 'canonical', not {json_mode!r}")
+
+
+def table_schema(schema: pa.Schema | None) -> pa.Schema:
+    """The Delta table's columns: ``_key``, ``_seq``, ``_op``, then the document (JSON) or ``schema``'s fields."""
+    if schema is None:
+        return layout_schema(pa.schema([(DOCUMENT, pa.string())]))
+    schema = arrow_schema(schema)
+    taken = {KEY, OP, SEQ} & set(schema.names)
+    if taken:
+        raise ValueError(f"schema must not have a column named {sorted(taken)[0]!r} (the sink's own)")
+    return layout_schema(schema)
+
+
+def cell(value: Any, type_: pa.DataType, json_options: json_util.JSONOptions) -> Any:
+    """A BSON value as pyarrow takes it for a column of ``type_`` (strings: as the Spark adapter)."""
+    if value is None:
+        return None
+    if pa.types.is_string(type_) or pa.types.is_large_string(type_):
+        if isinstance(value, str):
+            return value
+        if isinstance(value, ObjectId):
+            return str(value)
+        return json_util.dumps(value, json_options=json_options)
+    if isinstance(value, Decimal128):
+        return value.to_decimal()
+    if isinstance(value, ObjectId) or (isinstance(value, bool) and not pa.types.is_boolean(type_)):
+        raise TypeError(f"{type(value).__name__} does not fit {type_}")
+    if isinstance(value, float) and pa.types.is_integer(type_):
+        if not value.is_integer():
+            raise TypeError(f"{value!r} does not fit {type_}")
+        return int(value)
+    if isinstance(value, Decimal) and pa.types.is_integer(type_):
+        raise TypeError(f"a decimal does not fit {type_}")
+    return value
+
+
+def merge_table(
+    batch: MergeBatch, schema: pa.Schema | None = None, json_mode: str = "relaxed"
+) -> pa.Table:
+    """``batch`` as the merge's source: ``_key``, ``_op`` and the data columns.
+
+    Without ``schema`` the data column ``document`` holds each document as
+    Extended JSON (``json_mode``: ``"relaxed"``, as the Spark adapter's JSON
+    columns, or ``"canonical"``, which keeps every numeric type). With a
+    ``pyarrow.Schema`` each of its fields takes the document's field of that
+    name (missing: null; fields not in the schema are not stored); a value
+    that does not fit raises :class:`DocumentSchemaError` naming the field,
+    the ``_id`` and the value.
+    """
+    rows = batch.rows
+    return source_table([row.key_json for row in rows], [row.op for row in rows],
+                   [row.document for row in rows], schema, json_options_for(json_mode))
+
+
+def source_table(
+    keys: list[str],
+    ops: list[str],
+    documents: Sequence[Mapping[str, Any] | None],
+    schema: pa.Schema | None,
+    json_options: json_util.JSONOptions,
+    drift: Drift | None = None,
+    *,
+    count: bool = True,
+) -> pa.Table:
+    columns: dict[str, pa.Array] = {
+        KEY: pa.array(keys, pa.string()),
+        OP: pa.array(ops, pa.string()),
+    }
+    if schema is None:
+        columns[DOCUMENT] = pa.array(json_texts(documents, json_options), pa.string())
+        return pa.table(columns)
+    if drift is not None:  # rescue or evolve (_delta_drift)
+        columns.update(drift.columns(keys, documents, json_options, count=count))
+    else:
+        columns.update(document_columns(keys, documents, schema, json_options))
+    return pa.table(columns)
+
+
+def json_texts(
+    documents: Sequence[Mapping[str, Any] | None], json_options: json_util.JSONOptions
+) -> list[str | None]:
+    if json_options is RELAXED:
+        return [None if doc is None else relaxed_dumps(doc) for doc in documents]
+    return [None if doc is None else json_util.dumps(doc, json_options=json_options)
+            for doc in documents]
+
+
+def misfit(field: pa.Field, key: str, value: str, exc: BaseException) -> DocumentSchemaError:
+    return DocumentSchemaError(
+        f"field {field.name!r} of the document with _id {key} does not fit the column type "
+        f"{field.type}: {value[:80]} ({exc}); nothing of this batch was written: widen the "
+        "schema (a string column takes any value as JSON) and run again"
+    )
+
+
+def document_columns(
+    keys: Sequence[str],
+    documents: Sequence[Mapping[str, Any] | None],
+    schema: pa.Schema,
+    json_options: json_util.JSONOptions = RELAXED,
+) -> dict[str, pa.Array]:
+    """The columns of ``schema`` from documents (``None``: a deleted row, all null).
+
+    Each field takes the document's field of that name (missing: null;
+    fields not in the schema are not stored); a value that does not fit
+    raises :class:`DocumentSchemaError` naming the field, the ``_id`` and the value.
+    """
+    columns: dict[str, pa.Array] = {}
+    for field in schema:
+        values = []
+        for key, document in zip(keys, documents, strict=True):
+            value = None if document is None else document.get(field.name)
+            try:
+                converted = cell(value, field.type, json_options)
+                if converted is not None:
+                    pa.array([converted], field.type)
+            except (TypeError, ValueError, OverflowError, pa.ArrowException) as exc:
+                raise misfit(field, key, json_util.dumps(value), exc) from exc
+            values.append(converted)
+        columns[field.name] = pa.array(values, field.type)
+    return columns
+
+
+def struct_columns(
+    keys: Sequence[str], documents: pa.StructArray, schema: pa.Schema
+) -> dict[str, pa.Array]:
+    """The columns of ``schema`` from typed documents (Spark's ``full_document_schema``).
+
+    A field the documents have is cast to its column's type (safe casts only:
+    no overflow, no truncation); one they lack is null. A value that does not
+    fit raises :class:`DocumentSchemaError`, as from plain Python.
+    """
+    import pyarrow.compute as pc
+
+    names = [documents.type.field(i).name for i in range(documents.type.num_fields)]
+    columns: dict[str, pa.Array] = {}
+    for field in schema:
+        if field.name not in names:
+            columns[field.name] = pa.nulls(len(documents), field.type)
+            continue
+        values = pc.struct_field(documents, [names.index(field.name)])
+        try:
+            columns[field.name] = pc.cast(values, field.type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            for key, value in zip(keys, values, strict=True):  # the first row that does not fit
+                try:
+                    pc.cast(pa.array([value.as_py()], values.type), field.type, safe=True)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as row_exc:
+                    raise misfit(field, key, repr(value.as_py()), row_exc) from exc
+            raise misfit(field, "?", "?", exc) from exc
+    return columns

@@ -1,0 +1,671 @@
+"""The Delta sink itself (:class:`DeltaSink`): batches and their tokens in one commit each.
+
+The public face is :mod:`changestream.delta` (its docstring says what the sink
+guarantees); this module is the class: staging, the first load by appends, the
+commit with its application transaction and token, replays skipped, conflicting
+writers retried or refused, and compaction triggered (``_delta_layout``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+try:
+    import pyarrow as pa
+    from deltalake import (
+        CommitProperties,
+        DeltaTable,
+        Transaction,
+        WriterProperties,
+        write_deltalake,
+    )
+    from deltalake.exceptions import CommitFailedError
+except ImportError as exc:  # one clear error instead of a missing module deep inside
+    raise ImportError(
+        f"changestream.delta needs the 'delta' extra: pip install 'changestream[delta]' ({exc})"
+    ) from exc
+
+import tenacity
+from bson import json_util
+
+from ._delta_drift import Drift, RescuedCounts
+from ._delta_history import HistoryTable, as_of
+from ._delta_layout import (
+    LOG_ROW_GROUP,
+    SEQ,
+    Compaction,
+    compact,
+    current_state,
+    first_seq,
+    log_size,
+    merge_small,
+    with_seq,
+)
+from ._delta_resnapshot import request_snapshot
+from ._delta_rows import (
+    KEY,
+    OP,
+    DeltaSinkError,
+    cell,
+    json_options_for,
+    misfit,
+    source_table,
+    table_schema,
+)
+from ._delta_schema import arrow_schema
+from ._merge import (
+    MergeBatch,
+    MergeColumns,
+    key_json,
+    merge_columns,
+)
+from ._snapshot import SNAPSHOT_MARK, is_snapshot_position
+from ._token import ResumeToken
+from .stores import StoredToken, TokenStoreError
+from .stores import _stored as _validated  # the other stores' validation, one wording
+
+__all__ = ["DeltaSink"]
+
+_META_APP = "changestream.app_id"
+_META_TOKEN = "changestream.token"
+_META_VERSION = "changestream.version"
+_META_COMPACTION = "changestream.compaction"
+_TOKEN_JSON = json_util.CANONICAL_JSON_OPTIONS.with_options(tz_aware=True, tzinfo=timezone.utc)
+
+
+_UNKNOWN: Any = object()
+"""Not read from the table yet."""
+
+_COMMIT_ATTEMPTS = 8
+"""Commits tried when other writers' commits conflict (with jittered backoff)."""
+
+_LOG_WRITER = WriterProperties(max_row_group_size=LOG_ROW_GROUP)
+_BASE_WRITER = WriterProperties()
+
+_SMALL_RUN = 16
+"""Neighbouring small base files (a first load's) merged into one file at a time."""
+
+_REOPEN_EVERY = 100
+"""Versions after which the table is opened anew: delta-rs replays, on every write, each
+commit since the version a ``DeltaTable`` was opened at (not since the newest checkpoint),
+so a long-lived object made each commit cost more (23 -> 142 ms per commit over 1,200
+commits); opened anew it starts from the checkpoint delta-rs writes every 100 versions.
+"""
+
+
+class DeltaSink:
+    """Keeps a Delta table equal to a collection, exactly once; also its own token store.
+
+    ``path`` is the table's location (a directory, or a URI with
+    ``storage_options``); the table is created on the first write. ``app_id``
+    names the writer in the table's application transactions: one per
+    source, so two sources can write one table (their commits are retried
+    when they conflict); a second live writer with the same ``app_id`` is
+    refused with :class:`DeltaSinkError`. ``schema`` stores the
+    documents' fields as columns instead of one JSON column: a
+    ``pyarrow.Schema``, a Spark ``StructType`` (converted by pyspark's
+    ``to_arrow_schema``), or a Spark DDL string (``"name STRING, qty INT"``)
+    or Spark's / Delta's schema JSON (``StructType.json()``), both read
+    without a JVM (:class:`SchemaTextError` names a mistake in the text).
+    A value that does not fit its column fails the batch with
+    :class:`DocumentSchemaError`: nothing is written and the position does
+    not move. ``json_mode`` picks relaxed (default) or canonical
+    Extended JSON. ``full_document`` is what the stream was opened with (see
+    :func:`changestream.merge_ready`). Token-only commits (an idle stream's
+    position) are made at most every ``idle_commit_seconds``.
+
+    The table is a base plus an append-only change log (``docs/mirror.md``,
+    "The table's layout"): each batch is appended, and the log is compacted
+    into the base when it reaches ``log_fraction`` of the base rows a
+    compaction would rewrite, or ``max_log_rows`` rows (compaction holds the
+    logged keys in memory, and one unit of the base). :meth:`finish` compacts it all: then the
+    table read by anything is the collection's current state; in between,
+    :meth:`read_current` (or :data:`CURRENT_SQL`) reads it.
+    ``target_file_size`` bounds the data files compaction writes (bytes).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        app_id: str = "changestream",
+        schema: pa.Schema | str | Any | None = None,
+        json_mode: Literal["relaxed", "canonical"] = "relaxed",
+        full_document: str | None = None,
+        storage_options: dict[str, str] | None = None,
+        idle_commit_seconds: float = 60.0,
+        log_fraction: float = 0.5,
+        max_log_rows: int = 2_000_000,
+        target_file_size: int = 64 << 20,
+        history: str | os.PathLike[str] | None = None,
+        on_mismatch: Literal["fail", "rescue"] = "fail",
+        evolve: bool = False,
+    ) -> None:
+        if not isinstance(app_id, str) or not app_id:
+            raise ValueError(f"app_id must be a non-empty string, not {app_id!r}")
+        if not log_fraction > 0:
+            raise ValueError(f"log_fraction must be > 0, not {log_fraction!r}")
+        if isinstance(max_log_rows, bool) or not isinstance(max_log_rows, int) or max_log_rows < 1:
+            raise ValueError(f"max_log_rows must be an integer >= 1, not {max_log_rows!r}")
+        self.path = os.fspath(path)
+        self.app_id = app_id
+        self.schema: pa.Schema | None = None if schema is None else arrow_schema(schema)
+        """The document columns as Arrow (``None``: one JSON column)."""
+        self.json_mode = json_mode
+        self._json_options = json_options_for(json_mode)
+        self._drift: Drift | None = None
+        if on_mismatch != "fail" or evolve:
+            if self.schema is None:
+                raise ValueError("on_mismatch='rescue' and evolve=True need a schema (without "
+                                 "one every document is stored whole as JSON)")
+            self._drift = Drift(self.schema, on_mismatch, evolve, cell, misfit)
+        self._table_schema = table_schema(
+            self.schema if self._drift is None else self._drift.schema)
+        self.full_document = full_document
+        self._storage_options = storage_options
+        self.idle_commit_seconds = idle_commit_seconds
+        self.log_fraction = log_fraction
+        self.max_log_rows = max_log_rows
+        self.target_file_size = target_file_size
+        self.unit_rows = 250_000
+        """Base rows a compaction rewrites at a time (its memory), and a merged file's."""
+        self._table: DeltaTable | None = None
+        self._opened_at = 0
+        self._staged: list[Mapping[str, Any]] = []
+        self._staged_table: tuple[pa.Table, bool] | None = None
+        self._token_committed_at: float | None = None
+        self._position: Any = _UNKNOWN
+        """The token of this app id's last commit (``None``: none), once read."""
+        self._seen_version: Any = _UNKNOWN
+        """The app id's batch version as this sink last saw or wrote it."""
+        self.commits = 0
+        """Commits of batches and positions made by this sink object."""
+        self.skipped = 0
+        """Batches skipped because the table already held their version."""
+        self.compactions: list[Compaction] = []
+        """What each compaction by this sink object did."""
+        self.history: HistoryTable | None = None
+        """The history table (``history=``): every change, SCD type 2 (``_delta_history``)."""
+        if history is not None:
+            if os.fspath(history) == self.path:
+                raise ValueError("history must be another path than the table's")
+            self.history = HistoryTable(os.fspath(history), app_id=app_id,
+                                        full_document=full_document,
+                                        json_options=self._json_options,
+                                        storage_options=storage_options)
+        self.commit_metadata: dict[str, str] = {}
+        """Extra entries of every batch commit's metadata (a re-snapshot's progress rides
+        in the commit that applies its chunk: ``_delta_resnapshot``)."""
+
+    def __repr__(self) -> str:
+        return f"DeltaSink({self.path!r}, app_id={self.app_id!r})"
+
+    # -- the table ---------------------------------------------------------------------------
+    def table(self) -> DeltaTable | None:
+        """The table at its latest version (``None``: it does not exist yet)."""
+        if self._table is not None:
+            self._table.update_incremental()
+            if self._table.version() - self._opened_at < _REOPEN_EVERY:
+                return self._table
+            self._table = None  # past a checkpoint: reopened from it, below
+        if not DeltaTable.is_deltatable(self.path, self._storage_options):
+            return None
+        table = DeltaTable(self.path, storage_options=self._storage_options)
+        self._check_schema(table)
+        self._table, self._opened_at = table, table.version()
+        if self._seen_version is _UNKNOWN:
+            self._seen_version = table.transaction_version(self.app_id)
+        return table
+
+    def _check_schema(self, table: DeltaTable) -> None:
+        have = pa.schema(table.schema().to_arrow())
+        names = [field.name for field in have]
+        want = self._table_schema.names
+        if names == want:
+            return
+        if self._drift is not None and names[:3] == want[:3] and self._drift.adopt(
+                pa.schema(list(have)[3:])):  # columns evolved by an earlier run
+            self._table_schema = table_schema(self._drift.schema)
+            return
+        if SEQ not in names and names == [n for n in want if n not in (SEQ, OP)]:
+            raise DeltaSinkError(
+                f"the Delta table at {self.path} has the layout of an earlier changestream (one "
+                f"merged row per key, columns {names}); this sink appends a change log "
+                f"(columns {want}): mirror into a new path"
+            )
+        raise DeltaSinkError(
+            f"the Delta table at {self.path} has the columns {names}, this sink writes {want}: "
+            "give another path, or the schema the table was made with"
+        )
+
+    def _create(self) -> DeltaTable:
+        try:
+            DeltaTable.create(
+                self.path, self._table_schema, storage_options=self._storage_options,
+                commit_properties=CommitProperties(custom_metadata={_META_APP: self.app_id}),
+            )
+        except Exception:  # another writer created it first: use theirs
+            if not DeltaTable.is_deltatable(self.path, self._storage_options):
+                raise
+        table = self.table()
+        assert table is not None
+        return table
+
+    @property
+    def rescued(self) -> int:
+        """Values this sink put into ``_rescued`` (fields of committed batches; 0 without rescue)."""
+        return 0 if self._drift is None else self._drift.rescued
+
+    @property
+    def columns(self) -> pa.Schema:
+        """The data columns as the table has them now (``_rescued``, evolved ones included)."""
+        return self._table_schema.remove(0).remove(0).remove(0)
+
+    def reporting(self, callback: Callable[[Any], object]) -> Callable[[Any], object]:
+        """``callback`` for ``consume(on_stats=...)``, with :attr:`rescued` in each report.
+
+        ``ConsumeStats.rescued`` is 0 unless a sink fills it in this way; the
+        exporters count it (``changestream_values_rescued_total``).
+        """
+        return RescuedCounts(callback, lambda: self.rescued)
+
+    @property
+    def applied_version(self) -> int | None:
+        """The last batch version this app id committed (``None``: none yet)."""
+        table = self.table()
+        return None if table is None else table.transaction_version(self.app_id)
+
+    def read_current(self) -> pa.Table:
+        """The collection's current state as Arrow (``_key`` and the data columns, by ``_key``).
+
+        Right at any time, between compactions too: each key's row with the
+        highest ``_seq``, unless that row is a delete. The same as
+        :data:`CURRENT_SQL` in DuckDB or Spark SQL.
+        """
+        table = self.table()
+        if table is None:
+            return self._table_schema.empty_table().drop_columns([SEQ, OP])
+        return current_state(table)
+
+    # -- the token store ---------------------------------------------------------------------
+    def load(self) -> StoredToken | None:
+        """The token of this app id's last commit, with its batch version (``None``: none).
+
+        A token that is not a resume token (a damaged commit) raises
+        :class:`changestream.stores.TokenStoreError` naming the table.
+        """
+        table = self.table()
+        if table is None:
+            self._position = None
+            return None
+        limit: int | None = 64
+        while True:
+            history = table.history(limit)
+            for commit in history:
+                if commit.get(_META_APP) == self.app_id and _META_TOKEN in commit:
+                    stored = self._stored(table, commit)
+                    self._position = stored.token
+                    return stored
+            if limit is None or len(history) < limit:
+                self._position = None
+                return None
+            limit = None
+
+    def _stored(self, table: DeltaTable, commit: Mapping[str, Any]) -> StoredToken:
+        where = f"the Delta table at {self.path} (commit {commit.get('version')}, app id " \
+                f"{self.app_id!r})"
+        try:
+            token = json_util.loads(str(commit[_META_TOKEN]), json_options=_TOKEN_JSON)
+            saved_at = datetime.fromtimestamp(commit["timestamp"] / 1000, timezone.utc)
+        except Exception as exc:  # any damage of the text is one error naming the table
+            raise TokenStoreError(
+                f"the resume token stored in {where} is unreadable: {exc}") from exc
+        record = {"token": token, "batch_id": table.transaction_version(self.app_id),
+                  "saved_at": saved_at}
+        return _validated(record, where)
+
+    def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        """Commit the staged changes with ``token`` (version ``batch_id``, or the next one)."""
+        if self._staged_table is not None:
+            table, cleared = self._staged_table
+            written = self._commit(table, batch_id, token, cleared=cleared)
+            self._staged_table = None
+            if written:
+                self._maybe_compact()
+            return
+        staged, self._staged = self._staged, []
+        if not staged:
+            now = time.monotonic()
+            if (
+                self._token_committed_at is not None
+                and now - self._token_committed_at < self.idle_commit_seconds
+            ):
+                return  # nothing handled since: an older durable token loses nothing
+            self._commit(None, None, token)
+            return
+        try:
+            first_load = self._first_load(staged)
+            before = self._history_first(staged, token)
+            if first_load:
+                self._commit(self._base_rows(staged), batch_id, token, base=True, before=before)
+            else:
+                batch = merge_columns(staged, full_document=self.full_document,
+                                      json_options=self._json_options)
+                self._commit(batch, batch_id, token, before=before)
+        except BaseException:
+            self._staged = staged + self._staged  # a retried save commits them
+            raise
+        if first_load:  # after the commit: a failed merge or compaction loses no batch
+            self._merge_small()
+        else:
+            self._maybe_compact()
+
+    def _history_first(
+        self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any] | None
+    ) -> Callable[[int], None] | None:
+        """The history table's commit of ``changes`` as batch ``v``, run before this table's."""
+        history = self.history
+        if history is None:
+            return None
+        text = None if token is None else self._token_text(token)
+
+        def data(keys: list[str], documents: list[Mapping[str, Any] | None]) -> pa.Table:
+            rows = source_table(keys, ["upsert"] * len(keys), documents, self.schema,
+                           self._json_options, self._drift, count=False)
+            return rows.drop_columns([KEY, OP])
+
+        def live() -> list[str]:
+            keys: list[str] = self.read_current().column(KEY).to_pylist()
+            return keys
+
+        def commit(version: int) -> None:
+            history.write(history.rows(changes, version, data, live), version, text)
+
+        return commit
+
+    @staticmethod
+    def _token_text(token: Mapping[str, Any]) -> str:
+        return json_util.dumps(ResumeToken.of(token, check=False).document(),
+                               json_options=_TOKEN_JSON)
+
+    def read_history(self) -> pa.Table:
+        """The history table with ``valid_to`` (:data:`HISTORY_SQL`), by ``_key`` then ``_seq``."""
+        if self.history is None:
+            raise ValueError("this sink keeps no history: give DeltaSink(..., history=PATH)")
+        return self.history.read()
+
+    def read_as_of(self, time: datetime) -> pa.Table:
+        """The collection as it was at ``time`` (aware), from the history (:data:`AS_OF_SQL`)."""
+        return as_of(self.read_history(), time)
+
+    def _first_load(self, staged: Sequence[Mapping[str, Any]]) -> bool:
+        """Are these snapshot records of this app id's first load (appended as base rows)?
+
+        Only while the position is a copy of a new table: each key comes
+        once, in no earlier row; after that, snapshot records are changes.
+        """
+        try:
+            if any(change["_id"]["_data"] != SNAPSHOT_MARK or change["_id"]["phase"] != "copy"
+                   for change in staged):
+                return False
+        except (KeyError, TypeError):
+            return False
+        if self._position is _UNKNOWN:
+            self.load()
+        position = self._position
+        if position is None:
+            return self.applied_version is None
+        return is_snapshot_position(position) and position.get("phase") == "copy"
+
+    def _base_rows(self, staged: Sequence[Mapping[str, Any]]) -> pa.Table:
+        """Snapshot records as a merge table: one upsert per key, no collapse needed."""
+        keys, documents = [], []
+        for change in staged:
+            try:
+                key = change["documentKey"]["_id"]
+            except (KeyError, TypeError):
+                continue  # a record of no document (snapshotInterrupted)
+            documents.append(change["fullDocument"])
+            keys.append(key)
+        texts = [key_json(key, self._json_options) for key in keys]
+        rows = source_table(texts, ["upsert"] * len(texts), documents, self.schema, self._json_options,
+                       self._drift)
+        return rows.sort_by(KEY)  # tight key ranges in the file's statistics
+
+    # -- the handler -------------------------------------------------------------------------
+    def __call__(self, change: Mapping[str, Any]) -> None:
+        """Stage one change (the next :meth:`save` commits it): ``consume``'s handler."""
+        self._staged.append(change)
+
+    def stage(self, table: pa.Table, *, cleared: bool = False) -> None:
+        """Stage a whole merge table (:func:`merge_table`'s columns); the next :meth:`save` commits it.
+
+        ``foreach_batch``'s path: its ``func`` stages, then it saves the batch's
+        token and id in this sink (the store), so both land in one commit.
+        """
+        if self._staged:
+            raise RuntimeError("changes staged by the handler are not saved yet; use one of "
+                               "the two ways per sink")
+        self._refuse_tables()
+        self._staged_table = (table, cleared)  # replaces a batch whose save failed: re-cut
+
+    def _refuse_tables(self) -> None:
+        """Merge tables are built outside the sink (Spark): no rescue, evolution or history."""
+        if self._drift is not None:
+            raise ValueError("a sink with on_mismatch='rescue' or evolve=True builds its rows "
+                             "itself: give it changes, not a merge table")
+
+    # -- whole batches -----------------------------------------------------------------------
+    def write(
+        self,
+        batch: MergeBatch | Sequence[Mapping[str, Any]] | pa.Table,
+        version: int,
+        token: Mapping[str, Any] | None = None,
+        *,
+        cleared: bool = False,
+    ) -> bool:
+        """Append ``batch`` as version ``version`` unless the table holds it; ``True``: written.
+
+        ``batch`` is a :class:`MergeBatch`, a list of changes, or a merge table
+        (:func:`merge_table`; the Spark path builds one). For the Spark data
+        source's ``foreachBatch``, ``version`` is Spark's batch id: a batch
+        Spark runs again is skipped. ``cleared`` (merge tables only): delete every
+        row not in ``batch`` (the collection was dropped or renamed in it).
+        """
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"version must be an integer >= 0, not {version!r}")
+        applied = self.applied_version
+        if applied is not None and version <= applied and applied == self._seen_version:
+            self.skipped += 1  # before any conversion: cheap
+            return False
+        if isinstance(batch, pa.Table):
+            self._refuse_tables()
+        before = None
+        if self.history is not None:
+            if isinstance(batch, (MergeBatch, pa.Table)):
+                raise ValueError("a sink with a history table writes lists of changes (the "
+                                 "history keeps every change, a merge batch only the last)")
+            before = self._history_first(batch, token)
+        if not isinstance(batch, (MergeBatch, pa.Table)):
+            batch = merge_columns(batch, full_document=self.full_document,
+                                  json_options=self._json_options)
+        if not self._commit(batch, version, token, cleared=cleared, before=before):
+            return False
+        self._maybe_compact()
+        return True
+
+    # -- committing ----------------------------------------------------------------------------
+    def _commit(
+        self,
+        batch: MergeBatch | MergeColumns | pa.Table | None,
+        version: int | None,
+        token: Mapping[str, Any] | None,
+        *,
+        cleared: bool = False,
+        base: bool = False,
+        before: Callable[[int], None] | None = None,
+    ) -> bool:
+        """One commit of the batch's rows, its version and token; retried on conflicts.
+
+        ``before(version)`` runs right before the commit (the history table's commit).
+        """
+        drift = self._drift
+        if drift is not None and drift.evolve:
+            self.table()  # an evolved table's columns first (a restart), then new ones
+        if isinstance(batch, MergeBatch):
+            cleared = batch.cleared
+            merge_rows = batch.rows
+            source: pa.Table | None = source_table(
+                [r.key_json for r in merge_rows], [r.op for r in merge_rows],
+                [r.document for r in merge_rows],
+                self.schema, self._json_options, drift)
+        elif isinstance(batch, MergeColumns):
+            cleared = batch.cleared
+            source = source_table(batch.keys, batch.ops, batch.documents, self.schema,
+                             self._json_options, drift)
+        else:
+            source = batch
+        if drift is not None and drift.evolve:
+            self._table_schema = table_schema(drift.schema)  # new fields, new columns
+        metadata = {**self.commit_metadata, _META_APP: self.app_id}
+        if token is not None:
+            metadata[_META_TOKEN] = json_util.dumps(
+                ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON
+            )
+        for attempt in self._retrying():
+            with attempt:
+                table = self.table() or self._create()
+                applied = self._check_writer(table)
+                number = version if version is not None or source is None else (
+                    -1 if applied is None else applied) + 1
+                if number is not None and applied is not None and number <= applied:
+                    self.skipped += 1
+                    return False
+                transactions = None
+                if number is not None:
+                    metadata[_META_VERSION] = str(number)
+                    transactions = [Transaction(self.app_id, number)]
+                properties = CommitProperties(custom_metadata=metadata,
+                                              app_transactions=transactions)
+                if before is not None and number is not None:
+                    before(number)
+                if source is None:
+                    rows = self._table_schema.empty_table()
+                else:
+                    rows = with_seq(source, self._table_schema,
+                                    0 if base else first_seq(table.version()))
+                write_deltalake(table, rows, mode="overwrite" if cleared else "append",
+                                schema_mode="merge" if drift is not None and drift.evolve
+                                else None,
+                                commit_properties=properties,
+                                writer_properties=_BASE_WRITER if base else _LOG_WRITER,
+                                storage_options=self._storage_options)
+                if number is not None:
+                    self._seen_version = number
+        self.commits += 1
+        if drift is not None:  # counted once committed (a failed batch is counted when retried)
+            drift.rescued += drift.pending if source is not None else 0
+            drift.pending = 0
+        if token is not None:
+            self._token_committed_at = time.monotonic()
+            self._position = dict(ResumeToken.of(token, check=False).document())
+        return True
+
+    def _check_writer(self, table: DeltaTable) -> int | None:
+        """This app id's batch version; refused if it moved under this sink (another writer)."""
+        applied = table.transaction_version(self.app_id)
+        if self._seen_version is not _UNKNOWN and applied != self._seen_version:
+            raise DeltaSinkError(
+                f"another writer holds the Delta table at {self.path} with app id "
+                f"{self.app_id!r} (its batch version moved from {self._seen_version} to "
+                f"{applied} under this one): run one writer per app id"
+            )
+        self._seen_version = applied
+        return applied
+
+    def _retrying(self) -> tenacity.Retrying:
+        """Bounded retries, jittered backoff, of commits that conflicted with other writers'."""
+
+        def give_up(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            raise DeltaSinkError(
+                f"the Delta table at {self.path} kept changing under this writer: "
+                f"{state.attempt_number} commits conflicted with other writers' ({exc})"
+            ) from exc
+
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(CommitFailedError),
+            stop=tenacity.stop_after_attempt(_COMMIT_ATTEMPTS),
+            wait=tenacity.wait_random_exponential(multiplier=0.05, max=2.0),
+            retry_error_callback=give_up,
+        )
+
+    # -- compaction ----------------------------------------------------------------------------
+    def _maybe_compact(self) -> None:
+        table = self.table()
+        assert table is not None
+        size = log_size(table)
+        if size.log_rows and (size.log_rows >= self.max_log_rows
+                              or size.log_rows >= self.log_fraction * size.touched_rows):
+            self.compact()
+
+    def compact(self) -> Compaction | None:
+        """Fold the whole change log into the base now, in a commit of its own (no logical change).
+
+        Rewrites only the base files whose key ranges the log touches. Runs
+        by itself when the log is large enough; ``None``: there was no log.
+        """
+        result: Compaction | None = None
+        for attempt in self._retrying():
+            with attempt:
+                table = self.table()
+                if table is None:
+                    return None
+                properties = CommitProperties(
+                    custom_metadata={_META_APP: self.app_id, _META_COMPACTION: "log into base"})
+                result = compact(table, self._table_schema, properties,
+                                 target_file_size=self.target_file_size,
+                                 storage_options=self._storage_options,
+                                 unit_rows=self.unit_rows)
+        if result is not None:
+            self.compactions.append(result)
+            pa.default_memory_pool().release_unused()  # the rewrite's buffers, back to the OS
+        return result
+
+    def request_snapshot(self) -> int:
+        """Ask the mirror running on this table to re-read the collection while it streams.
+
+        A signal commit in the table (no rows); the running mirror sees it
+        within seconds and re-reads the collection in chunks of ``_id``
+        ranges between watermarks (``docs/mirror.md``, "Re-snapshot while
+        streaming"). Returns the signal's table version.
+        """
+        return request_snapshot(self.path, self._storage_options)
+
+    def _merge_small(self) -> None:
+        """Merge the first load's small files once enough of them sit side by side."""
+        for attempt in self._retrying():
+            with attempt:
+                table = self.table()
+                if table is None:
+                    return
+                properties = CommitProperties(custom_metadata={
+                    _META_APP: self.app_id, _META_COMPACTION: "small base files"})
+                result = merge_small(
+                    table, self._table_schema, properties, small_rows=self.unit_rows // 2,
+                    min_files=_SMALL_RUN, unit_rows=self.unit_rows,
+                    target_file_size=self.target_file_size,
+                    storage_options=self._storage_options)
+        if result is not None:
+            self.compactions.append(result)
+
+    def finish(self) -> Compaction | None:
+        """Compact what is logged: afterwards every reader sees the current state, plainly.
+
+        ``changestream mirror --until-idle`` calls it before it exits.
+        """
+        return self.compact()

@@ -47,6 +47,7 @@ import tenacity
 from bson import json_util
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
 
 from ._delta_json import relaxed_dumps
 from ._delta_layout import (
@@ -61,7 +62,9 @@ from ._delta_layout import (
     log_size,
     with_seq,
 )
+from ._delta_resnapshot import START, boundary, interrupted, stale_deletes
 from ._delta_schema import SchemaTextError, arrow_schema
+from ._delta_verify import Verification
 from ._merge import (
     CANONICAL,
     RELAXED,
@@ -71,14 +74,14 @@ from ._merge import (
     merge_columns,
 )
 from ._snapshot import SNAPSHOT_MARK, is_snapshot_position
-from ._token import ResumeToken
+from ._token import ResumeToken, token_cluster_time
 from .errors import ChangeStreamError
 from .stores import StoredToken, TokenStoreError
 from .stores import _stored as _validated  # the other stores' validation, one wording
 
 __all__ = [
     "CURRENT_SQL", "KEY", "OP", "SEQ", "Compaction", "DeltaSink", "DeltaSinkError",
-    "DocumentSchemaError", "SchemaTextError", "merge_table",
+    "DocumentSchemaError", "SchemaTextError", "Verification", "merge_table",
 ]
 
 KEY = "_key"
@@ -92,6 +95,8 @@ _META_APP = "changestream.app_id"
 _META_TOKEN = "changestream.token"
 _META_VERSION = "changestream.version"
 _META_COMPACTION = "changestream.compaction"
+_META_RESNAPSHOT = "changestream.resnapshot_from"
+"""In each commit of a resnapshot under way: the first ``_seq`` written after its start."""
 _TOKEN_JSON = json_util.CANONICAL_JSON_OPTIONS.with_options(tz_aware=True, tzinfo=timezone.utc)
 
 
@@ -346,6 +351,9 @@ class DeltaSink:
         """The token of this app id's last commit (``None``: none), once read."""
         self._seen_version: Any = _UNKNOWN
         """The app id's batch version as this sink last saw or wrote it."""
+        self._resnapshot_from: int | None = None
+        """A resnapshot is under way: keys whose newest ``_seq`` is below this are dropped at
+        its end (``_delta_resnapshot``); read back by :meth:`load`."""
         self.commits = 0
         """Commits of batches and positions made by this sink object."""
         self.skipped = 0
@@ -439,9 +447,12 @@ class DeltaSink:
                 if commit.get(_META_APP) == self.app_id and _META_TOKEN in commit:
                     stored = self._stored(table, commit)
                     self._position = stored.token
+                    since = commit.get(_META_RESNAPSHOT)
+                    self._resnapshot_from = None if since is None else int(since)
                     return stored
             if limit is None or len(history) < limit:
                 self._position = None
+                self._resnapshot_from = None
                 return None
             limit = None
 
@@ -477,6 +488,9 @@ class DeltaSink:
                 return  # nothing handled since: an older durable token loses nothing
             self._commit(None, None, token)
             return
+        if any(boundary(change) for change in staged):
+            self._save_bounded(staged, token, batch_id)
+            return
         try:
             first_load = self._first_load(staged)
             if first_load:
@@ -508,7 +522,44 @@ class DeltaSink:
         position = self._position
         if position is None:
             return self.applied_version is None
-        return is_snapshot_position(position) and position.get("phase") == "copy"
+        return (is_snapshot_position(position) and position.get("phase") == "copy"
+                and not position.get("marks"))  # a resnapshot's records are changes
+
+    def _save_bounded(self, staged: list[Mapping[str, Any]], token: Mapping[str, Any],
+                      batch_id: int | None) -> None:
+        """Commit changes holding a resnapshot's ``snapshotStart``/``snapshotEnd`` records.
+
+        Each record ends a commit of its own (with the changes before it and its
+        position as the token): the start notes where the copy's rows begin, the
+        end deletes every key the copy did not bring (``_delta_resnapshot``).
+        """
+        done = 0
+        try:
+            for i, change in enumerate(staged):
+                kind = boundary(change)
+                if kind is None:
+                    continue
+                part = staged[done:i]
+                if kind == START:
+                    self._commit_changes(part, change["_id"], resnapshot="open")
+                else:
+                    if part:
+                        self._commit_changes(part, part[-1]["_id"])
+                    self._commit(None, None, change["_id"],
+                                 resnapshot="abandon" if interrupted(change) else "close")
+                done = i + 1
+            if done < len(staged):
+                self._commit_changes(staged[done:], token, batch_id)
+        except BaseException:
+            self._staged = staged[done:] + self._staged  # a retried save commits them
+            raise
+        self._maybe_compact()
+
+    def _commit_changes(self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any],
+                        batch_id: int | None = None, *, resnapshot: str | None = None) -> None:
+        batch = merge_columns(changes, full_document=self.full_document,
+                              json_options=self._json_options) if changes else None
+        self._commit(batch, batch_id, token, resnapshot=resnapshot)
 
     def _base_rows(self, staged: Sequence[Mapping[str, Any]]) -> pa.Table:
         """Snapshot records as a merge table: one upsert per key, no collapse needed."""
@@ -580,8 +631,14 @@ class DeltaSink:
         *,
         cleared: bool = False,
         base: bool = False,
+        resnapshot: str | None = None,
     ) -> bool:
-        """One commit of the batch's rows, its version and token; retried on conflicts."""
+        """One commit of the batch's rows, its version and token; retried on conflicts.
+
+        ``resnapshot``: ``"open"`` notes that a resnapshot starts after these rows,
+        ``"close"`` appends the deletes of the keys it did not bring (and ends it),
+        ``"abandon"`` ends it without deletes (the copy was cut short).
+        """
         if isinstance(batch, MergeBatch):
             cleared = batch.cleared
             source: pa.Table | None = merge_table(batch, self.schema, self.json_mode)
@@ -596,10 +653,18 @@ class DeltaSink:
             metadata[_META_TOKEN] = json_util.dumps(
                 ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON
             )
+        since = self._resnapshot_from
         for attempt in self._retrying():
             with attempt:
                 table = self.table() or self._create()
                 applied = self._check_writer(table)
+                metadata.pop(_META_RESNAPSHOT, None)
+                if resnapshot == "open":
+                    since = first_seq(table.version() + 1)  # above every row of this commit
+                elif resnapshot == "close" and since is not None:
+                    source = stale_deletes(table, since, self._table_schema)
+                if since is not None and resnapshot in (None, "open"):
+                    metadata[_META_RESNAPSHOT] = str(since)
                 number = version if version is not None or source is None else (
                     -1 if applied is None else applied) + 1
                 if number is not None and applied is not None and number <= applied:
@@ -623,6 +688,8 @@ class DeltaSink:
                 if number is not None:
                     self._seen_version = number
         self.commits += 1
+        if resnapshot is not None:
+            self._resnapshot_from = since if resnapshot == "open" else None
         if token is not None:
             self._token_committed_at = time.monotonic()
             self._position = dict(ResumeToken.of(token, check=False).document())
@@ -659,6 +726,8 @@ class DeltaSink:
 
     # -- compaction ----------------------------------------------------------------------------
     def _maybe_compact(self) -> None:
+        if self._resnapshot_from is not None:
+            return  # compaction renumbers rows to _seq 0: wait for the resnapshot's end
         table = self.table()
         assert table is not None
         size = log_size(table)
@@ -670,8 +739,13 @@ class DeltaSink:
         """Fold the whole change log into the base now, in a commit of its own (no logical change).
 
         Rewrites only the base files whose key ranges the log touches. Runs
-        by itself when the log is large enough; ``None``: there was no log.
+        by itself when the log is large enough; ``None``: there was no log, or a
+        resnapshot is under way (its end needs the rows' numbers; it compacts after).
         """
+        if self._position is _UNKNOWN:
+            self.load()
+        if self._resnapshot_from is not None:
+            return None
         result: Compaction | None = None
         for attempt in self._retrying():
             with attempt:
@@ -687,6 +761,74 @@ class DeltaSink:
             self.compactions.append(result)
             pa.default_memory_pool().release_unused()  # the rewrite's buffers, back to the OS
         return result
+
+    # -- verifying ---------------------------------------------------------------------------
+    def verify(self, collection: Any, *, examples: int = 5) -> Verification:
+        """Compare the table with ``collection`` at the table's position; a :class:`Verification`.
+
+        The collection is read with ``readConcern: {level: "snapshot",
+        atClusterTime: T}``, ``T`` the cluster time of the stored token, so both
+        sides are the same moment. Rows are compared by hashes of key ranges
+        (vectorised; a range is drilled into only when it differs), which also
+        catches damage Delta cannot see (a data file missing from the log). A
+        server that no longer keeps ``T`` (SnapshotTooOld) raises
+        :class:`DeltaSinkError`: catch up first (``changestream mirror --verify``
+        does). Nothing is written.
+        """
+        from pymongo.collection import Collection
+        from pymongo.errors import OperationFailure
+
+        from ._delta_verify import Hashes as _Hashes
+        from ._delta_verify import collection_batches, compare, new_powers, table_hashes
+
+        if not isinstance(collection, Collection):
+            raise TypeError(f"verify() needs a pymongo Collection, not {type(collection).__name__}")
+        started = time.monotonic()
+        at = self._verify_at(self.load())
+        current = self.read_current()
+        powers = new_powers()
+        table = table_hashes(current, powers)
+        data = [name for name in current.column_names if name != KEY]
+        database = collection.database
+        session = database.client.start_session(causal_consistency=False)
+
+        def read(command: dict[str, Any]) -> Mapping[str, Any]:
+            return database.command(command, session=session,
+                                    codec_options=collection.codec_options)
+
+        def convert(documents: list[Mapping[str, Any]]) -> pa.Table:
+            keys = [key_json(document["_id"], self._json_options) for document in documents]
+            return _source(keys, ["upsert"] * len(keys), documents, self.schema,
+                           self._json_options)
+
+        try:
+            side = _Hashes.of(collection_batches(read, collection.name, at, convert), data, powers)
+        except OperationFailure as exc:
+            if exc.code == 239:  # SnapshotTooOld
+                raise DeltaSinkError(
+                    f"the server no longer keeps the table's position ({at}) for a snapshot read "
+                    f"(minSnapshotHistoryWindowInSeconds): catch the table up first "
+                    f"(changestream mirror --until-idle, or mirror --verify, which does), then "
+                    f"verify") from exc
+            raise
+        finally:
+            session.end_session()
+        return compare(table, side, at=at, started=started, examples=examples)
+
+    def _verify_at(self, stored: StoredToken | None) -> Timestamp | None:
+        """The cluster time the table holds everything up to (``None``: no position yet)."""
+        if stored is None:
+            return None
+        token = stored.token
+        if is_snapshot_position(token):
+            if token.get("phase") == "copy":
+                raise DeltaSinkError(
+                    f"the Delta table at {self.path} is in the middle of a copy of the collection "
+                    f"(a first load or a resnapshot): let the mirror finish it "
+                    f"(changestream mirror --until-idle), then verify")
+            at = token.get("at")
+            return at if isinstance(at, Timestamp) else None
+        return token_cluster_time(token)
 
     def finish(self) -> Compaction | None:
         """Compact what is logged: afterwards every reader sees the current state, plainly.

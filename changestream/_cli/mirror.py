@@ -90,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
         "it and join the fragments before they reach the table (split; MongoDB 7.0+ or 6.0.9+)",
     )
     parser.add_argument(
+        "--on-history-lost", choices=("raise", "resnapshot"), default="raise",
+        help="when the oplog no longer holds the table's position (code 286): exit 1 with "
+        "advice (raise, default), or copy the collection into the table again and drop the "
+        "documents the copy did not bring (resnapshot)",
+    )
+    parser.add_argument(
         "--until-idle", type=_seconds, metavar="SECONDS",
         help="exit (status 0) once caught up: the table holds every change made before the "
         "command started (never during the snapshot or a backlog) and no change arrived for "
@@ -139,6 +145,14 @@ def main(argv: list[str]) -> int:
                      json_mode=args.json_mode, schema=schema)
     with panics_held():  # delta-rs's writer threads may panic on a failed write: one line, ours
         return _mirror(args, client, sink)
+
+
+def _resnapshot_gap(gap: Any) -> None:
+    """One line on stderr: the history was lost and the table is copied anew."""
+    after = "?" if gap.lost_after is None else f"{gap.lost_after:%Y-%m-%d %H:%M:%S} UTC"
+    _say(f"the oplog no longer holds the table's position (changes after {after} are lost): "
+         "copying the collection into the table again; documents it no longer has are "
+         "deleted when the copy ends")
 
 
 def _app_id(text: str) -> str:
@@ -202,7 +216,8 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
             client[args.db][args.coll], sink, sink, initial_snapshot=True,
             watch_options={"full_document": args.full_document, "max_await_time_ms": 500},
             save_every=args.batch, save_interval=args.batch_seconds, stop=stop,
-            oversize=args.oversize,
+            oversize=args.oversize, on_history_lost=args.on_history_lost,
+            gap=_resnapshot_gap if args.on_history_lost == "resnapshot" else None,
             on_stats=progress, stats_interval=progress.interval, stop_on_signals=True,
         )
         if progress.idle_stop:  # caught up: fold the change log, the table is the collection

@@ -47,7 +47,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api", ("changestream", "changestream.aio")),
     # What is built on the public client: sinks, exporters, Spark, the command line.
     ("integrations", (
-        "changestream.delta", "changestream._delta_layout",
+        "changestream.delta", "changestream._delta_layout", "changestream._delta_resnapshot",
+        "changestream._delta_verify",
         "changestream.exporters", "changestream.exporters.*",
         "changestream.spark_adapter", "changestream.spark_adapter.*", "changestream._cli",
         "changestream._cli.*", "changestream.__main__",

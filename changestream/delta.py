@@ -484,6 +484,7 @@ class DeltaSink:
             if (
                 self._token_committed_at is not None
                 and now - self._token_committed_at < self.idle_commit_seconds
+                and not self._leaves_copy(token)
             ):
                 return  # nothing handled since: an older durable token loses nothing
             self._commit(None, None, token)
@@ -504,6 +505,12 @@ class DeltaSink:
             raise
         if not first_load:  # after the commit: a failed compaction loses no batch
             self._maybe_compact()
+
+    def _leaves_copy(self, token: Mapping[str, Any]) -> bool:
+        """The copy is over: its end is committed at once (the table's position says so)."""
+        position = self._position
+        return (is_snapshot_position(position) and position.get("phase") == "copy"
+                and not (is_snapshot_position(token) and token.get("phase") == "copy"))
 
     def _first_load(self, staged: Sequence[Mapping[str, Any]]) -> bool:
         """Are these snapshot records of this app id's first load (appended as base rows)?
@@ -773,7 +780,8 @@ class DeltaSink:
         catches damage Delta cannot see (a data file missing from the log). A
         server that no longer keeps ``T`` (SnapshotTooOld) raises
         :class:`DeltaSinkError`: catch up first (``changestream mirror --verify``
-        does). Nothing is written.
+        does). In the middle of a copy, the documents not copied yet are
+        missing. Nothing is written.
         """
         from pymongo.collection import Collection
         from pymongo.errors import OperationFailure
@@ -820,13 +828,9 @@ class DeltaSink:
         if stored is None:
             return None
         token = stored.token
-        if is_snapshot_position(token):
-            if token.get("phase") == "copy":
-                raise DeltaSinkError(
-                    f"the Delta table at {self.path} is in the middle of a copy of the collection "
-                    f"(a first load or a resnapshot): let the mirror finish it "
-                    f"(changestream mirror --until-idle), then verify")
-            at = token.get("at")
+        if is_snapshot_position(token):  # a copy reads at readAt (mid-copy: the rest is missing)
+            at = token.get("readAt", token.get("at")) if token.get("phase") == "copy" \
+                else token.get("at")
             return at if isinstance(at, Timestamp) else None
         return token_cluster_time(token)
 

@@ -90,6 +90,13 @@ def _parser() -> argparse.ArgumentParser:
         "it and join the fragments before they reach the table (split; MongoDB 7.0+ or 6.0.9+)",
     )
     parser.add_argument(
+        "--verify", action="store_true",
+        help="compare the table with the collection at the table's position (a snapshot read; "
+        "if the server no longer keeps it, catch up first), print the counts of missing, extra "
+        "and different keys with examples, and exit 1 if they differ (0 if equal); writes "
+        "nothing else",
+    )
+    parser.add_argument(
         "--on-history-lost", choices=("raise", "resnapshot"), default="raise",
         help="when the oplog no longer holds the table's position (code 286): exit 1 with "
         "advice (raise, default), or copy the collection into the table again and drop the "
@@ -144,7 +151,40 @@ def main(argv: list[str]) -> int:
     sink = DeltaSink(args.to, app_id=args.app_id, full_document=args.full_document,
                      json_mode=args.json_mode, schema=schema)
     with panics_held():  # delta-rs's writer threads may panic on a failed write: one line, ours
+        if args.verify:
+            return _verify(args, client, sink)
         return _mirror(args, client, sink)
+
+
+def _verify(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink: Any) -> int:
+    """``--verify``: the table against the collection; 0 equal, 1 different (or an error)."""
+    from ..delta import DeltaSinkError
+
+    try:
+        problem = _reach(client, args.connect_timeout, args.uri)
+        if problem is not None:
+            _say(_redact(problem, args.uri))
+            return 1
+        collection = client[args.db][args.coll]
+        try:
+            result = sink.verify(collection)
+        except DeltaSinkError as exc:  # mid-copy, or the position is too old: catch up first
+            _say(f"{exc}; catching up first")
+            args.until_idle = 0.5 if args.until_idle is None else args.until_idle
+            status = _mirror(args, MongoClient(args.uri, connect=False), sink)
+            if status != 0:
+                return status
+            result = sink.verify(collection)
+    except PyMongoError as exc:
+        _say(_redact(describe_error(exc), args.uri))
+        return 1
+    except Exception as exc:  # the table cannot be read, still mid-copy, ...
+        _say(_redact(_sink_failure(exc, args.to, sink), args.uri))
+        return 1
+    finally:
+        client.close()
+    _say(("verified: " if result.ok else "DIFFERENT: ") + result.summary())
+    return 0 if result.ok else 1
 
 
 def _resnapshot_gap(gap: Any) -> None:

@@ -61,14 +61,20 @@ class _Powers:
         if len(self.up) > n:
             return
         size = max(n + 1, 2 * len(self.up))
-        with np.errstate(over="ignore"):
-            up = np.full(size, _PRIME, _U64)
-            up[0] = 1
-            np.cumprod(up, out=up)
-            down = np.full(size, _PRIME_INVERSE, _U64)
-            down[0] = 1
-            np.cumprod(down, out=down)
-        self.up, self.down = up, down
+        self.up, self.down = _powers_of(_PRIME, size), _powers_of(_PRIME_INVERSE, size)
+
+
+def _powers_of(base: np.uint64, size: int) -> np.ndarray[Any, Any]:
+    """``base**i`` for ``i < size`` mod 2**64, by doubling (a cumprod is sequential, slow)."""
+    powers = np.ones(size, _U64)
+    filled, step = 1, base
+    with np.errstate(over="ignore"):
+        while filled < size:
+            count = min(filled, size - filled)
+            powers[filled:filled + count] = powers[:count] * step
+            filled += count
+            step = step * step
+    return powers
 
 
 def _string_hashes(array: pa.Array, powers: _Powers) -> np.ndarray[Any, Any]:

@@ -793,10 +793,15 @@ class DeltaSink:
             raise TypeError(f"verify() needs a pymongo Collection, not {type(collection).__name__}")
         started = time.monotonic()
         at = self._verify_at(self.load())
-        current = self.read_current()
         powers = new_powers()
-        table = table_hashes(current, powers)
-        data = [name for name in current.column_names if name != KEY]
+        data = [name for name in self._table_schema.names if name not in (KEY, SEQ, OP)]
+        delta = self.table()
+        if delta is not None and log_size(delta).log_rows == 0:  # compacted: stream the base
+            batches = delta.to_pyarrow_dataset().to_batches(columns=[KEY, *data],
+                                                           batch_size=65_536)
+            table = _Hashes.of(iter(batches), data, powers)
+        else:  # a change log to fold: the current state in memory
+            table = table_hashes(self.read_current(), powers)
         database = collection.database
         session = database.client.start_session(causal_consistency=False)
 

@@ -104,12 +104,11 @@ def end_to_end(docs: int, workdir: str) -> None:
               flush=True)
         # catch up, as mirror --verify does: a fresh position the server still keeps
         coll.insert_one({"_id": "caught-up"})
-        seen[0] = docs - 1
+        stop.clear()
         changestream.consume(coll, handle, sink, initial_snapshot=True, stop=stop,
                              watch_options={"max_await_time_ms": 200,
                                             "full_document": "updateLookup"})
         sink.finish()
-        stop.clear()
         for label in ("equal", "damaged"):
             if label == "damaged":
                 log = os.path.join(workdir, "t", "_delta_log")

@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Any
 
+import pyarrow as pa
 from pymongo import MongoClient
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -112,7 +113,8 @@ def end_to_end(docs: int, workdir: str) -> None:
         for label in ("equal", "damaged"):
             if label == "damaged":
                 log = os.path.join(workdir, "t", "_delta_log")
-                live = set(sink.table().files())  # the newest commit adding a live file
+                actions = sink.table().get_add_actions(flatten=True)  # the newest commit adding
+                live = set(pa.table(actions).column("path").to_pylist())  # a live file
                 for name in sorted((n for n in os.listdir(log) if n.endswith(".json")),
                                    reverse=True):  # (after any checkpoint)
                     with open(os.path.join(log, name)) as commit:

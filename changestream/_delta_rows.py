@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
+import tenacity
 from bson import json_util
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
@@ -22,12 +23,25 @@ from ._delta_drift import Drift
 from ._delta_json import relaxed_dumps
 from ._delta_layout import SEQ, layout_schema
 from ._delta_schema import arrow_schema
-from ._merge import CANONICAL, RELAXED, MergeBatch
+from ._merge import CANONICAL, RELAXED, MergeBatch, key_json
 from .errors import ChangeStreamError
 
 __all__ = [
-    "DOCUMENT", "KEY", "OP", "DeltaSinkError", "DocumentSchemaError", "cell", "document_columns",
-    "json_options_for", "json_texts", "merge_table", "misfit", "source_table", "struct_columns",
+    "DOCUMENT",
+    "KEY",
+    "OP",
+    "DeltaSinkError",
+    "DocumentSchemaError",
+    "base_rows",
+    "cell",
+    "commit_retries",
+    "document_columns",
+    "json_options_for",
+    "json_texts",
+    "merge_table",
+    "misfit",
+    "source_table",
+    "struct_columns",
     "table_schema",
 ]
 
@@ -204,3 +218,44 @@ def struct_columns(
                     raise misfit(field, key, repr(value.as_py()), row_exc) from exc
             raise misfit(field, "?", "?", exc) from exc
     return columns
+
+
+def base_rows(staged: Sequence[Mapping[str, Any]], schema: pa.Schema | None,
+              json_options: json_util.JSONOptions, drift: Drift | None) -> pa.Table:
+    """Snapshot records as a merge table: one upsert per key, sorted by key (a first load's
+    files then have tight key ranges in their statistics)."""
+    keys, documents = [], []
+    for change in staged:
+        try:
+            key = change["documentKey"]["_id"]
+        except (KeyError, TypeError):
+            continue  # a record of no document (snapshotInterrupted)
+        documents.append(change["fullDocument"])
+        keys.append(key)
+    texts = [key_json(key, json_options) for key in keys]
+    rows = source_table(texts, ["upsert"] * len(texts), documents, schema, json_options, drift)
+    return rows.sort_by(KEY)
+
+
+COMMIT_ATTEMPTS = 8
+"""Commits tried when other writers' commits conflict (with jittered backoff)."""
+
+
+def commit_retries(path: str) -> tenacity.Retrying:
+    """Bounded retries, jittered backoff, of a commit to the table at ``path`` that conflicted
+    with other writers'; then one :class:`DeltaSinkError` saying so."""
+    from deltalake.exceptions import CommitFailedError
+
+    def give_up(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        raise DeltaSinkError(
+            f"the Delta table at {path} kept changing under this writer: "
+            f"{state.attempt_number} commits conflicted with other writers' ({exc})"
+        ) from exc
+
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(CommitFailedError),
+        stop=tenacity.stop_after_attempt(COMMIT_ATTEMPTS),
+        wait=tenacity.wait_random_exponential(multiplier=0.05, max=2.0),
+        retry_error_callback=give_up,
+    )

@@ -23,7 +23,6 @@ try:
         WriterProperties,
         write_deltalake,
     )
-    from deltalake.exceptions import CommitFailedError
 except ImportError as exc:  # one clear error instead of a missing module deep inside
     raise ImportError(
         f"changestream.delta needs the 'delta' extra: pip install 'changestream[delta]' ({exc})"
@@ -45,22 +44,25 @@ from ._delta_layout import (
     merge_small,
     with_seq,
 )
+from ._delta_recopy import START, boundary, interrupted, stale_deletes
 from ._delta_resnapshot import request_snapshot
 from ._delta_rows import (
     KEY,
     OP,
     DeltaSinkError,
+    base_rows,
     cell,
+    commit_retries,
     json_options_for,
     misfit,
     source_table,
     table_schema,
 )
 from ._delta_schema import arrow_schema
+from ._delta_verify import Verification, verify_table
 from ._merge import (
     MergeBatch,
     MergeColumns,
-    key_json,
     merge_columns,
 )
 from ._snapshot import SNAPSHOT_MARK, is_snapshot_position
@@ -74,14 +76,13 @@ _META_APP = "changestream.app_id"
 _META_TOKEN = "changestream.token"
 _META_VERSION = "changestream.version"
 _META_COMPACTION = "changestream.compaction"
+_META_RESNAPSHOT = "changestream.resnapshot_from"
+"""In each commit of a resnapshot under way: the first ``_seq`` written after its start."""
 _TOKEN_JSON = json_util.CANONICAL_JSON_OPTIONS.with_options(tz_aware=True, tzinfo=timezone.utc)
 
 
 _UNKNOWN: Any = object()
 """Not read from the table yet."""
-
-_COMMIT_ATTEMPTS = 8
-"""Commits tried when other writers' commits conflict (with jittered backoff)."""
 
 _LOG_WRITER = WriterProperties(max_row_group_size=LOG_ROW_GROUP)
 _BASE_WRITER = WriterProperties()
@@ -182,6 +183,9 @@ class DeltaSink:
         """The token of this app id's last commit (``None``: none), once read."""
         self._seen_version: Any = _UNKNOWN
         """The app id's batch version as this sink last saw or wrote it."""
+        self._resnapshot_from: int | None = None
+        """A resnapshot is under way: keys whose newest ``_seq`` is below this are dropped at
+        its end (``_delta_resnapshot``); read back by :meth:`load`."""
         self.commits = 0
         """Commits of batches and positions made by this sink object."""
         self.skipped = 0
@@ -309,9 +313,12 @@ class DeltaSink:
                 if commit.get(_META_APP) == self.app_id and _META_TOKEN in commit:
                     stored = self._stored(table, commit)
                     self._position = stored.token
+                    since = commit.get(_META_RESNAPSHOT)
+                    self._resnapshot_from = None if since is None else int(since)
                     return stored
             if limit is None or len(history) < limit:
                 self._position = None
+                self._resnapshot_from = None
                 return None
             limit = None
 
@@ -343,9 +350,13 @@ class DeltaSink:
             if (
                 self._token_committed_at is not None
                 and now - self._token_committed_at < self.idle_commit_seconds
+                and not self._leaves_copy(token)
             ):
                 return  # nothing handled since: an older durable token loses nothing
             self._commit(None, None, token)
+            return
+        if any(boundary(change) for change in staged):
+            self._save_bounded(staged, token, batch_id)
             return
         try:
             first_load = self._first_load(staged)
@@ -402,6 +413,12 @@ class DeltaSink:
         """The collection as it was at ``time`` (aware), from the history (:data:`AS_OF_SQL`)."""
         return as_of(self.read_history(), time)
 
+    def _leaves_copy(self, token: Mapping[str, Any]) -> bool:
+        """The copy is over: its end is committed at once (the table's position says so)."""
+        position = self._position
+        return (is_snapshot_position(position) and position.get("phase") == "copy"
+                and not (is_snapshot_position(token) and token.get("phase") == "copy"))
+
     def _first_load(self, staged: Sequence[Mapping[str, Any]]) -> bool:
         """Are these snapshot records of this app id's first load (appended as base rows)?
 
@@ -419,22 +436,48 @@ class DeltaSink:
         position = self._position
         if position is None:
             return self.applied_version is None
-        return is_snapshot_position(position) and position.get("phase") == "copy"
+        return (is_snapshot_position(position) and position.get("phase") == "copy"
+                and not position.get("marks"))  # a resnapshot's records are changes
+
+    def _save_bounded(self, staged: list[Mapping[str, Any]], token: Mapping[str, Any],
+                      batch_id: int | None) -> None:
+        """Commit changes holding a resnapshot's ``snapshotStart``/``snapshotEnd`` records.
+
+        Each record ends a commit of its own (with the changes before it and its
+        position as the token): the start notes where the copy's rows begin, the
+        end deletes every key the copy did not bring (``_delta_resnapshot``).
+        """
+        done = 0
+        try:
+            for i, change in enumerate(staged):
+                kind = boundary(change)
+                if kind is None:
+                    continue
+                part = staged[done:i]
+                if kind == START:
+                    self._commit_changes(part, change["_id"], resnapshot="open")
+                else:
+                    if part:
+                        self._commit_changes(part, part[-1]["_id"])
+                    self._commit(None, None, change["_id"],
+                                 resnapshot="abandon" if interrupted(change) else "close")
+                done = i + 1
+            if done < len(staged):
+                self._commit_changes(staged[done:], token, batch_id)
+        except BaseException:
+            self._staged = staged[done:] + self._staged  # a retried save commits them
+            raise
+        self._maybe_compact()
+
+    def _commit_changes(self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any],
+                        batch_id: int | None = None, *, resnapshot: str | None = None) -> None:
+        batch = merge_columns(changes, full_document=self.full_document,
+                              json_options=self._json_options) if changes else None
+        self._commit(batch, batch_id, token, resnapshot=resnapshot)
 
     def _base_rows(self, staged: Sequence[Mapping[str, Any]]) -> pa.Table:
         """Snapshot records as a merge table: one upsert per key, no collapse needed."""
-        keys, documents = [], []
-        for change in staged:
-            try:
-                key = change["documentKey"]["_id"]
-            except (KeyError, TypeError):
-                continue  # a record of no document (snapshotInterrupted)
-            documents.append(change["fullDocument"])
-            keys.append(key)
-        texts = [key_json(key, self._json_options) for key in keys]
-        rows = source_table(texts, ["upsert"] * len(texts), documents, self.schema, self._json_options,
-                       self._drift)
-        return rows.sort_by(KEY)  # tight key ranges in the file's statistics
+        return base_rows(staged, self.schema, self._json_options, self._drift)
 
     # -- the handler -------------------------------------------------------------------------
     def __call__(self, change: Mapping[str, Any]) -> None:
@@ -508,10 +551,14 @@ class DeltaSink:
         cleared: bool = False,
         base: bool = False,
         before: Callable[[int], None] | None = None,
+        resnapshot: str | None = None,
     ) -> bool:
         """One commit of the batch's rows, its version and token; retried on conflicts.
 
         ``before(version)`` runs right before the commit (the history table's commit).
+        ``resnapshot``: ``"open"`` notes that a resnapshot starts after these rows,
+        ``"close"`` appends the deletes of the keys it did not bring (and ends it),
+        ``"abandon"`` ends it without deletes (the copy was cut short).
         """
         drift = self._drift
         if drift is not None and drift.evolve:
@@ -536,10 +583,18 @@ class DeltaSink:
             metadata[_META_TOKEN] = json_util.dumps(
                 ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON
             )
+        since = self._resnapshot_from
         for attempt in self._retrying():
             with attempt:
                 table = self.table() or self._create()
                 applied = self._check_writer(table)
+                metadata.pop(_META_RESNAPSHOT, None)
+                if resnapshot == "open":
+                    since = first_seq(table.version() + 1)  # above every row of this commit
+                elif resnapshot == "close" and since is not None:
+                    source = stale_deletes(table, since, self._table_schema)
+                if since is not None and resnapshot in (None, "open"):
+                    metadata[_META_RESNAPSHOT] = str(since)
                 number = version if version is not None or source is None else (
                     -1 if applied is None else applied) + 1
                 if number is not None and applied is not None and number <= applied:
@@ -567,6 +622,8 @@ class DeltaSink:
                 if number is not None:
                     self._seen_version = number
         self.commits += 1
+        if resnapshot is not None:
+            self._resnapshot_from = since if resnapshot == "open" else None
         if drift is not None:  # counted once committed (a failed batch is counted when retried)
             drift.rescued += drift.pending if source is not None else 0
             drift.pending = 0
@@ -589,23 +646,12 @@ class DeltaSink:
 
     def _retrying(self) -> tenacity.Retrying:
         """Bounded retries, jittered backoff, of commits that conflicted with other writers'."""
-
-        def give_up(state: tenacity.RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            raise DeltaSinkError(
-                f"the Delta table at {self.path} kept changing under this writer: "
-                f"{state.attempt_number} commits conflicted with other writers' ({exc})"
-            ) from exc
-
-        return tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(CommitFailedError),
-            stop=tenacity.stop_after_attempt(_COMMIT_ATTEMPTS),
-            wait=tenacity.wait_random_exponential(multiplier=0.05, max=2.0),
-            retry_error_callback=give_up,
-        )
+        return commit_retries(self.path)
 
     # -- compaction ----------------------------------------------------------------------------
     def _maybe_compact(self) -> None:
+        if self._resnapshot_from is not None:
+            return  # compaction renumbers rows to _seq 0: wait for the resnapshot's end
         table = self.table()
         assert table is not None
         size = log_size(table)
@@ -617,8 +663,13 @@ class DeltaSink:
         """Fold the whole change log into the base now, in a commit of its own (no logical change).
 
         Rewrites only the base files whose key ranges the log touches. Runs
-        by itself when the log is large enough; ``None``: there was no log.
+        by itself when the log is large enough; ``None``: there was no log, or a
+        resnapshot is under way (its end needs the rows' numbers; it compacts after).
         """
+        if self._position is _UNKNOWN:
+            self.load()
+        if self._resnapshot_from is not None:
+            return None
         result: Compaction | None = None
         for attempt in self._retrying():
             with attempt:
@@ -662,6 +713,27 @@ class DeltaSink:
                     storage_options=self._storage_options)
         if result is not None:
             self.compactions.append(result)
+
+    # -- verifying ---------------------------------------------------------------------------
+    def verify(self, collection: Any, *, examples: int = 5) -> Verification:
+        """Compare the table with ``collection`` at the table's position; a :class:`Verification`.
+
+        The collection is read with ``readConcern: {level: "snapshot",
+        atClusterTime: T}``, ``T`` the cluster time of the stored token, so both
+        sides are the same moment. Rows are compared by hashes of key ranges
+        (vectorised; a range is drilled into only when it differs), which also
+        catches damage Delta cannot see (a data file missing from the log). A
+        server that no longer keeps ``T`` (SnapshotTooOld) raises
+        :class:`DeltaSinkError`: catch up first (``changestream mirror --verify``
+        does). In the middle of a copy, the documents not copied yet are
+        missing. Nothing is written.
+        """
+        delta = self.table()
+        compacted = delta is not None and log_size(delta).log_rows == 0
+        return verify_table(
+            collection, self.load(), delta if compacted else None, self.read_current,
+            self._table_schema, self.schema, self._json_options, examples=examples,
+        )
 
     def finish(self) -> Compaction | None:
         """Compact what is logged: afterwards every reader sees the current state, plainly.

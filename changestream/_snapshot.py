@@ -90,6 +90,8 @@ class SnapshotPosition:
     """The copied collection's UUID, as hex (a drop or rename is noticed on restart)."""
     last_id: Any = None
     has_last: bool = False
+    marks: bool = False
+    """Copying with boundary records (``snapshotStart``/``snapshotEnd``): a resnapshot."""
 
     def document(self) -> dict[str, Any]:
         """The position as stored (in the token slot of a token store)."""
@@ -100,6 +102,8 @@ class SnapshotPosition:
             doc["uuid"] = self.uuid
         if self.has_last:
             doc["lastId"] = self.last_id
+        if self.marks and self.phase == "copy":
+            doc["marks"] = True
         return doc
 
     @classmethod
@@ -115,7 +119,8 @@ class SnapshotPosition:
         coll_uuid = doc.get("uuid")
         if coll_uuid is not None and not isinstance(coll_uuid, str):
             raise SnapshotError("snapshot position has a malformed collection 'uuid'")
-        return cls(phase, at, read_at, coll_uuid, doc.get("lastId"), "lastId" in doc)
+        return cls(phase, at, read_at, coll_uuid, doc.get("lastId"), "lastId" in doc,
+                   doc.get("marks") is True)
 
     def streaming(self) -> SnapshotPosition:
         return SnapshotPosition("stream", self.at, self.read_at, self.uuid)
@@ -262,6 +267,8 @@ def copy_pipeline(
     if position.uuid is not None:
         key["uuid"] = {"$literal": position.uuid}
     key["lastId"] = "$_id"
+    if position.marks:
+        key["marks"] = {"$literal": True}
     stages.append(
         {
             "$replaceWith": {
@@ -321,9 +328,13 @@ class SnapshotCopy:
         position: SnapshotPosition | None = None,
         *,
         batch_size: int = DEFAULT_COPY_BATCH,
+        marks: bool = False,
     ) -> None:
         if position is not None and position.phase != "copy":
             raise SnapshotError("a stream-phase position has nothing left to copy")
+        self.marks = marks if position is None else position.marks
+        """Deliver ``snapshotStart`` (after the read time is chosen) and ``snapshotEnd``."""
+        self.interrupted = False
         self.db = db
         self.coll = coll
         self.pipeline = list(pipeline)
@@ -376,10 +387,12 @@ class SnapshotCopy:
                 )
             pos = self.position
             if pos is None:
-                self.position = SnapshotPosition("copy", read_at, read_at, self._uuid)
-            else:
-                self.overruns += 1
-                self.position = dataclasses.replace(pos, read_at=read_at)
+                self.position = SnapshotPosition("copy", read_at, read_at, self._uuid,
+                                                 marks=self.marks)
+                self._state = "open"
+                return [self._start_record()] if self.marks else []
+            self.overruns += 1
+            self.position = dataclasses.replace(pos, read_at=read_at)
             self._state = "open"
             return []
         batch = cursor["firstBatch"] if self._state == "open" else cursor["nextBatch"]
@@ -429,8 +442,33 @@ class SnapshotCopy:
             return self._state in ("open", "more")
         return code in _INTERRUPTING and self._state in ("open", "more")
 
+    def _start_record(self) -> dict[str, Any]:
+        """The resnapshot's first record: the copy reads at ``T`` from here on."""
+        pos = self.position
+        assert pos is not None
+        return {
+            "_id": pos.document(),
+            "operationType": "snapshotStart",
+            "ns": {"db": self.db, "coll": self.coll},
+            "snapshot": {"atClusterTime": pos.read_at},
+        }
+
+    def end_record(self) -> dict[str, Any]:
+        """The resnapshot's last record: every document of the copy came before it."""
+        pos = self.finished_position()
+        info: dict[str, Any] = {"atClusterTime": pos.at}
+        if self.interrupted:
+            info["interrupted"] = True
+        return {
+            "_id": pos.document(),
+            "operationType": "snapshotEnd",
+            "ns": {"db": self.db, "coll": self.coll},
+            "snapshot": info,
+        }
+
     def _interrupt(self, reason: str, code: int | None) -> list[Any]:
         self.done = True
+        self.interrupted = True
         pos = self.position
         assert pos is not None
         info: dict[str, Any] = {
@@ -506,6 +544,7 @@ class SnapshotRun:
         start: Mapping[str, Any] | None = None,
         *,
         copy_batch_size: int = DEFAULT_COPY_BATCH,
+        marks: bool = False,
     ) -> None:
         if isinstance(copy_batch_size, bool) or not isinstance(copy_batch_size, int) or copy_batch_size < 1:
             raise ValueError(f"copy_batch_size must be an integer >= 1, not {copy_batch_size!r}")
@@ -515,7 +554,7 @@ class SnapshotRun:
         """Where a new run would continue after the last delivered record (``None``: not started)."""
         self.copy: SnapshotCopy | None = None
         if start is None:
-            self.copy = SnapshotCopy(db, coll, pipeline, batch_size=copy_batch_size)
+            self.copy = SnapshotCopy(db, coll, pipeline, batch_size=copy_batch_size, marks=marks)
         elif is_snapshot_position(start):
             position = SnapshotPosition.parse(start)
             if position.phase == "copy":
@@ -557,6 +596,9 @@ class SnapshotRun:
                 return RunCommand(copy.next_command())
             self.copy = None
             self.token = copy.finished_position().document()
+            if copy.marks:
+                self._take([copy.end_record()])
+                return self.next_action()
         return UseStream(self._stream_start())
 
     def _stream_start(self) -> dict[str, Any]:

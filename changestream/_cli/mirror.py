@@ -133,6 +133,19 @@ def _parser() -> argparse.ArgumentParser:
         "one cluster time (default %(default)s)",
     )
     parser.add_argument(
+        "--verify", action="store_true",
+        help="compare the table with the collection at the table's position (a snapshot read; "
+        "if the server no longer keeps it, catch up first), print the counts of missing, extra "
+        "and different keys with examples, and exit 1 if they differ (0 if equal); writes "
+        "nothing else",
+    )
+    parser.add_argument(
+        "--on-history-lost", choices=("raise", "resnapshot"), default="raise",
+        help="when the oplog no longer holds the table's position (code 286): exit 1 with "
+        "advice (raise, default), or copy the collection into the table again and drop the "
+        "documents the copy did not bring (resnapshot)",
+    )
+    parser.add_argument(
         "--until-idle", type=_seconds, metavar="SECONDS",
         help="exit (status 0) once caught up: the table holds every change made before the "
         "command started (never during the snapshot or a backlog) and no change arrived for "
@@ -205,6 +218,8 @@ def main(argv: list[str]) -> int:
                      json_mode=args.json_mode, schema=schema, history=args.history,
                      on_mismatch=args.on_mismatch, evolve=args.evolve)
     with panics_held():  # delta-rs's writer threads may panic on a failed write: one line, ours
+        if args.verify:
+            return _verify(args, client, sink)
         return _mirror(args, client, sink)
 
 
@@ -220,6 +235,45 @@ def _request(target: str) -> int:
     _say(f"re-snapshot requested (table version {version}): the mirror running on {target} "
          "re-reads the collection in chunks while it streams; its status line shows progress")
     return 0
+
+
+def _verify(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink: Any) -> int:
+    """``--verify``: the table against the collection; 0 equal, 1 different (or an error)."""
+    from ..delta import DeltaSinkError
+
+    try:
+        problem = _reach(client, args.connect_timeout, args.uri)
+        if problem is not None:
+            _say(_redact(problem, args.uri))
+            return 1
+        collection = client[args.db][args.coll]
+        try:
+            result = sink.verify(collection)
+        except DeltaSinkError as exc:  # mid-copy, or the position is too old: catch up first
+            _say(f"{exc}; catching up first")
+            args.until_idle = 0.5 if args.until_idle is None else args.until_idle
+            status = _mirror(args, MongoClient(args.uri, connect=False), sink)
+            if status != 0:
+                return status
+            result = sink.verify(collection)
+    except PyMongoError as exc:
+        _say(_redact(describe_error(exc), args.uri))
+        return 1
+    except Exception as exc:  # the table cannot be read, still mid-copy, ...
+        _say(_redact(sink_failure(exc, args.to, sink), args.uri))
+        return 1
+    finally:
+        client.close()
+    _say(("verified: " if result.ok else "DIFFERENT: ") + result.summary())
+    return 0 if result.ok else 1
+
+
+def _resnapshot_gap(gap: Any) -> None:
+    """One line on stderr: the history was lost and the table is copied anew."""
+    after = "?" if gap.lost_after is None else f"{gap.lost_after:%Y-%m-%d %H:%M:%S} UTC"
+    _say(f"the oplog no longer holds the table's position (changes after {after} are lost): "
+         "copying the collection into the table again; documents it no longer has are "
+         "deleted when the copy ends")
 
 
 def _app_id(text: str) -> str:
@@ -297,7 +351,8 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
             client[args.db][args.coll], resnapshot, resnapshot, initial_snapshot=True,
             watch_options={"full_document": args.full_document, "max_await_time_ms": 500},
             save_every=args.batch, save_interval=args.batch_seconds, stop=stop,
-            oversize=args.oversize,
+            oversize=args.oversize, on_history_lost=args.on_history_lost,
+            gap=_resnapshot_gap if args.on_history_lost == "resnapshot" else None,
             on_stats=sink.reporting(progress), stats_interval=progress.interval,
             stop_on_signals=True,
         )

@@ -151,7 +151,8 @@ def consume(
                               on_history_lost=on_history_lost, gap=gap)
     if settings.resnapshot:
         open_stream = resnapshotting(open_stream, stream_opener(
-            source, initial_snapshot=True, pipeline=pipeline, watch_options=watch_options))
+            source, initial_snapshot=True, pipeline=pipeline, watch_options=watch_options,
+            oversize=oversize, marks=True))
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,
               stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout,

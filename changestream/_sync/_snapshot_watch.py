@@ -44,6 +44,7 @@ def snapshot_then_watch(
     *,
     resume_after: Mapping[str, Any] | None = None,
     copy_batch_size: int = DEFAULT_COPY_BATCH,
+    marks: bool = False,
     **watch_options: Any,
 ) -> SnapshotThenWatch:
     """Every document of a collection as it was at one cluster time T, then its changes after T.
@@ -57,7 +58,11 @@ def snapshot_then_watch(
     position after the last returned record or change: pass it back as
     ``resume_after`` to continue (the copy from the next ``_id`` at the same
     T, or the stream). ``watch_options`` are ``watch``'s, except the start
-    options. See ``docs/snapshot.md`` for the guarantees.
+    options. ``marks=True`` (what ``on_history_lost="resnapshot"`` uses) also
+    yields a ``snapshotStart`` record before the first document and a
+    ``snapshotEnd`` record after the last, so a sink can drop the documents
+    the copy did not bring (a restart within the copy keeps the marks). See
+    ``docs/snapshot.md`` for the guarantees.
     """
     target = unwrap(target)
     if not isinstance(target, Collection):
@@ -66,7 +71,8 @@ def snapshot_then_watch(
             f"collection), not {type(target).__name__}"
         )
     check_watch_options(watch_options)
-    return SnapshotThenWatch(target, pipeline, resume_after, copy_batch_size, watch_options)
+    return SnapshotThenWatch(target, pipeline, resume_after, copy_batch_size, watch_options,
+                                  marks=marks)
 
 
 class SnapshotThenWatch:
@@ -79,13 +85,15 @@ class SnapshotThenWatch:
         resume_after: Mapping[str, Any] | None,
         copy_batch_size: int,
         watch_options: dict[str, Any],
+        *,
+        marks: bool = False,
     ) -> None:
         self._collection = collection
         self._pipeline = list(pipeline or [])
         self._options = watch_options
         self._run = SnapshotRun(
             collection.database.name, collection.name, self._pipeline, resume_after,
-            copy_batch_size=copy_batch_size,
+            copy_batch_size=copy_batch_size, marks=marks,
         )
         self._session = collection.database.client.start_session(causal_consistency=False)
         self._stream: ChangeStream[Any] | None = None
@@ -233,10 +241,12 @@ def stream_opener(
     pipeline: list[Mapping[str, Any]] | None,
     watch_options: Mapping[str, Any] | None,
     oversize: str = "fail",
+    marks: bool = False,
 ) -> Any:
     """``consume``'s ``open_stream``: ``source`` itself, or one built for a collection.
 
-    ``oversize="split"`` opens it with ``reassemble_split_events=True``.
+    ``oversize="split"`` opens it with ``reassemble_split_events=True``;
+    ``marks=True``: a new copy is bounded by ``snapshotStart``/``snapshotEnd`` records.
     """
     source = unwrap(source)
     is_collection = isinstance(source, Collection)
@@ -255,7 +265,7 @@ def stream_opener(
         if opens_snapshot(token, initial_snapshot):
             return snapshot_then_watch(
                 source, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
-                **options,
+                marks=marks, **options,
             )
         return watch(source, pipeline, resume_after=token, **options)
 

@@ -408,17 +408,22 @@ def test_history_lost_resnapshot_copies_the_collection_again(tmp_path: Path) -> 
         store.save(start_token(coll))
         coll.insert_many([{"_id": i} for i in range(50)])
         seen: list[Any] = []
+        bounds: list[str] = []
         gaps: list[changestream.HistoryGap] = []
         stop = threading.Event()
 
         def handle(change: Any) -> None:
+            if change["operationType"] in ("snapshotStart", "snapshotEnd"):
+                bounds.append(change["operationType"])  # where the new copy begins and ends
+                if change["operationType"] == "snapshotEnd":
+                    stop.set()
+                return
             seen.append(change)
-            if len(seen) == 50:
-                stop.set()
 
         changestream.consume(coll, handle, store, stop=stop, workers=4,
                              on_history_lost="resnapshot", gap=gaps.append,
                              watch_options=FAST)
+    assert bounds[0] == "snapshotStart" and bounds[-1] == "snapshotEnd"
     assert sorted(c["documentKey"]["_id"] for c in seen) == list(range(50))
     assert all("snapshot" in c for c in seen), "snapshot records are marked"
     assert [g.action for g in gaps] == ["resnapshot"]

@@ -1,0 +1,161 @@
+"""``mirror`` end to end through the simulator: does the Delta sink keep up with its stream?
+
+    python -m benchmarks.mirror_e2e                          # 100k and 1M documents
+    python -m benchmarks.mirror_e2e --sizes 100000 --changes 50000
+
+For each size, in one run against one simulator (a child process, so its CPU
+is not this process's):
+
+1. **first load**: ``--docs`` orders of about 230 bytes
+   (``delta_table_bench.document``) are inserted, then
+   ``consume(initial_snapshot=True)`` fills a new table with
+   :class:`~changestream.delta.DeltaSink` as handler and store, as ``mirror``
+   does (``save_every`` 10,000, ``full_document="updateLookup"``);
+2. a backlog of ``--changes`` changes (80% updates of the newest 5% of keys,
+   20% inserts) is written while nothing consumes;
+3. **no-op**: the same stream, from the table's position, into a handler
+   that does nothing (a memory token store), ``save_every`` 10,000; run
+   before and after 4, the faster of the two counts (a warm server cache
+   favours neither side);
+4. **mirror**: the same stream into the ``DeltaSink`` (its compactions
+   included, and ``finish()`` at the end, as ``--until-idle`` does).
+
+Reported: documents/s of the first load, changes/s of 3 and 4 and their
+ratio (target: the sink keeps >= 80% of the no-op rate), this process's peak
+RSS after each step, and the load average (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pymongo import InsertOne, MongoClient, UpdateOne
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import changestream
+from benchmarks.bench_client import simulator
+from benchmarks.delta_table_bench import document, oid
+from changestream.delta import DeltaSink
+from changestream.stores import MemoryTokenStore, StoredToken
+
+WATCH = {"full_document": "updateLookup", "max_await_time_ms": 200, "copy_batch_size": 10_000}
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def preload(coll: Any, docs: int) -> None:
+    rng = random.Random(1)
+    for start in range(0, docs, 10_000):
+        coll.insert_many([document(n, 0, rng) for n in range(start, min(docs, start + 10_000))],
+                         ordered=False)
+
+
+def backlog(coll: Any, docs: int, changes: int) -> int:
+    """80% updates of the newest 5% of keys, 20% inserts of new keys; the new key count."""
+    rng = random.Random(2)
+    next_key = docs
+    ops: list[Any] = []
+    for _ in range(changes):
+        if rng.random() < 0.2:
+            ops.append(InsertOne(document(next_key, 0, rng)))
+            next_key += 1
+        else:
+            key = next_key - 1 - rng.randrange(max(1, next_key // 20))
+            ops.append(UpdateOne({"_id": oid(key)}, {"$inc": {"v": 1}, "$set": {"status": "paid"}}))
+        if len(ops) == 5_000:
+            coll.bulk_write(ops, ordered=False)
+            ops = []
+    if ops:
+        coll.bulk_write(ops, ordered=False)
+    return next_key
+
+
+def run(coll: Any, handler: Callable[[Any], None], store: Any, count: int, **options: Any
+        ) -> float:
+    """Seconds until ``count`` changes were handled (and stored)."""
+    stop = threading.Event()
+    seen = [0]
+
+    def handle(change: Any) -> None:
+        handler(change)
+        seen[0] += 1
+        if seen[0] >= count:
+            stop.set()
+
+    began = time.perf_counter()
+    changestream.consume(coll, handle, store, stop=stop, save_every=10_000, watch_options=WATCH,
+                         **options)
+    return time.perf_counter() - began
+
+
+def one_size(uri: str, docs: int, changes: int, workdir: str) -> dict[str, float]:
+    with MongoClient(uri) as client:
+        coll = client.bench[f"orders_{docs}"]
+        began = time.perf_counter()
+        preload(coll, docs)
+        print(f"[{docs:,}] preloaded in {time.perf_counter() - began:.0f} s", flush=True)
+        sink = DeltaSink(os.path.join(workdir, f"t{docs}"), full_document="updateLookup")
+        load_seconds = run(coll, sink, sink, docs, initial_snapshot=True)
+        print(f"[{docs:,}] first load: {docs / load_seconds:,.0f} docs/s "
+              f"(peak RSS {peak_rss_mb():.0f} MB)", flush=True)
+        stored = sink.load()
+        assert stored is not None
+        start = StoredToken(stored.token, None, stored.saved_at)
+        backlog(coll, docs, changes)
+        noop_rates = []
+        for attempt in ("before", "after"):  # around the sink's run: the better one counts
+            noop_seconds = run(coll, lambda change: None, MemoryTokenStore(start), changes,
+                               initial_snapshot=True)
+            noop_rates.append(changes / noop_seconds)
+            print(f"[{docs:,}] no-op consumer ({attempt}): {noop_rates[-1]:,.0f} changes/s",
+                  flush=True)
+            if attempt == "before":
+                began = time.perf_counter()
+                run(coll, sink, sink, changes, initial_snapshot=True)
+                sink.finish()
+                mirror = changes / (time.perf_counter() - began)
+        noop = max(noop_rates)
+        print(f"[{docs:,}] DeltaSink (mirror): {mirror:,.0f} changes/s = {mirror / noop:.0%} of "
+              f"the no-op rate (peak RSS {peak_rss_mb():.0f} MB; load average "
+              f"{os.getloadavg()[0]:.1f})", flush=True)
+        state = sink.read_current().num_rows
+        assert state == coll.estimated_document_count(), (state, coll.estimated_document_count())
+        coll.drop()
+        return {"load": docs / load_seconds, "noop": noop, "mirror": mirror}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100000,1000000")
+    parser.add_argument("--changes", type=int, default=100_000)
+    args = parser.parse_args()
+    workdir = tempfile.mkdtemp(prefix="mirror-e2e-")
+    rows = []
+    try:
+        with simulator("8.0", ("--event-cache-mb", "512")) as (uri, _pid):
+            for docs in (int(size) for size in args.sizes.split(",")):
+                rows.append((docs, one_size(uri, docs, args.changes, workdir)))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print("\n| documents | first load (docs/s) | no-op (changes/s) | DeltaSink (changes/s) | "
+          "ratio |\n|---:|---:|---:|---:|---:|")
+    for docs, r in rows:
+        print(f"| {docs:,} | {r['load']:,.0f} | {r['noop']:,.0f} | {r['mirror']:,.0f} | "
+              f"{r['mirror'] / r['noop']:.0%} |")
+    print(f"peak RSS {peak_rss_mb():.0f} MB; load average {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -30,6 +30,11 @@ def missing_members(cls: type) -> set[str]:
     return {name for name in view_members() if not hasattr(cls, name)}
 
 
+OPTIONAL = frozenset({"pyarrow", "deltalake", "numpy", "duckdb", "pyspark", "pandas",
+                      "prometheus_client", "opentelemetry"})
+"""Packages of the extras: a module needing one that is not installed holds no stream class."""
+
+
 def polled_classes() -> list[type]:
     """Every class defined in the client (not the simulator) that has ``try_next``."""
     found: dict[str, type] = {}
@@ -38,7 +43,14 @@ def polled_classes() -> list[type]:
                                  "changestream.exporters", "changestream.delta")) or (
                 info.name.endswith("__main__")):
             continue
-        module = importlib.import_module(info.name)
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError as exc:  # a module of an extra that is not installed
+            missing = exc if isinstance(exc, ModuleNotFoundError) else exc.__cause__
+            if (isinstance(missing, ModuleNotFoundError)
+                    and (missing.name or "").split(".")[0] in OPTIONAL):
+                continue
+            raise
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ == module.__name__ and hasattr(cls, "try_next"):
                 found[f"{cls.__module__}.{cls.__qualname__}"] = cls

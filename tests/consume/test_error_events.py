@@ -19,8 +19,6 @@ from pymongo import AsyncMongoClient, MongoClient
 import changestream
 import changestream.aio
 from changestream import NotResumableError, OnError
-from changestream.spark_adapter._convert import is_error_event
-from changestream.spark_adapter._prefetch import Prefetcher
 from changestream.stores import MemoryTokenStore
 
 FAST = {"max_await_time_ms": 50}
@@ -134,6 +132,10 @@ def test_async_consume_stops_at_an_error_event(mongodb_uri: str, names: tuple[st
 
 # -- the Spark source: its fetcher stops at an error event, after what came before -----------
 def test_spark_fetcher_stops_with_a_clear_error_at_an_error_event(coll: Any) -> None:
+    pytest.importorskip("pyarrow", reason="the Spark adapter needs the spark extra")
+    from changestream.spark_adapter._convert import is_error_event
+    from changestream.spark_adapter._prefetch import Prefetcher
+
     token = start_token(coll)
     coll.insert_many([{"_id": 1}, {"_id": 2, "bad": True}, {"_id": 3}])
     stream = changestream.watch(coll, AS_ERROR, resume_after=token, **FAST)

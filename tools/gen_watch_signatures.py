@@ -10,7 +10,8 @@ writes them between marker comments, from one table:
 * names and static types: the ``TypedDict`` s of ``changestream/_watch_types.py``
   (``WatchOptions``, ``AsyncWatchOptions``; read with :mod:`ast`);
 * defaults ("not set"): the field defaults of the runtime option table,
-  :class:`changestream._options.ChangeStreamOptions`.
+  :class:`changestream._options.ChangeStreamOptions` (also read with :mod:`ast`, so the
+  script needs nothing installed).
 
 ``tests/test_typing.py`` fails when the committed code differs from what this
 script writes (like PyMongo's synchro check) and when the two tables name
@@ -28,13 +29,13 @@ Run from the checkout: ``python tools/gen_watch_signatures.py`` (rewrite the fil
 from __future__ import annotations
 
 import ast
-import dataclasses
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = ROOT / "changestream" / "_watch_types.py"
+OPTIONS = ROOT / "changestream" / "_options.py"
 FILES = (ROOT / "changestream" / "_sync" / "_api.py", ROOT / "changestream" / "aio" / "_api.py")
 BEGIN = "# BEGIN generated watch options: "
 END = "# END generated watch options"
@@ -67,14 +68,16 @@ def typed_options() -> dict[str, dict[str, str]]:
 
 
 def defaults() -> dict[str, str]:
-    """``{option: default source}`` from the runtime table (every option has a default)."""
-    sys.path.insert(0, str(ROOT))
-    from changestream._options import ChangeStreamOptions
-
+    """``{option: default source}`` from the runtime table (every option has a default), read
+    with :mod:`ast` as the TypedDicts are: the script runs without PyMongo installed."""
+    tree = ast.parse(OPTIONS.read_text())
+    table = next(node for node in tree.body
+                 if isinstance(node, ast.ClassDef) and node.name == "ChangeStreamOptions")
     return {
-        field.name: repr(field.default)
-        for field in dataclasses.fields(ChangeStreamOptions)
-        if field.name not in EXPLICIT
+        statement.target.id: ast.unparse(statement.value)
+        for statement in table.body
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+        and statement.value is not None and statement.target.id not in EXPLICIT
     }
 
 

@@ -24,7 +24,7 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 from pymongo.read_preferences import ReadPreference
 
-from .. import describe_error
+from .. import ConsumeError, TokenStoreError, describe_error
 from .._consumer.dead_ends import DEAD_END_MARK
 from .._diagnosis import authentication_failed, wrong_credentials_message
 
@@ -34,6 +34,7 @@ __all__ = [
     "call_seconds",
     "collection_name",
     "database_name",
+    "failure_line",
     "log_level",
     "milliseconds",
     "one_line",
@@ -256,6 +257,18 @@ def _set_name_hint(exc: PyMongoError, uri: str) -> str:
         return ""
     return (f"; no member answered as replica set {wanted[0]!r}: check that the URI's "
             f"replicaSet= is the set's name (rs.status().set), or leave it out")
+
+
+def failure_line(exc: BaseException, uri: str, target: str, sink: Any) -> str:
+    """The one line ``mirror`` ends with for ``exc``: a dead end's own advice, the server's
+    error, or the table's failure (:func:`sink_failure`), never the URI's credentials."""
+    if isinstance(exc, (ConsumeError, TokenStoreError)):
+        text = str(exc)
+    elif isinstance(exc, PyMongoError):
+        text = describe_error(exc)
+    else:
+        text = sink_failure(exc, target, sink)
+    return redact(text, uri)
 
 
 def sink_failure(exc: BaseException, target: str, sink: Any) -> str:

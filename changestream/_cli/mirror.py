@@ -23,23 +23,24 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from .. import ConsumeError, StreamInvalidatedError, TokenStoreError, consume, describe_error
+from .. import StreamInvalidatedError, consume, describe_error
 from .common import (
     DEFAULT_CONNECT_TIMEOUT,
+    Parser,
+    call_seconds,
     cluster_time,
     collection_name,
     database_name,
+    failure_line,
+    log_level,
     not_dead_end,
+    positive_int,
+    reach,
+    redact,
+    say,
+    seconds,
     sink_failure,
 )
-from .common import Parser as _Parser
-from .common import call_seconds as _call_seconds
-from .common import log_level as _log_level
-from .common import positive_int as _positive_int
-from .common import reach as _reach
-from .common import redact as _redact
-from .common import say as _say
-from .common import seconds as _seconds
 from .native_stderr import panics_held
 from .progress import StatusLine, WatchProgress
 
@@ -47,7 +48,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="changestream mirror",
         description="Keep a Delta Lake table equal to a collection: a consistent snapshot when "
         "the table is new, then the change stream, exactly once (the resume token is committed "
@@ -106,11 +107,11 @@ def _parser() -> argparse.ArgumentParser:
         "valid_to by a query), SCD type 2; committed exactly once with the table",
     )
     parser.add_argument(
-        "--batch", type=_positive_int, default=10_000, metavar="N",
+        "--batch", type=positive_int, default=10_000, metavar="N",
         help="commit after N changes at most (default %(default)s)",
     )
     parser.add_argument(
-        "--batch-seconds", type=_seconds, default=5.0, metavar="S",
+        "--batch-seconds", type=seconds, default=5.0, metavar="S",
         help="commit at least every S seconds while changes come (default %(default)s)",
     )
     parser.add_argument(
@@ -124,11 +125,11 @@ def _parser() -> argparse.ArgumentParser:
         "streams (a signal commit in the table), then exit; a mirror started later takes it up",
     )
     parser.add_argument(
-        "--resnapshot-chunk", type=_positive_int, default=10_000, metavar="N",
+        "--resnapshot-chunk", type=positive_int, default=10_000, metavar="N",
         help="documents per chunk of a re-snapshot (default %(default)s)",
     )
     parser.add_argument(
-        "--snapshot-readers", type=_positive_int, default=1, metavar="N",
+        "--snapshot-readers", type=positive_int, default=1, metavar="N",
         help="read a new table's first copy with N readers in parallel, over _id ranges, at "
         "one cluster time (default %(default)s)",
     )
@@ -146,13 +147,13 @@ def _parser() -> argparse.ArgumentParser:
         "documents the copy did not bring (resnapshot)",
     )
     parser.add_argument(
-        "--until-idle", type=_seconds, metavar="SECONDS",
+        "--until-idle", type=seconds, metavar="SECONDS",
         help="exit (status 0) once caught up: the table holds every change made before the "
         "command started (never during the snapshot or a backlog) and no change arrived for "
         "SECONDS (a one-off catch-up, e.g. from cron)",
     )
     parser.add_argument(
-        "--connect-timeout", type=_call_seconds, default=DEFAULT_CONNECT_TIMEOUT, metavar="S",
+        "--connect-timeout", type=call_seconds, default=DEFAULT_CONNECT_TIMEOUT, metavar="S",
         help=f"give up (exit 1) if the deployment cannot be reached within S seconds "
         f"(default {DEFAULT_CONNECT_TIMEOUT:g})",
     )
@@ -191,7 +192,7 @@ def main(argv: list[str]) -> int:
     try:
         from ..delta import DeltaSink, SchemaTextError
     except ImportError as exc:
-        _say(str(exc))
+        say(str(exc))
         return 1
     schema = None
     if args.schema is None and (args.on_mismatch != "fail" or args.evolve):
@@ -208,7 +209,7 @@ def main(argv: list[str]) -> int:
     try:
         client: MongoClient[dict[str, Any]] = MongoClient(args.uri, connect=False)
     except (PyMongoError, ValueError, TypeError) as exc:
-        parser.error(f"invalid URI: {_redact(describe_error(exc), args.uri)}")
+        parser.error(f"invalid URI: {redact(describe_error(exc), args.uri)}")
     if args.coll is None:
         from .mirror_database import mirror_database
 
@@ -230,9 +231,9 @@ def _request(target: str) -> int:
     try:
         version = request_snapshot(target)
     except (ValueError, OSError) as exc:
-        _say(str(exc))
+        say(str(exc))
         return 1
-    _say(f"re-snapshot requested (table version {version}): the mirror running on {target} "
+    say(f"re-snapshot requested (table version {version}): the mirror running on {target} "
          "re-reads the collection in chunks while it streams; its status line shows progress")
     return 0
 
@@ -242,36 +243,36 @@ def _verify(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
     from ..delta import DeltaSinkError
 
     try:
-        problem = _reach(client, args.connect_timeout, args.uri)
+        problem = reach(client, args.connect_timeout, args.uri)
         if problem is not None:
-            _say(_redact(problem, args.uri))
+            say(redact(problem, args.uri))
             return 1
         collection = client[args.db][args.coll]
         try:
             result = sink.verify(collection)
         except DeltaSinkError as exc:  # mid-copy, or the position is too old: catch up first
-            _say(f"{exc}; catching up first")
+            say(f"{exc}; catching up first")
             args.until_idle = 0.5 if args.until_idle is None else args.until_idle
             status = _mirror(args, MongoClient(args.uri, connect=False), sink)
             if status != 0:
                 return status
             result = sink.verify(collection)
     except PyMongoError as exc:
-        _say(_redact(describe_error(exc), args.uri))
+        say(redact(describe_error(exc), args.uri))
         return 1
     except Exception as exc:  # the table cannot be read, still mid-copy, ...
-        _say(_redact(sink_failure(exc, args.to, sink), args.uri))
+        say(redact(sink_failure(exc, args.to, sink), args.uri))
         return 1
     finally:
         client.close()
-    _say(("verified: " if result.ok else "DIFFERENT: ") + result.summary())
+    say(("verified: " if result.ok else "DIFFERENT: ") + result.summary())
     return 0 if result.ok else 1
 
 
 def _resnapshot_gap(gap: Any) -> None:
     """One line on stderr: the history was lost and the table is copied anew."""
     after = "?" if gap.lost_after is None else f"{gap.lost_after:%Y-%m-%d %H:%M:%S} UTC"
-    _say(f"the oplog no longer holds the table's position (changes after {after} are lost): "
+    say(f"the oplog no longer holds the table's position (changes after {after} are lost): "
          "copying the collection into the table again; documents it no longer has are "
          "deleted when the copy ends")
 
@@ -312,7 +313,7 @@ def _schema_text(value: str) -> str:
 
 def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink: Any) -> int:
     logging.basicConfig(level=logging.WARNING, format="changestream: %(message)s")
-    logging.getLogger("changestream").setLevel(_log_level(args))
+    logging.getLogger("changestream").setLevel(log_level(args))
     stop = threading.Event()
     status = StatusLine(sys.stderr) if args.status and sys.stderr.isatty() else None
     progress = WatchProgress(stop, status, args.until_idle)
@@ -328,9 +329,9 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     namespace = f"{args.db}.{args.coll}"
     try:
-        problem = _reach(client, args.connect_timeout, args.uri)
+        problem = reach(client, args.connect_timeout, args.uri)
         if problem is not None:
-            _say(_redact(problem, args.uri))
+            say(redact(problem, args.uri))
             return 1
         if args.until_idle is not None:
             progress.caught_up_to = cluster_time(client)
@@ -338,14 +339,14 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
         if args.snapshot_readers > 1 and _copying(stored):
             from .._parallel_copy import parallel_copy
 
-            _say(f"copying {namespace} into {args.to} with {args.snapshot_readers} readers")
+            say(f"copying {namespace} into {args.to} with {args.snapshot_readers} readers")
             parallel_copy(client[args.db][args.coll], sink, readers=args.snapshot_readers,
                           batch=args.batch)
             stored = resnapshot.load()
         if stored is None:
-            _say(f"mirroring {namespace} into {args.to}: snapshot first; Ctrl-C to stop")
+            say(f"mirroring {namespace} into {args.to}: snapshot first; Ctrl-C to stop")
         else:
-            _say(f"mirroring {namespace} into {args.to} from its last commit "
+            say(f"mirroring {namespace} into {args.to} from its last commit "
                  f"(batch {stored.batch_id}); Ctrl-C to stop")
         result = consume(
             client[args.db][args.coll], resnapshot, resnapshot, initial_snapshot=True,
@@ -359,23 +360,15 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
         if progress.idle_stop:  # caught up: fold the change log, the table is the collection
             sink.finish()
     except KeyboardInterrupt:
-        _say("stopped")
+        say("stopped")
         return 0
     except StreamInvalidatedError as exc:
         progress.clear()
-        _say(f"{namespace} was dropped or renamed; the table holds its last state: {exc}")
+        say(f"{namespace} was dropped or renamed; the table holds its last state: {exc}")
         return 1
-    except (ConsumeError, TokenStoreError) as exc:
+    except Exception as exc:  # a dead end, the server's error, the sink's (a full disk, ...)
         progress.clear()
-        _say(_redact(str(exc), args.uri))
-        return 1
-    except PyMongoError as exc:
-        progress.clear()
-        _say(_redact(describe_error(exc), args.uri))
-        return 1
-    except Exception as exc:  # the sink's own errors (a schema mismatch, a table in use)
-        progress.clear()
-        _say(_redact(sink_failure(exc, args.to, sink), args.uri))
+        say(failure_line(exc, args.uri, args.to, sink))
         return 1
     finally:
         for handler in logging.getLogger().handlers:  # main() may be called as a function
@@ -388,6 +381,6 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
     again = f"; re-snapshot: {done.chunks} chunks, {done.keys} keys re-read, {done.dropped} " \
         f"left to the stream, {done.deleted} deleted" if done.chunks else ""
     rescued = f"; {sink.rescued} values rescued into _rescued" if sink.rescued else ""
-    _say(f"{why}; {result.handled} changes mirrored by this run; {args.to} holds batch "
+    say(f"{why}; {result.handled} changes mirrored by this run; {args.to} holds batch "
          f"{version}{again}{rescued}")
     return 0

@@ -18,14 +18,9 @@ import threading
 from typing import Any
 
 from pymongo import MongoClient
-from pymongo.errors import PyMongoError
 
-from .. import ConsumeError, StreamInvalidatedError, TokenStoreError, consume, describe_error
-from .common import cluster_time, not_dead_end, sink_failure
-from .common import log_level as _log_level
-from .common import reach as _reach
-from .common import redact as _redact
-from .common import say as _say
+from .. import StreamInvalidatedError, consume
+from .common import cluster_time, failure_line, log_level, not_dead_end, reach, redact, say
 from .progress import StatusLine, WatchProgress
 
 __all__ = ["mirror_database"]
@@ -48,7 +43,7 @@ def mirror_database(args: argparse.Namespace, client: MongoClient[dict[str, Any]
     from ..delta import DatabaseDroppedError, DatabaseSink
 
     logging.basicConfig(level=logging.WARNING, format="changestream: %(message)s")
-    logging.getLogger("changestream").setLevel(_log_level(args))
+    logging.getLogger("changestream").setLevel(log_level(args))
     stop = threading.Event()
     status = StatusLine(sys.stderr) if args.status and sys.stderr.isatty() else None
     progress = WatchProgress(stop, status, args.until_idle)
@@ -64,16 +59,16 @@ def mirror_database(args: argparse.Namespace, client: MongoClient[dict[str, Any]
     )
     result = None
     try:
-        problem = _reach(client, args.connect_timeout, args.uri)
+        problem = reach(client, args.connect_timeout, args.uri)
         if problem is not None:
-            _say(_redact(problem, args.uri))
+            say(redact(problem, args.uri))
             return 1
         if args.until_idle is not None:
             progress.caught_up_to = cluster_time(client)
         sink.load()
         copying = sink.copying
         held = len(sink.tables) - len(copying)
-        _say(f"mirroring the database {args.db} into {args.to}: {held} tables from their last "
+        say(f"mirroring the database {args.db} into {args.to}: {held} tables from their last "
              f"commit, {len(copying)} to copy first; Ctrl-C to stop")
         result = consume(
             sink.open_stream, sink, sink, save_every=args.batch, save_interval=args.batch_seconds,
@@ -83,27 +78,19 @@ def mirror_database(args: argparse.Namespace, client: MongoClient[dict[str, Any]
         if progress.idle_stop:  # caught up: the copies finish, every table is compacted
             sink.finish()
     except KeyboardInterrupt:
-        _say("stopped")
+        say("stopped")
         return 0
     except DatabaseDroppedError as exc:
         progress.clear()
-        _say(str(exc))
+        say(str(exc))
         return 1
     except StreamInvalidatedError as exc:
         progress.clear()
-        _say(f"the database {args.db} was dropped; its tables hold their last state: {exc}")
+        say(f"the database {args.db} was dropped; its tables hold their last state: {exc}")
         return 1
-    except (ConsumeError, TokenStoreError) as exc:
+    except Exception as exc:  # a dead end, the server's error, a table's (a full disk, ...)
         progress.clear()
-        _say(_redact(str(exc), args.uri))
-        return 1
-    except PyMongoError as exc:
-        progress.clear()
-        _say(_redact(describe_error(exc), args.uri))
-        return 1
-    except Exception as exc:  # a table's own errors (a table in use, a full disk)
-        progress.clear()
-        _say(_redact(sink_failure(exc, args.to, None), args.uri))
+        say(failure_line(exc, args.uri, args.to, None))
         return 1
     finally:
         sink.close()
@@ -112,6 +99,6 @@ def mirror_database(args: argparse.Namespace, client: MongoClient[dict[str, Any]
         progress.clear()
         client.close()
     why = f"no change for {args.until_idle:g} s" if progress.idle_stop else "stopped"
-    _say(f"{why}; {result.handled} changes mirrored by this run into {len(sink.tables)} tables "
+    say(f"{why}; {result.handled} changes mirrored by this run into {len(sink.tables)} tables "
          f"under {args.to}")
     return 0

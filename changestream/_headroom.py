@@ -29,6 +29,7 @@ from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
 from ._position import Position
+from ._probe import PeriodicRead
 from ._stream_view import StreamView
 from .errors import describe_error
 
@@ -122,8 +123,10 @@ def oplog_client(stream: StreamView) -> tuple[Any, str | None]:
     return client, None
 
 
-class HeadroomProbe:
+class HeadroomProbe(PeriodicRead):
     """When to read the oldest oplog entry, and the headroom it gives (see the module docstring)."""
+
+    what = "oplog headroom"
 
     def __init__(
         self,
@@ -131,14 +134,10 @@ class HeadroomProbe:
         every: float = PROBE_EVERY,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__(every, clock)
         self._warn_below = warn_below
-        self._every = every
-        self._clock = clock
-        self._last: float | None = None
         self.oldest: Timestamp | None = None
         """``ts`` of the oldest oplog entry at the last read (``None``: unknown)."""
-        self.unavailable: str | None = None
-        """Why the headroom cannot be read here (logged once); no more reads then."""
         self.fill: OplogFill | None = None
         """How full the oplog was at the last read (``None``: unknown)."""
         self._said_not_full = False
@@ -149,21 +148,9 @@ class HeadroomProbe:
         """Is the oplog full (``None``: cannot tell)? Not full: no headroom to report."""
         return None if self.fill is None else self.fill.full
 
-    def due(self) -> bool:
-        """Time to read again (never once the deployment said it cannot be read)."""
-        if self.unavailable is not None:
-            return False
-        return self._last is None or self._clock() - self._last >= self._every
-
-    def give_up(self, why: str) -> None:
-        """The headroom cannot be known here: say why, once, and stop reading."""
-        if self.unavailable is None:
-            self.unavailable = why
-            log.info("oplog headroom not reported: %s", why)
-
     def read(self, entry: Mapping[str, Any] | None) -> None:
         """The oldest oplog entry as read (``None``: the oplog was empty or hidden)."""
-        self._last = self._clock()
+        self.read_now()
         ts = None if entry is None else entry.get("ts")
         if isinstance(ts, Timestamp):
             self.oldest = ts
@@ -174,7 +161,7 @@ class HeadroomProbe:
         """The reply to :data:`OPLOG_STATS`: how full the oplog is."""
         fill = oplog_fill(reply)
         if fill is None:
-            self._last = self._clock()
+            self.read_now()
             self.give_up("the oplog's storage stats ($collStats on local.oplog.rs) say nothing "
                          "of its size, so how full it is cannot be told")
             return
@@ -188,7 +175,7 @@ class HeadroomProbe:
     def failed(self, exc: BaseException, *, stats: bool = False) -> None:
         """A read failed (``stats``: the size read): unauthorized, not allowed or not
         supported gives up (the headroom is unknown, never 0); anything else retries later."""
-        self._last = self._clock()
+        self.read_now()
         if isinstance(exc, OperationFailure) and exc.code in _GIVE_UP_CODES:
             what = "$collStats on local.oplog.rs" if stats else "local.oplog.rs"
             unknown = ", so how full the oplog is cannot be told" if stats else ""

@@ -28,6 +28,7 @@ from typing import Any
 from pymongo.errors import OperationFailure
 
 from ._headroom import PROBE_EVERY
+from ._probe import PeriodicRead
 from .errors import describe_error
 
 __all__ = [
@@ -87,32 +88,20 @@ def server_metrics(reply: Mapping[str, Any]) -> ServerMetrics | None:
     )
 
 
-class ServerMetricsProbe:
+class ServerMetricsProbe(PeriodicRead):
     """When to read ``serverStatus``, and what its change-stream counters say."""
 
+    what = "the server's change-stream metrics"
+
     def __init__(self, every: float = PROBE_EVERY, clock: Callable[[], float] = time.monotonic) -> None:
-        self._every = every
-        self._clock = clock
-        self._last: float | None = None
+        super().__init__(every, clock)
         self.latest: ServerMetrics | None = None
         """The last read (``None``: none yet, or the server cannot be asked)."""
         self._before: ServerMetrics | None = None
-        self.unavailable: str | None = None
-        """Why the counters cannot be read here (logged once); no more reads then."""
-
-    def due(self) -> bool:
-        if self.unavailable is not None:
-            return False
-        return self._last is None or self._clock() - self._last >= self._every
-
-    def give_up(self, why: str) -> None:
-        if self.unavailable is None:
-            self.unavailable = why
-            log.info("the server's change-stream metrics not reported: %s", why)
 
     def read(self, reply: Mapping[str, Any]) -> None:
         """A ``serverStatus`` reply."""
-        self._last = self._clock()
+        self.read_now()
         metrics = server_metrics(reply)
         if metrics is None:
             self.give_up("serverStatus has no metrics.changeStreams (MongoDB before 7.0, or "
@@ -122,7 +111,7 @@ class ServerMetricsProbe:
 
     def failed(self, exc: BaseException) -> None:
         """``serverStatus`` failed: refused or unknown gives up; anything else tries later."""
-        self._last = self._clock()
+        self.read_now()
         if isinstance(exc, OperationFailure) and exc.code in _GIVE_UP_CODES:
             self.give_up(f"serverStatus failed ({describe_error(exc)}); grant the user the "
                          "'serverStatus' action (e.g. the clusterMonitor role) to see them")

@@ -132,3 +132,36 @@ def test_panic_reports_are_held_back_and_the_rest_passes() -> None:
     assert shown == ["changestream: before\n", "changestream: after\n",
                      "  indented, not a panic\n"]  # the report's blank lines go with it
     assert panic_filter.panics == ["Already shut down"]
+
+
+def test_mirror_shows_its_status_line_on_a_terminal(
+    rs: ReplicaSet, client: MongoClient[dict[str, Any]], tmp_path: Path
+) -> None:
+    """The panic filter takes file descriptor 2, not Python's stderr: the status line is drawn
+    on a terminal (it was never shown under mirror)."""
+    import os
+    import pty
+
+    client.db.shown.insert_many([{"_id": i} for i in range(2000)])
+    master, slave = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "changestream", "mirror", rs.uri, "--db", "db", "--coll",
+             "shown", "--to", str(tmp_path / "t"), "--until-idle", "2"],
+            stdout=subprocess.PIPE, stderr=slave, text=True)
+        os.close(slave)
+        process.communicate(timeout=180)
+        terminal = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            terminal += chunk
+    finally:
+        os.close(master)
+    screen = terminal.decode()
+    assert process.returncode == 0, screen
+    assert "\r\x1b[K" in screen and "events" in screen, screen

@@ -5,7 +5,8 @@ a lost connection to an object store) those threads may panic, and Rust prints e
 (and, with ``RUST_BACKTRACE`` set, a backtrace) to file descriptor 2 before the Python
 exception arrives. The command already says in one line what failed, so ``mirror`` runs
 with :func:`panics_held`: file descriptor 2 goes through a pipe, a panic's lines are dropped
-(logged at DEBUG), and every other line reaches the terminal unchanged.
+(logged at DEBUG), and every other line reaches the terminal unchanged. Python's own
+``sys.stderr`` keeps writing to the terminal itself (the status line redraws in place).
 """
 
 from __future__ import annotations
@@ -86,11 +87,18 @@ def panics_held() -> Iterator[PanicFilter]:
 
     forwarder = threading.Thread(target=forward, name="changestream-stderr", daemon=True)
     forwarder.start()
+    # Python's own output (log records, the status line with its \r redraws, isatty()) goes
+    # straight to the real stderr; only what native code writes to descriptor 2 is filtered.
+    python_stderr, sys.stderr = sys.stderr, os.fdopen(
+        os.dup(saved), "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None),
+        errors="backslashreplace")
     try:
         yield panic_filter
     finally:
         with contextlib.suppress(ValueError, OSError):
             sys.stderr.flush()
+            sys.stderr.close()
+        sys.stderr = python_stderr
         os.dup2(saved, 2)  # closes the pipe's last write end: the forwarder reads to its end
         forwarder.join(5)
         os.close(saved)

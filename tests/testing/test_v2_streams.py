@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pymongo
@@ -298,5 +299,31 @@ def test_streams_across_a_removed_shard() -> None:
             client.moved.c.insert_one({"_id": "after"})
             batch = get_more(client, "moved", irs)["cursor"]["nextBatch"]
             assert [e["documentKey"] for e in batch] == [{"_id": "after"}]
+        finally:
+            client.close()
+
+
+def test_a_shard_added_after_a_removal_gets_a_name_of_its_own(tmp_path: Path) -> None:
+    """``add_shard`` after ``removeShard`` neither clashes with a shard still there nor
+    reuses a removed shard's name or its directory (its old data)."""
+    with ShardedCluster("9.0", shards=2, mongoses=1, dbpath=tmp_path) as cluster:
+        client: Client = pymongo.MongoClient(cluster.uri)
+        try:
+            first, second = cluster.shard_names
+            client.admin.command("enableSharding", "gone", primaryShard=first)
+            client.gone.c.insert_one({"_id": "on the removed shard"})
+            client.admin.command("removeShard", first)
+            client.admin.command("movePrimary", "gone", to=second)
+            client.gone.c.drop()
+            assert client.admin.command("removeShard", first)["state"] == "completed"
+            cluster.state.retired[first].stop()  # its files are written: not to be loaded
+            added = cluster.add_shard()
+            assert added not in (first, second)
+            assert cluster.shard_names == [second, added]
+            assert not cluster.state.pending
+            new = cluster.state.replica_set(added).deployment
+            with new.lock:
+                assert new.catalog.get("gone", "c") is None
+            assert cluster.add_shard() not in (first, second, added)
         finally:
             client.close()

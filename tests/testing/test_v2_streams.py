@@ -327,3 +327,23 @@ def test_a_shard_added_after_a_removal_gets_a_name_of_its_own(tmp_path: Path) ->
             assert cluster.add_shard() not in (first, second, added)
         finally:
             client.close()
+
+
+def test_every_mongos_reports_the_cluster_fcv() -> None:
+    """After ``setFeatureCompatibilityVersion`` through one mongos, every mongos's
+    ``getParameter`` answers the new FCV (as the shards do), a restarted one too."""
+    with ShardedCluster("9.0", shards=1, mongoses=2) as cluster:
+        first: Client = pymongo.MongoClient(cluster.mongos_uri(0))
+        second: Client = pymongo.MongoClient(cluster.mongos_uri(1))
+        try:
+            first.admin.command("setFeatureCompatibilityVersion", "8.0", confirm=True)
+            cluster.kill_mongos(0)
+            cluster.restart_mongos(0)
+            for client in (first, second):
+                reply = client.admin.command("getParameter", 1, featureCompatibilityVersion=1)
+                assert reply["featureCompatibilityVersion"] == {"version": "8.0"}
+                everything = client.admin.command("getParameter", "*")
+                assert everything["featureCompatibilityVersion"] == {"version": "8.0"}
+        finally:
+            first.close()
+            second.close()

@@ -97,19 +97,30 @@ def test_throughput_sums_grow_with_batches(client: Client) -> None:
     assert after["bytesRead"]["sum"] >= before["bytesRead"]["sum"]
 
 
+def _fail_next_get_more(client: Client, code: int) -> None:
+    client.admin.command(
+        "configureFailPoint", "failGetMoreAfterCursorCheckout", mode={"times": 1},
+        data={"errorCode": code},
+    )  # fmt: skip
+
+
 def test_errors_are_counted_by_kind(client: Client) -> None:
+    """By mongod's ``incrementChangeStreamErrorCounters``: named codes, then the
+    RetriableError category (not the resumable label: StaleConfig 13388 is resumable but
+    not retriable), and only for an open cursor (a ``$changeStream`` refused at parse time
+    counts nothing)."""
     before = metrics(client)["error"]
     with pytest.raises(OperationFailure):
         client.m.e.aggregate([{"$changeStream": {"version": 7}}])  # TypeMismatch (14)
-    client.admin.command(
-        "configureFailPoint", "failGetMoreAfterCursorCheckout", mode={"times": 1},
-        data={"errorCode": 11602},
-    )  # fmt: skip
+    assert metrics(client)["error"] == before
     with client.m.e.watch(max_await_time_ms=50) as stream:
-        client.m.e.insert_one({})
-        assert stream.next()["operationType"] == "insert"  # resumed after the 11602
+        for code in (11602, 13388, 91):
+            _fail_next_get_more(client, code)
+            client.m.e.insert_one({})
+            assert stream.next()["operationType"] == "insert"  # resumed after the error
     after = metrics(client)["error"]
-    assert after["nonRetriable"]["other"] == before["nonRetriable"]["other"] + 1
+    assert after["nonRetriable"]["other"] == before["nonRetriable"]["other"] + 1  # 13388
+    assert after["retriable"]["other"] == before["retriable"]["other"] + 1  # 91
     retriable = after["retriable"]["interruptedDueToReplStateChange"]
     assert retriable == before["retriable"]["interruptedDueToReplStateChange"] + 1
 

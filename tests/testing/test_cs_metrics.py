@@ -153,19 +153,31 @@ def test_split_and_failed_large_events(client: Client) -> None:
     )
 
 
-@pytest.mark.parametrize("version", ["6.0", "8.0"])
+@pytest.mark.parametrize("version", ["5.0.19", "6.0", "8.0"])
 def test_before_90_only_the_old_counters(version: str) -> None:
+    """The large-event counters from 5.0.19, 6.0.7 and 7.0 (SERVER-67699);
+    ``showExpandedEvents`` from 7.1."""
     with ReplicaSet(version) as rs:
         client: Client = pymongo.MongoClient(rs.uri)
         try:
             status = client.admin.command("serverStatus")
-            if version == "6.0":
-                assert "metrics" not in status
-                return
             cs = status["metrics"]["changeStreams"]
+            if version != "8.0":
+                assert cs == {"largeEventsFailed": 0, "largeEventsSplit": 0}
+                return
             assert set(cs) == {"largeEventsFailed", "largeEventsSplit", "showExpandedEvents"}
             client.m.c.watch(show_expanded_events=True).close()
             client.m.c.watch().close()
             assert metrics(client)["showExpandedEvents"] == cs["showExpandedEvents"] + 1
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize("version", ["4.4", "5.0.18", "6.0.6"])
+def test_no_change_stream_metrics_before_the_large_event_counters(version: str) -> None:
+    with ReplicaSet(version) as rs:
+        client: Client = pymongo.MongoClient(rs.uri)
+        try:
+            assert "metrics" not in client.admin.command("serverStatus")
         finally:
             client.close()

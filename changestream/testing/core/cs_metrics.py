@@ -2,10 +2,10 @@
 
 Paths, shapes and the moments each counter moves are mongod's (issue 32's facts file):
 
-- ``largeEventsSplit`` (7.0+): once per event ``$changeStreamSplitLargeEvent`` splits
-  (``change_stream_split_large_event_stage.cpp``); ``largeEventsFailed`` (7.0+): once per
-  change event too large to serialize, on the node that serializes it
-  (``plan_executor_pipeline.cpp``).
+- ``largeEventsSplit`` (5.0.19, 6.0.7, 7.0+; SERVER-67699): once per event
+  ``$changeStreamSplitLargeEvent`` has split (``change_stream_split_large_event_stage.cpp``);
+  ``largeEventsFailed`` (same releases): once per change event too large to serialize, on
+  the node that serializes it (``plan_executor_pipeline.cpp``).
 - ``showExpandedEvents`` (7.1+; on mongos also in 9.0, "preserved on mongos at the old path"):
   +1 per stream opened with ``showExpandedEvents: true``.
 - 9.0 mongod only: ``option.*`` and ``scope.*`` (+1 per ``$changeStream`` parsed for
@@ -133,9 +133,9 @@ class ChangeStreamMetrics:
 
     # -- serverStatus --------------------------------------------------------------------------
     def document(self) -> dict[str, Any] | None:
-        """``metrics.changeStreams`` as this process reports it (None before 7.0)."""
+        """``metrics.changeStreams`` as this process reports it (None before 5.0.19/6.0.7)."""
         profile = self._profile
-        if profile.major_minor < (7, 0):
+        if not profile.large_event_metrics:
             return None
         with self._lock:
             counts = dict(self._counts)

@@ -62,6 +62,9 @@ class VersionProfile:
     """``$changeStream.ignoreRemovedShards`` is parsed (9.0+)."""
     precise_shard_targeting: bool
     """``featureFlagChangeStreamPreciseShardTargeting`` at FCV 9.0: mongos reads v2 (9.0+)."""
+    large_event_metrics: bool
+    """``metrics.changeStreams.largeEventsSplit/largeEventsFailed`` (SERVER-67699: 5.0.19,
+    6.0.7, 7.0)."""
     option_metrics: bool
     """``serverStatus().metrics.changeStreams.option/scope/cursor/error`` on mongod (9.0+);
     before, only ``changeStreams.showExpandedEvents`` (7.1+)."""
@@ -104,6 +107,9 @@ def _profile(version: str, wire: int) -> VersionProfile:
         expanded_fields_by_default=full == (8, 2, 0),
         ignore_removed_shards=mm >= (9, 0),
         precise_shard_targeting=mm >= (9, 0),
+        large_event_metrics=(
+            mm >= (7, 0) or (mm == (6, 0) and full >= (6, 0, 7)) or (mm == (5, 0) and full >= (5, 0, 19))
+        ),
         option_metrics=mm >= (9, 0),
     )
 

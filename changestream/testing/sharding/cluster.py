@@ -186,8 +186,9 @@ class ShardedCluster:
     # -- shards ------------------------------------------------------------------------------
     def new_shard_replica_set(self) -> ReplicaSet:
         """Start a replica set for this cluster that ``addShard`` can then add."""
-        rs = self._shard_replica_set(self._free_shard_name()).start()
-        self.state.pending[rs.deployment.set_name] = rs
+        name = self._free_shard_name()
+        rs = self._shard_replica_set(name).start()
+        self.state.pending[name] = rs
         return rs
 
     def _free_shard_name(self) -> str:

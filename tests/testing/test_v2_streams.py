@@ -347,3 +347,26 @@ def test_every_mongos_reports_the_cluster_fcv() -> None:
         finally:
             first.close()
             second.close()
+
+
+def test_v2_strict_finds_a_removed_shard_at_its_first_pull() -> None:
+    """With ``batchSize: 0`` the aggregate opens nothing, so the removed shard is found by
+    the first getMore (mongod's v2 stage targets shards in ``doGetNext``)."""
+    with ShardedCluster("9.0", shards=2, mongoses=1, noop_interval=0.2) as cluster:
+        client: Client = pymongo.MongoClient(cluster.uri)
+        try:
+            first, second = cluster.shard_names
+            client.admin.command("enableSharding", "moved", primaryShard=second)
+            client.moved.c.insert_one({"_id": "on shard1"})
+            at = client.admin.command("ping")["operationTime"]
+            client.admin.command("removeShard", second)
+            client.admin.command("movePrimary", "moved", to=first)
+            assert client.admin.command("removeShard", second)["state"] == "completed"
+            reply = aggregate(client, "moved", "c", {"startAtOperationTime": at}, batchSize=0)
+            assert reply["cursor"]["id"]
+            with pytest.raises(OperationFailure) as strict:
+                get_more(client, "moved", reply)
+            assert strict.value.code == 70
+            assert "at least one required shard has been removed" in str(strict.value)
+        finally:
+            client.close()

@@ -148,12 +148,15 @@ class MergedChangeStream:
 
     # -- opening -------------------------------------------------------------------------------
     def open(self) -> CursorBatch:
-        """Open a cursor on every shard (v2: on those it needs); the first batch is empty."""
-        self._check_removed_shards()
+        """Open a cursor on every shard (v2: on those it needs); the first batch is empty.
+
+        v2 targets shards (and finds removed ones) on the first pull of the stage: inside
+        the aggregate, or at the first getMore after ``batchSize: 0``."""
         if self.reader == V2:
             self._count_targeter_scope()
         if self._deferred:
             return CursorBatch([], post_batch_resume_token=self._pbrt)
+        self._check_removed_shards()
         try:
             self._open_new_shards(initial=True)
         except BaseException:
@@ -311,6 +314,7 @@ class MergedChangeStream:
                 raise CommandError(234, "Downgrading change stream reader to v1 version")
             if self._deferred:
                 self._deferred = False
+                self._check_removed_shards()
                 self._open_new_shards(initial=True)
             while True:
                 self._wake.clear()

@@ -349,6 +349,21 @@ def test_every_mongos_reports_the_cluster_fcv() -> None:
             second.close()
 
 
+def test_v2_start_time_before_another_namespaces_move_opens_only_its_shards(
+    cluster: ShardedCluster, client: Client
+) -> None:
+    """Placement changes of other databases after the start time do not widen a v2
+    stream's initial shards (only its own namespaces' moves do)."""
+    client.admin.command("enableSharding", "own", primaryShard=cluster.shard_names[0])
+    client.own.c.insert_one({"_id": 0})
+    start = client.admin.command("ping")["operationTime"]
+    client.elsewhere.c.insert_one({"_id": 0})  # a database created after the start
+    client.admin.command("movePrimary", "elsewhere", to=cluster.shard_names[1])
+    before = opened(cluster)
+    aggregate(client, "own", "c", {"startAtOperationTime": start})
+    assert opened(cluster) == [before[0] + 1, before[1]]
+
+
 def test_v2_strict_finds_a_removed_shard_at_its_first_pull() -> None:
     """With ``batchSize: 0`` the aggregate opens nothing, so the removed shard is found by
     the first getMore (mongod's v2 stage targets shards in ``doGetNext``)."""

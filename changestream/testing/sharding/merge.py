@@ -217,12 +217,13 @@ class MergedChangeStream:
             changes = table.placement[self._placement_seen :]
             self._placement_seen = len(table.placement)
             wanted = table.data_shards(self._db, self._coll)
-            if initial and any(_ts_key(c.at) > _ts_key(self._start) for c in changes):
-                wanted = set(table.shard_names())  # resuming across moves: every shard
         mine = [  # a database stream sees every collection of its database
             c for c in changes
             if c.db == self._db and (self._coll is None or c.coll in (None, self._coll))
         ]  # fmt: skip
+        if initial and any(_ts_key(c.at) > _ts_key(self._start) for c in mine):
+            with table.lock:  # resuming across moves of its own data: every shard
+                wanted = set(table.shard_names())
         if not initial:
             for change in mine:
                 self._router.cluster_metrics.add(f"shardTargeting.controlEvents.{change.kind}")

@@ -220,15 +220,20 @@ def test_remove_shard_states_and_errors() -> None:
             client.admin.command("enableSharding", "kept", primaryShard=first)
             client.admin.command("enableSharding", "moved", primaryShard=second)
             client.admin.command("shardCollection", "kept.s", key={"_id": "hashed"})
+            client.moved.u.insert_one({})
+            client.admin.command("shardCollection", "moved.s", key={"_id": "hashed"})
             with pytest.raises(OperationFailure) as unknown:
                 client.admin.command("removeShard", "nope")
             assert (unknown.value.code, unknown.value.details["errmsg"]) == (
                 70, "Shard nope does not exist"
             )  # fmt: skip
             started = client.admin.command("removeShard", second)
-            assert {k: started[k] for k in ("msg", "state", "shard", "note", "dbsToMove")} == {
+            fields = ("msg", "state", "shard", "note", "dbsToMove", "collectionsToMove")
+            assert {k: started[k] for k in fields} == {
                 "msg": "draining started successfully", "state": "started", "shard": second,
-                "note": "you need to drop or movePrimary these databases", "dbsToMove": ["moved"],
+                "note": "you need to call moveCollection for collectionsToMove and afterwards "
+                "movePrimary for the dbsToMove",
+                "dbsToMove": ["moved"], "collectionsToMove": ["moved.u"],
             }  # fmt: skip
             with pytest.raises(OperationFailure) as last:
                 client.admin.command("removeShard", first)
@@ -383,5 +388,27 @@ def test_v2_strict_finds_a_removed_shard_at_its_first_pull() -> None:
                 get_more(client, "moved", reply)
             assert strict.value.code == 70
             assert "at least one required shard has been removed" in str(strict.value)
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize(
+    ("version", "left"),
+    [
+        ("9.0", {"dbsToMove": [], "collectionsToMove": []}),
+        ("7.0", {"note": "you need to drop or movePrimary these databases", "dbsToMove": []}),
+    ],
+)
+def test_remove_shard_with_nothing_left_to_move(version: str, left: dict[str, Any]) -> None:
+    """8.0+ (``appendDBAndCollDrainingInfo``): no note when nothing is left, the two lists
+    always; before 8.0 the older note and ``dbsToMove``."""
+    with ShardedCluster(version, shards=2, mongoses=1) as cluster:
+        client: Client = pymongo.MongoClient(cluster.uri)
+        try:
+            first, second = cluster.shard_names
+            client.admin.command("enableSharding", "x", primaryShard=first)
+            started = client.admin.command("removeShard", second)
+            shown = {k: started[k] for k in ("note", "dbsToMove", "collectionsToMove") if k in started}
+            assert shown == left
         finally:
             client.close()

@@ -200,9 +200,30 @@ class ClusterState:
                     "shard": name}  # fmt: skip
 
     def _dbs_to_move(self, name: str) -> dict[str, Any]:
+        """What is left on a draining shard. 8.0+ (``appendDBAndCollDrainingInfo``): the note
+        only when something is left, ``dbsToMove`` always, ``collectionsToMove`` (the
+        unsharded collections of the databases it is primary of); before, the older note."""
         with self.table.lock:
             dbs = sorted(db for db, primary in self.table.databases.items() if primary == name)
-        return {"note": "you need to drop or movePrimary these databases", "dbsToMove": dbs}
+        if self.profile.major_minor < (8, 0):
+            return {"note": "you need to drop or movePrimary these databases", "dbsToMove": dbs}
+        deployment = self._replica_sets[name].deployment
+        with deployment.lock:
+            colls = sorted(
+                state.ns
+                for db in dbs
+                for state in deployment.catalog.collections(db)
+                if not state.is_view
+                and not state.name.startswith("system.")
+                and self.table.sharded(state.ns) is None
+            )
+        reply: dict[str, Any] = {}
+        if dbs or colls:
+            reply["note"] = (
+                "you need to call moveCollection for collectionsToMove and afterwards "
+                "movePrimary for the dbsToMove"
+            )
+        return {**reply, "dbsToMove": dbs, "collectionsToMove": colls}
 
     def _drain_chunks(self, name: str, others: list[str]) -> None:
         with self.table.lock:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..core.context import CommandContext
 from ..core.errors import CommandError
-from ..core.versions import VERSIONS, VersionProfile
+from ..core.versions import VERSIONS, VersionProfile, fcv_tuple
 from ..storage import type_name
 from .spec import command
 
@@ -25,10 +25,11 @@ def valid_fcvs(profile: VersionProfile) -> list[str]:
     the newest ``x.0`` line before it. Where mongod's lastContinuous is a release the
     simulator does not emulate (8.0's 7.3), only latest and lastLTS are accepted."""
     latest = profile.major_minor
-    older = sorted(p.major_minor for p in VERSIONS.values() if p.major_minor < latest)
-    lts = [mm for mm in older if mm[1] == 0]
-    found = [latest, *older[-1:], *lts[-1:]]
-    return list(dict.fromkeys(f"{major}.{minor}" for major, minor in found))
+    older = sorted(
+        (p for p in VERSIONS.values() if p.major_minor < latest), key=lambda p: p.major_minor
+    )
+    lts = [p for p in older if p.major_minor[1] == 0]
+    return list(dict.fromkeys(p.fcv for p in [profile, *older[-1:], *lts[-1:]]))
 
 
 def requested_fcv(profile: VersionProfile, body: dict[str, Any], current: str) -> str | None:
@@ -57,7 +58,7 @@ def requested_fcv(profile: VersionProfile, body: dict[str, Any], current: str) -
             "#feature-compatibility.",
         )
     if profile.major_minor >= (7, 0) and body.get("confirm") is not True:
-        upgrade = _fcv_tuple(value) > _fcv_tuple(current)
+        upgrade = fcv_tuple(value) > fcv_tuple(current)
         raise CommandError(
             7369100,
             f"Once you have upgraded to {value}, you will not be able to downgrade FCV and "
@@ -69,11 +70,6 @@ def requested_fcv(profile: VersionProfile, body: dict[str, Any], current: str) -
             "'confirm: true' to acknowledge this and continue with the FCV downgrade.",
         )
     return None if value == current else value
-
-
-def _fcv_tuple(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
-    return int(major), int(minor)
 
 
 @command("setFeatureCompatibilityVersion", admin_only=True, locks=False)

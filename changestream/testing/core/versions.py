@@ -75,8 +75,20 @@ class VersionProfile:
         return int(major), int(minor)
 
     @property
+    def fcv(self) -> str:
+        """The ``featureCompatibilityVersion`` a new deployment of this version starts at."""
+        major, minor = self.major_minor
+        return f"{major}.{minor}"
+
+    @property
     def version_array(self) -> list[int]:
         return [int(p) for p in self.version.split(".")] + [0]
+
+
+def fcv_tuple(version: str) -> tuple[int, int]:
+    """``"9.0"`` as ``(9, 0)``, to compare FCVs."""
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
 
 
 def _profile(version: str, wire: int) -> VersionProfile:

@@ -23,7 +23,7 @@ from ..core.auth import Users
 from ..core.clock import ClusterClock
 from ..core.cursors import CursorManager
 from ..core.errors import CommandError
-from ..core.versions import VersionProfile
+from ..core.versions import VersionProfile, fcv_tuple
 from ..replset import ReplicaSet
 from ..storage.catalog import CollectionState
 from ..storage.deployment import Deployment
@@ -68,8 +68,7 @@ class ClusterState:
         """The cluster's users (on the config server), shared by every mongos and shard."""
         self.table = RoutingTable(clock)
         self.ddl_lock = threading.RLock()
-        major, minor = profile.major_minor
-        self.fcv = f"{major}.{minor}"
+        self.fcv = profile.fcv
         """The cluster's ``featureCompatibilityVersion``."""
         self.placement_since: Any = Timestamp(1, 0) if profile.precise_shard_targeting else None
         """Since when the config server records placement history (FCV 9.0+; None: not
@@ -562,16 +561,11 @@ def set_cluster_fcv(cluster: ClusterState, version: str) -> None:
     cluster.fcv = version
     for rs in [*cluster.replica_sets(), cluster.config]:
         rs.deployment.fcv = version
-    recorded = cluster.profile.precise_shard_targeting and _fcv_tuple(version) >= (9, 0)
+    recorded = cluster.profile.precise_shard_targeting and fcv_tuple(version) >= (9, 0)
     if not recorded:
         cluster.placement_since = None
     elif cluster.placement_since is None:
         cluster.placement_since = cluster.clock.tick()
-
-
-def _fcv_tuple(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")
-    return int(major), int(minor)
 
 
 def raise_unknown_host(host: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pymongo
 import pytest
 from bson.int64 import Int64
+from bson.timestamp import Timestamp
 from pymongo import monitoring
 from pymongo.errors import OperationFailure
 
@@ -410,5 +411,54 @@ def test_remove_shard_with_nothing_left_to_move(version: str, left: dict[str, An
             started = client.admin.command("removeShard", second)
             shown = {k: started[k] for k in ("note", "dbsToMove", "collectionsToMove") if k in started}
             assert shown == left
+        finally:
+            client.close()
+
+
+def _fcv(uri: str) -> Any:
+    client: Client = pymongo.MongoClient(uri, directConnection=True)
+    try:
+        return client.admin.command("getParameter", 1, featureCompatibilityVersion=1)[
+            "featureCompatibilityVersion"
+        ]["version"]
+    finally:
+        client.close()
+
+
+def test_the_fcv_and_placement_history_survive_a_restart_and_reach_a_new_shard(
+    tmp_path: Path,
+) -> None:
+    """The FCV is kept in the dbpath (mongod: ``admin.system.version``), and with it since
+    when placement history is recorded; ``addShard`` gives a new shard the cluster's FCV."""
+    with ShardedCluster("9.0", shards=2, mongoses=1, dbpath=tmp_path) as cluster:
+        client: Client = pymongo.MongoClient(cluster.uri)
+        try:
+            client.admin.command("enableSharding", "p", primaryShard=cluster.shard_names[0])
+            client.admin.command("setFeatureCompatibilityVersion", "8.0", confirm=True)
+            added = cluster.add_shard()
+            assert _fcv(cluster.state.replica_set(added).uri) == "8.0"
+        finally:
+            client.close()
+    with ShardedCluster("9.0", shards=3, mongoses=1, dbpath=tmp_path) as cluster:
+        client = pymongo.MongoClient(cluster.uri)
+        try:
+            assert [_fcv(rs.uri) for rs in cluster.shards] == ["8.0"] * 3
+            assert _fcv(cluster.mongos_uri(0)) == "8.0"
+            before = opened(cluster)
+            aggregate(client, "p", "c", {})  # below 9.0: v1, a cursor on every shard
+            assert opened(cluster) == [n + 1 for n in before]
+            client.admin.command("setFeatureCompatibilityVersion", "9.0", confirm=True)
+            upgraded = client.admin.command("ping")["operationTime"]
+        finally:
+            client.close()
+    with ShardedCluster("9.0", shards=3, mongoses=1, dbpath=tmp_path) as cluster:
+        client = pymongo.MongoClient(cluster.uri)
+        try:
+            before = opened(cluster)
+            aggregate(client, "p", "c", {"startAtOperationTime": upgraded})  # v2 from then
+            assert opened(cluster) == [before[0] + 1, *before[1:]]
+            earlier = Timestamp(upgraded.time - 1, 0)
+            aggregate(client, "p", "c", {"startAtOperationTime": earlier})  # no history: v1
+            assert opened(cluster) == [before[0] + 2, *(n + 1 for n in before[1:])]
         finally:
             client.close()

@@ -68,11 +68,6 @@ class ClusterState:
         """The cluster's users (on the config server), shared by every mongos and shard."""
         self.table = RoutingTable(clock)
         self.ddl_lock = threading.RLock()
-        self.fcv = profile.fcv
-        """The cluster's ``featureCompatibilityVersion``."""
-        self.placement_since: Any = Timestamp(1, 0) if profile.precise_shard_targeting else None
-        """Since when the config server records placement history (FCV 9.0+; None: not
-        recorded, so mongos reads v1)."""
         self.draining: dict[str, tuple[set[str], set[str]]] = {}
         """Shards ``removeShard`` is draining: the databases and collections they held."""
         self.removed: list[RemovedShard] = []
@@ -87,6 +82,17 @@ class ClusterState:
         self._lb_connections: set[tuple[str, int]] = set()
         """(mongos, connectionId) of the connections that came through the load balancer."""
         self._conn_cursors: dict[tuple[str, int], list[tuple[CursorManager, int]]] = {}
+
+    @property
+    def fcv(self) -> str:
+        """The cluster's ``featureCompatibilityVersion`` (the config server's)."""
+        return self.config.deployment.fcv
+
+    @property
+    def placement_since(self) -> Timestamp | None:
+        """Since when the config server records placement history (FCV 9.0+; None: not
+        recorded, so mongos reads v1)."""
+        return self.config.deployment.placement_since
 
     # -- shards ------------------------------------------------------------------------------
     def replica_set(self, name: str) -> ReplicaSet:
@@ -109,6 +115,7 @@ class ClusterState:
                     self.table.shards.append(restored)
                     self.table.version += 1
                 return name
+            rs.deployment.fcv = self.fcv  # addShard sets the new shard's FCV to the cluster's
             added_at = self.clock.tick()
             with self.table.lock:
                 self.table.shards.append(ShardInfo(name, added_at))
@@ -558,14 +565,14 @@ class ClusterState:
 def set_cluster_fcv(cluster: ClusterState, version: str) -> None:
     """The cluster's FCV: every shard's and the config server's; placement history is kept
     from FCV 9.0 (``docs/change_streams.md``, "FCV compatibility and fallback")."""
-    cluster.fcv = version
     for rs in [*cluster.replica_sets(), cluster.config]:
         rs.deployment.fcv = version
+    config = cluster.config.deployment
     recorded = cluster.profile.precise_shard_targeting and fcv_tuple(version) >= (9, 0)
     if not recorded:
-        cluster.placement_since = None
-    elif cluster.placement_since is None:
-        cluster.placement_since = cluster.clock.tick()
+        config.placement_since = None
+    elif config.placement_since is None:
+        config.placement_since = cluster.clock.tick()
 
 
 def raise_unknown_host(host: str) -> None:

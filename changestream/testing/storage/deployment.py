@@ -137,7 +137,11 @@ class Deployment:
         self.cs_metrics = ChangeStreamMetrics(profile)
         """``serverStatus().metrics.changeStreams`` of this process (a mongos sets ``router``)."""
         self.fcv = profile.fcv
-        """``featureCompatibilityVersion`` (``setFeatureCompatibilityVersion`` changes it)."""
+        """``featureCompatibilityVersion`` (``setFeatureCompatibilityVersion`` changes it;
+        kept in the ``dbpath``, as mongod keeps it in ``admin.system.version``)."""
+        self.placement_since = Timestamp(1, 0) if profile.precise_shard_targeting else None
+        """A config server's: since when it records placement history (FCV 9.0+, from the
+        start on a new 9.0 cluster; None: not recorded). Kept in the ``dbpath`` with the FCV."""
         self.users = users if isinstance(users, Users) else Users(users)
         """Who may authenticate, and whether commands need it (``--auth``); one shared by every
         mongos and shard of a sharded cluster."""

@@ -97,19 +97,30 @@ def test_throughput_sums_grow_with_batches(client: Client) -> None:
     assert after["bytesRead"]["sum"] >= before["bytesRead"]["sum"]
 
 
+def _fail_next_get_more(client: Client, code: int) -> None:
+    client.admin.command(
+        "configureFailPoint", "failGetMoreAfterCursorCheckout", mode={"times": 1},
+        data={"errorCode": code},
+    )  # fmt: skip
+
+
 def test_errors_are_counted_by_kind(client: Client) -> None:
+    """By mongod's ``incrementChangeStreamErrorCounters``: named codes, then the
+    RetriableError category (not the resumable label: StaleConfig 13388 is resumable but
+    not retriable), and only for an open cursor (a ``$changeStream`` refused at parse time
+    counts nothing)."""
     before = metrics(client)["error"]
     with pytest.raises(OperationFailure):
         client.m.e.aggregate([{"$changeStream": {"version": 7}}])  # TypeMismatch (14)
-    client.admin.command(
-        "configureFailPoint", "failGetMoreAfterCursorCheckout", mode={"times": 1},
-        data={"errorCode": 11602},
-    )  # fmt: skip
+    assert metrics(client)["error"] == before
     with client.m.e.watch(max_await_time_ms=50) as stream:
-        client.m.e.insert_one({})
-        assert stream.next()["operationType"] == "insert"  # resumed after the 11602
+        for code in (11602, 13388, 91):
+            _fail_next_get_more(client, code)
+            client.m.e.insert_one({})
+            assert stream.next()["operationType"] == "insert"  # resumed after the error
     after = metrics(client)["error"]
-    assert after["nonRetriable"]["other"] == before["nonRetriable"]["other"] + 1
+    assert after["nonRetriable"]["other"] == before["nonRetriable"]["other"] + 1  # 13388
+    assert after["retriable"]["other"] == before["retriable"]["other"] + 1  # 91
     retriable = after["retriable"]["interruptedDueToReplStateChange"]
     assert retriable == before["retriable"]["interruptedDueToReplStateChange"] + 1
 
@@ -142,19 +153,31 @@ def test_split_and_failed_large_events(client: Client) -> None:
     )
 
 
-@pytest.mark.parametrize("version", ["6.0", "8.0"])
+@pytest.mark.parametrize("version", ["5.0.19", "6.0", "8.0"])
 def test_before_90_only_the_old_counters(version: str) -> None:
+    """The large-event counters from 5.0.19, 6.0.7 and 7.0 (SERVER-67699);
+    ``showExpandedEvents`` from 7.1."""
     with ReplicaSet(version) as rs:
         client: Client = pymongo.MongoClient(rs.uri)
         try:
             status = client.admin.command("serverStatus")
-            if version == "6.0":
-                assert "metrics" not in status
-                return
             cs = status["metrics"]["changeStreams"]
+            if version != "8.0":
+                assert cs == {"largeEventsFailed": 0, "largeEventsSplit": 0}
+                return
             assert set(cs) == {"largeEventsFailed", "largeEventsSplit", "showExpandedEvents"}
             client.m.c.watch(show_expanded_events=True).close()
             client.m.c.watch().close()
             assert metrics(client)["showExpandedEvents"] == cs["showExpandedEvents"] + 1
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize("version", ["4.4", "5.0.18", "6.0.6"])
+def test_no_change_stream_metrics_before_the_large_event_counters(version: str) -> None:
+    with ReplicaSet(version) as rs:
+        client: Client = pymongo.MongoClient(rs.uri)
+        try:
+            assert "metrics" not in client.admin.command("serverStatus")
         finally:
             client.close()

@@ -381,3 +381,53 @@ def test_decimal_ids_get_resumable_tokens(start_rs: Any, clients: Any, version: 
     assert tokens == sorted(tokens, key=lambda t: t["_data"])  # still ordered by _data
     with coll.watch(resume_after=tokens[0], max_await_time_ms=AWAIT_MS) as resumed:
         assert [resumed.next()["documentKey"]["_id"] for _ in ids[1:]] == ids[1:]
+
+
+def _fcv_error(client: Any, value: Any, **options: Any) -> tuple[int, str]:
+    with pytest.raises(OperationFailure) as refused:
+        client.admin.command("setFeatureCompatibilityVersion", value, **options)
+    return refused.value.code, str(refused.value.details["errmsg"])
+
+
+@pytest.mark.parametrize(
+    ("version", "accepted", "refused"),
+    [
+        ("9.0", ["8.3", "8.0", "9.0"], "8.2"),
+        ("8.3", ["8.2", "8.0"], "7.0"),
+        ("7.0", ["6.0"], "8.0"),
+    ],
+)
+def test_set_fcv_accepts_latest_last_continuous_and_last_lts_only(
+    start_rs: Any, clients: Any, version: str, accepted: list[str], refused: str
+) -> None:
+    """mongod's ``validFcvVersions`` (feature_compatibility_version_parser.cpp), its text
+    with its stray quote; the value is checked before ``confirm``."""
+    client = clients(start_rs(version).uri)
+    for value in accepted:
+        client.admin.command("setFeatureCompatibilityVersion", value, confirm=True)
+        fcv = client.admin.command("getParameter", 1, featureCompatibilityVersion=1)
+        assert fcv["featureCompatibilityVersion"] == {"version": value}
+    code, message = _fcv_error(client, refused)
+    valid = {"9.0": "'9.0', '8.3', '8.0'", "8.3": "'8.3', '8.2', '8.0'", "7.0": "'7.0', '6.0'"}
+    lts = valid[version].rsplit("'", 2)[-2]
+    assert (code, message) == (
+        4926900,
+        f"Invalid feature compatibility version value '{refused}'. Expected one of the "
+        f"following versions: '{valid[version]}. See https://docs.mongodb.com/master/"
+        f"release-notes/{lts}-compatibility/#feature-compatibility.",
+    )
+
+
+def test_set_fcv_needs_confirm_even_for_the_current_value_and_names_bson_types(
+    start_rs: Any, clients: Any
+) -> None:
+    client = clients(start_rs("9.0").uri)
+    code, message = _fcv_error(client, "9.0")
+    assert code == 7369100
+    assert message.startswith("Once you have downgraded the FCV")  # mongod: not an upgrade
+    code, message = _fcv_error(client, 9.0, confirm=True)
+    assert (code, message) == (
+        14,
+        "BSON field 'setFeatureCompatibilityVersion.setFeatureCompatibilityVersion' is the "
+        "wrong type 'double', expected type 'string'",
+    )

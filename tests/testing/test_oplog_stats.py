@@ -69,5 +69,32 @@ def test_a_standalone_has_no_oplog() -> None:
             with pytest.raises(OperationFailure) as info:
                 list(client.local["oplog.rs"].aggregate(STATS))
             assert info.value.code == 26
+            assert info.value.details["errmsg"] == (
+                "PlanExecutor error during aggregation :: caused by :: Unable to retrieve "
+                "storageStats in $collStats stage :: caused by :: Collection [local.oplog.rs] "
+                "not found."
+            )
+        finally:
+            client.close()
+
+
+def test_other_sections_and_bad_options_are_refused() -> None:
+    """Sections the simulator does not answer fail (115) instead of being dropped from the
+    reply; a ``scale`` of a wrong type is TypeMismatch (14) with its BSON type name."""
+    with ReplicaSet("8.0") as rs:
+        client: MongoClient[dict[str, Any]] = MongoClient(rs.uri)
+        oplog = client.local["oplog.rs"]
+        try:
+            for section in ("count", "latencyStats", "queryExecStats"):
+                with pytest.raises(OperationFailure) as refused:
+                    list(oplog.aggregate([{"$collStats": {"storageStats": {}, section: {}}}]))
+                assert refused.value.code == 115, section
+            with pytest.raises(OperationFailure) as unknown:
+                list(oplog.aggregate([{"$collStats": {"nope": {}}}]))
+            assert unknown.value.code == 40415
+            with pytest.raises(OperationFailure) as wrong:
+                storage_stats(client, scale="1024")
+            assert wrong.value.code == 14
+            assert "is the wrong type 'string'" in str(wrong.value)
         finally:
             client.close()

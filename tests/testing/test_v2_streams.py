@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pymongo
 import pytest
 from bson.int64 import Int64
+from bson.timestamp import Timestamp
 from pymongo import monitoring
 from pymongo.errors import OperationFailure
 
@@ -219,15 +221,20 @@ def test_remove_shard_states_and_errors() -> None:
             client.admin.command("enableSharding", "kept", primaryShard=first)
             client.admin.command("enableSharding", "moved", primaryShard=second)
             client.admin.command("shardCollection", "kept.s", key={"_id": "hashed"})
+            client.moved.u.insert_one({})
+            client.admin.command("shardCollection", "moved.s", key={"_id": "hashed"})
             with pytest.raises(OperationFailure) as unknown:
                 client.admin.command("removeShard", "nope")
             assert (unknown.value.code, unknown.value.details["errmsg"]) == (
                 70, "Shard nope does not exist"
             )  # fmt: skip
             started = client.admin.command("removeShard", second)
-            assert {k: started[k] for k in ("msg", "state", "shard", "note", "dbsToMove")} == {
+            fields = ("msg", "state", "shard", "note", "dbsToMove", "collectionsToMove")
+            assert {k: started[k] for k in fields} == {
                 "msg": "draining started successfully", "state": "started", "shard": second,
-                "note": "you need to drop or movePrimary these databases", "dbsToMove": ["moved"],
+                "note": "you need to call moveCollection for collectionsToMove and afterwards "
+                "movePrimary for the dbsToMove",
+                "dbsToMove": ["moved"], "collectionsToMove": ["moved.u"],
             }  # fmt: skip
             with pytest.raises(OperationFailure) as last:
                 client.admin.command("removeShard", first)
@@ -298,5 +305,160 @@ def test_streams_across_a_removed_shard() -> None:
             client.moved.c.insert_one({"_id": "after"})
             batch = get_more(client, "moved", irs)["cursor"]["nextBatch"]
             assert [e["documentKey"] for e in batch] == [{"_id": "after"}]
+        finally:
+            client.close()
+
+
+def test_a_shard_added_after_a_removal_gets_a_name_of_its_own(tmp_path: Path) -> None:
+    """``add_shard`` after ``removeShard`` neither clashes with a shard still there nor
+    reuses a removed shard's name or its directory (its old data)."""
+    with ShardedCluster("9.0", shards=2, mongoses=1, dbpath=tmp_path) as cluster:
+        client: Client = pymongo.MongoClient(cluster.uri)
+        try:
+            first, second = cluster.shard_names
+            client.admin.command("enableSharding", "gone", primaryShard=first)
+            client.gone.c.insert_one({"_id": "on the removed shard"})
+            client.admin.command("removeShard", first)
+            client.admin.command("movePrimary", "gone", to=second)
+            client.gone.c.drop()
+            assert client.admin.command("removeShard", first)["state"] == "completed"
+            cluster.state.retired[first].stop()  # its files are written: not to be loaded
+            added = cluster.add_shard()
+            assert added not in (first, second)
+            assert cluster.shard_names == [second, added]
+            assert not cluster.state.pending
+            new = cluster.state.replica_set(added).deployment
+            with new.lock:
+                assert new.catalog.get("gone", "c") is None
+            assert cluster.add_shard() not in (first, second, added)
+        finally:
+            client.close()
+
+
+def test_every_mongos_reports_the_cluster_fcv() -> None:
+    """After ``setFeatureCompatibilityVersion`` through one mongos, every mongos's
+    ``getParameter`` answers the new FCV (as the shards do), a restarted one too."""
+    with ShardedCluster("9.0", shards=1, mongoses=2) as cluster:
+        first: Client = pymongo.MongoClient(cluster.mongos_uri(0))
+        second: Client = pymongo.MongoClient(cluster.mongos_uri(1))
+        try:
+            first.admin.command("setFeatureCompatibilityVersion", "8.0", confirm=True)
+            cluster.kill_mongos(0)
+            cluster.restart_mongos(0)
+            for client in (first, second):
+                reply = client.admin.command("getParameter", 1, featureCompatibilityVersion=1)
+                assert reply["featureCompatibilityVersion"] == {"version": "8.0"}
+                everything = client.admin.command("getParameter", "*")
+                assert everything["featureCompatibilityVersion"] == {"version": "8.0"}
+        finally:
+            first.close()
+            second.close()
+
+
+def test_v2_start_time_before_another_namespaces_move_opens_only_its_shards(
+    cluster: ShardedCluster, client: Client
+) -> None:
+    """Placement changes of other databases after the start time do not widen a v2
+    stream's initial shards (only its own namespaces' moves do)."""
+    client.admin.command("enableSharding", "own", primaryShard=cluster.shard_names[0])
+    client.own.c.insert_one({"_id": 0})
+    start = client.admin.command("ping")["operationTime"]
+    client.elsewhere.c.insert_one({"_id": 0})  # a database created after the start
+    client.admin.command("movePrimary", "elsewhere", to=cluster.shard_names[1])
+    before = opened(cluster)
+    aggregate(client, "own", "c", {"startAtOperationTime": start})
+    assert opened(cluster) == [before[0] + 1, before[1]]
+
+
+def test_v2_strict_finds_a_removed_shard_at_its_first_pull() -> None:
+    """With ``batchSize: 0`` the aggregate opens nothing, so the removed shard is found by
+    the first getMore (mongod's v2 stage targets shards in ``doGetNext``)."""
+    with ShardedCluster("9.0", shards=2, mongoses=1, noop_interval=0.2) as cluster:
+        client: Client = pymongo.MongoClient(cluster.uri)
+        try:
+            first, second = cluster.shard_names
+            client.admin.command("enableSharding", "moved", primaryShard=second)
+            client.moved.c.insert_one({"_id": "on shard1"})
+            at = client.admin.command("ping")["operationTime"]
+            client.admin.command("removeShard", second)
+            client.admin.command("movePrimary", "moved", to=first)
+            assert client.admin.command("removeShard", second)["state"] == "completed"
+            reply = aggregate(client, "moved", "c", {"startAtOperationTime": at}, batchSize=0)
+            assert reply["cursor"]["id"]
+            with pytest.raises(OperationFailure) as strict:
+                get_more(client, "moved", reply)
+            assert strict.value.code == 70
+            assert "at least one required shard has been removed" in str(strict.value)
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize(
+    ("version", "left"),
+    [
+        ("9.0", {"dbsToMove": [], "collectionsToMove": []}),
+        ("7.0", {"note": "you need to drop or movePrimary these databases", "dbsToMove": []}),
+    ],
+)
+def test_remove_shard_with_nothing_left_to_move(version: str, left: dict[str, Any]) -> None:
+    """8.0+ (``appendDBAndCollDrainingInfo``): no note when nothing is left, the two lists
+    always; before 8.0 the older note and ``dbsToMove``."""
+    with ShardedCluster(version, shards=2, mongoses=1) as cluster:
+        client: Client = pymongo.MongoClient(cluster.uri)
+        try:
+            first, second = cluster.shard_names
+            client.admin.command("enableSharding", "x", primaryShard=first)
+            started = client.admin.command("removeShard", second)
+            shown = {k: started[k] for k in ("note", "dbsToMove", "collectionsToMove") if k in started}
+            assert shown == left
+        finally:
+            client.close()
+
+
+def _fcv(uri: str) -> Any:
+    client: Client = pymongo.MongoClient(uri, directConnection=True)
+    try:
+        return client.admin.command("getParameter", 1, featureCompatibilityVersion=1)[
+            "featureCompatibilityVersion"
+        ]["version"]
+    finally:
+        client.close()
+
+
+def test_the_fcv_and_placement_history_survive_a_restart_and_reach_a_new_shard(
+    tmp_path: Path,
+) -> None:
+    """The FCV is kept in the dbpath (mongod: ``admin.system.version``), and with it since
+    when placement history is recorded; ``addShard`` gives a new shard the cluster's FCV."""
+    with ShardedCluster("9.0", shards=2, mongoses=1, dbpath=tmp_path) as cluster:
+        client: Client = pymongo.MongoClient(cluster.uri)
+        try:
+            client.admin.command("enableSharding", "p", primaryShard=cluster.shard_names[0])
+            client.admin.command("setFeatureCompatibilityVersion", "8.0", confirm=True)
+            added = cluster.add_shard()
+            assert _fcv(cluster.state.replica_set(added).uri) == "8.0"
+        finally:
+            client.close()
+    with ShardedCluster("9.0", shards=3, mongoses=1, dbpath=tmp_path) as cluster:
+        client = pymongo.MongoClient(cluster.uri)
+        try:
+            assert [_fcv(rs.uri) for rs in cluster.shards] == ["8.0"] * 3
+            assert _fcv(cluster.mongos_uri(0)) == "8.0"
+            before = opened(cluster)
+            aggregate(client, "p", "c", {})  # below 9.0: v1, a cursor on every shard
+            assert opened(cluster) == [n + 1 for n in before]
+            client.admin.command("setFeatureCompatibilityVersion", "9.0", confirm=True)
+            upgraded = client.admin.command("ping")["operationTime"]
+        finally:
+            client.close()
+    with ShardedCluster("9.0", shards=3, mongoses=1, dbpath=tmp_path) as cluster:
+        client = pymongo.MongoClient(cluster.uri)
+        try:
+            before = opened(cluster)
+            aggregate(client, "p", "c", {"startAtOperationTime": upgraded})  # v2 from then
+            assert opened(cluster) == [before[0] + 1, *before[1:]]
+            earlier = Timestamp(upgraded.time - 1, 0)
+            aggregate(client, "p", "c", {"startAtOperationTime": earlier})  # no history: v1
+            assert opened(cluster) == [before[0] + 2, *(n + 1 for n in before[1:])]
         finally:
             client.close()

@@ -392,9 +392,9 @@ class ChangeStreamCursor:
         size = len(event.raw)
         ts = raw.cluster_time
         if size > SPLIT_THRESHOLD and self._split_events:
-            self._metrics.add("largeEventsSplit")
-            for fragment, fragment_size in self._split(out, raw.token, skip):
-                self._out.append((fragment, fragment_size, ts))
+            fragments = self._split(out, raw.token, skip)
+            self._metrics.add("largeEventsSplit")  # once split (a failed split counts nothing)
+            self._out.extend((fragment, fragment_size, ts) for fragment, fragment_size in fragments)
             return
         if skip:
             raise CommandError(

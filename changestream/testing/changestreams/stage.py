@@ -88,7 +88,6 @@ class ChangeStreamSpec:
     """``version`` as given (``"v1"``/``"v2"``); only mongos acts on it."""
     ignore_removed_shards: bool = False
     """``ignoreRemovedShards: true`` (9.0+): a v2 stream through mongos skips removed shards."""
-    show_migration_events: bool = False
 
     @property
     def scope(self) -> str:
@@ -353,7 +352,6 @@ def parse_change_stream(
         split_large_events=split,
         reader_version=options.get("version"),
         ignore_removed_shards=bool(options.get("ignoreRemovedShards")),
-        show_migration_events=bool(options.get("showMigrationEvents")),
     )
 
 

@@ -177,6 +177,7 @@ def _change_stream(
     from_router = ctx.body.get("fromRouter") is True or ctx.body.get("fromMongos") is True
     options = next(value for name, value in stages if name == "$changeStream")
     deployment.cs_metrics.stream_opened(options, _SCOPES[spec.scope], from_router=from_router)
+    ctx.change_stream_cursor = True
     cursor = ChangeStreamCursor(deployment, spec, lsid_id=_session_id(ctx), from_router=from_router)
     batch = cursor.first_batch(batch_size)
     cid = 0 if batch.exhausted else deployment.cursors.register(cursor, ctx.member.name)

@@ -86,7 +86,7 @@ def get_more(ctx: CommandContext) -> dict[str, Any]:
     except CommandError:
         cursors.checkin(int(cid))
         raise
-    ctx.is_change_stream = getattr(cursor, "is_change_stream", False)
+    ctx.is_change_stream = ctx.change_stream_cursor = getattr(cursor, "is_change_stream", False)
     try:
         member.failpoints.fail_get_more_after_checkout(
             CommandTarget(("getMore",), ns, ctx.connection.app_name)

@@ -130,6 +130,9 @@ class CommandContext:
     """Set by handlers that write (the write's ``ts``); default: last applied."""
     is_change_stream: bool = False
     """Set by aggregate/getMore on a change stream (for error labels)."""
+    change_stream_cursor: bool = False
+    """A change-stream cursor of this process runs (its ``$changeStream`` was parsed): only
+    its errors count in 9.0's ``metrics.changeStreams.error.*``."""
     extra_reply: dict[str, Any] = field(default_factory=dict)
     close_connection: bool = False
     """The command runs to its end but its reply is never sent: the connection closes

@@ -2,17 +2,20 @@
 
 Paths, shapes and the moments each counter moves are mongod's (issue 32's facts file):
 
-- ``largeEventsSplit`` (7.0+): once per event ``$changeStreamSplitLargeEvent`` splits
-  (``change_stream_split_large_event_stage.cpp``); ``largeEventsFailed`` (7.0+): once per
-  change event too large to serialize, on the node that serializes it
-  (``plan_executor_pipeline.cpp``).
+- ``largeEventsSplit`` (5.0.19, 6.0.7, 7.0+; SERVER-67699): once per event
+  ``$changeStreamSplitLargeEvent`` has split (``change_stream_split_large_event_stage.cpp``);
+  ``largeEventsFailed`` (same releases): once per change event too large to serialize, on
+  the node that serializes it (``plan_executor_pipeline.cpp``).
 - ``showExpandedEvents`` (7.1+; on mongos also in 9.0, "preserved on mongos at the old path"):
   +1 per stream opened with ``showExpandedEvents: true``.
 - 9.0 mongod only: ``option.*`` and ``scope.*`` (+1 per ``$changeStream`` parsed for
   execution; booleans only when true, resume options only when the user gave them),
   ``cursor.totalOpened`` and the throughput sums ``cursor.{docsReturned, bytesReturned,
   batchesReturned, docsExamined, bytesRead}.sum`` (sub-documents, as
-  ``change_stream_metrics_util.js`` reads them), ``error.{nonRetriable, retriable}.*``.
+  ``change_stream_metrics_util.js`` reads them), ``error.{nonRetriable, retriable}.*`` (errors of an open change-stream cursor, by
+  ``incrementChangeStreamErrorCounters``: four named codes, then NonResumableChangeStreamError
+  and anything not a RetriableError as ``nonRetriable.other``, RetriableError as
+  ``retriable.other``).
 - 9.0 mongos only: ``shardTargeting.targeterScope.*`` and ``shardTargeting.controlEvents.*``
   (v2 readers' shard targeters).
 """
@@ -25,6 +28,7 @@ from typing import Any, Final
 
 from bson.int64 import Int64
 
+from .errors import NON_RESUMABLE_CHANGE_STREAM_CODES, RETRIABLE_CODES
 from .versions import VersionProfile
 
 OPTIONS: Final = (
@@ -75,21 +79,22 @@ class ChangeStreamMetrics:
         self._counts: dict[str, int] = {}
 
     def add(self, path: str, n: int = 1) -> None:
-        if n:
-            with self._lock:
-                self._counts[path] = self._counts.get(path, 0) + n
+        self._add_locked([(path, n)])
 
     def add_many(self, paths: Iterable[str]) -> None:
+        self._add_locked((path, 1) for path in paths)
+
+    def _add_locked(self, increments: Iterable[tuple[str, int]]) -> None:
         with self._lock:
-            for path in paths:
-                self._counts[path] = self._counts.get(path, 0) + 1
+            for path, n in increments:
+                if n:
+                    self._counts[path] = self._counts.get(path, 0) + n
 
     # -- when mongod moves them ------------------------------------------------------------------
     def stream_opened(self, options: dict[str, Any], scope: str, *, from_router: bool) -> None:
         """A ``$changeStream`` parsed to run: the option and scope counters (mongod)."""
         if not self._profile.option_metrics:
-            if options.get("showExpandedEvents") is True and self._profile.major_minor >= (7, 1):
-                self.add("showExpandedEvents")
+            self.router_stream_opened(options)  # the same old path on mongod before 9.0
             return
         paths = [f"option.{name}" for name in OPTIONS[:6] if options.get(name) is True]
         if not from_router:  # mongos injects its own start time: not the user's intent
@@ -103,32 +108,34 @@ class ChangeStreamMetrics:
         self.add_many(paths)
 
     def router_stream_opened(self, options: dict[str, Any]) -> None:
-        """mongos: only the old ``showExpandedEvents`` path (7.1+)."""
+        """mongos (and mongod before 9.0): only the old ``showExpandedEvents`` path (7.1+)."""
         if options.get("showExpandedEvents") is True and self._profile.major_minor >= (7, 1):
             self.add("showExpandedEvents")
 
     def batch_returned(self, docs: int, size: int, examined: int, read: int) -> None:
         if self._profile.option_metrics and not self.router:
-            with self._lock:
-                for name, n in zip(THROUGHPUT, (docs, size, 1, examined, read), strict=True):
-                    path = f"cursor.{name}"
-                    self._counts[path] = self._counts.get(path, 0) + n
+            counts = (docs, size, 1, examined, read)
+            self._add_locked(
+                (f"cursor.{name}", n) for name, n in zip(THROUGHPUT, counts, strict=True)
+            )
 
-    def stream_failed(self, code: int, labels: Iterable[str]) -> None:
-        """A change-stream aggregate or getMore failed (9.0 mongod's ``error.*``)."""
+    def stream_failed(self, code: int) -> None:
+        """An open change-stream cursor failed (9.0 mongod's ``error.*``), split by mongod's
+        RetriableError category, not by the resumable label (StaleConfig is resumable but
+        ``nonRetriable.other``)."""
         if not self._profile.option_metrics or self.router or code in _NOT_COUNTED:
             return
         path = _NAMED_ERRORS.get(code)
         if path is None:
-            retriable = "ResumableChangeStreamError" in labels
+            retriable = code in RETRIABLE_CODES and code not in NON_RESUMABLE_CHANGE_STREAM_CODES
             path = "retriable.other" if retriable else "nonRetriable.other"
         self.add(f"error.{path}")
 
     # -- serverStatus --------------------------------------------------------------------------
     def document(self) -> dict[str, Any] | None:
-        """``metrics.changeStreams`` as this process reports it (None before 7.0)."""
+        """``metrics.changeStreams`` as this process reports it (None before 5.0.19/6.0.7)."""
         profile = self._profile
-        if profile.major_minor < (7, 0):
+        if not profile.large_event_metrics:
             return None
         with self._lock:
             counts = dict(self._counts)

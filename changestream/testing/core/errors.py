@@ -120,6 +120,13 @@ STALE_SHARD_VERSION_MAX = (6, 0)
 NON_RESUMABLE_CHANGE_STREAM_CODES: frozenset[int] = frozenset({280, 286})
 """Codes mongod labels ``NonResumableChangeStreamError`` (any command)."""
 
+RETRIABLE_CODES: frozenset[int] = frozenset(
+    {6, 7, 89, 91, 134, 189, 262, 317, 358, 384, 402, 9001, 10107, 11600, 11602, 13435,
+     13436, 50915}
+)  # fmt: skip
+"""mongod's RetriableError category (``ErrorCodes::isA<RetriableError>``): drives the
+RetryableWriteError/TransientTransactionError labels and 9.0's ``error.retriable.other``."""
+
 
 def _name_for(code: int) -> str:
     """mongod's codeName for ``code`` (``Location<N>`` for unnamed codes)."""

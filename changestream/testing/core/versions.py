@@ -62,6 +62,9 @@ class VersionProfile:
     """``$changeStream.ignoreRemovedShards`` is parsed (9.0+)."""
     precise_shard_targeting: bool
     """``featureFlagChangeStreamPreciseShardTargeting`` at FCV 9.0: mongos reads v2 (9.0+)."""
+    large_event_metrics: bool
+    """``metrics.changeStreams.largeEventsSplit/largeEventsFailed`` (SERVER-67699: 5.0.19,
+    6.0.7, 7.0)."""
     option_metrics: bool
     """``serverStatus().metrics.changeStreams.option/scope/cursor/error`` on mongod (9.0+);
     before, only ``changeStreams.showExpandedEvents`` (7.1+)."""
@@ -72,8 +75,20 @@ class VersionProfile:
         return int(major), int(minor)
 
     @property
+    def fcv(self) -> str:
+        """The ``featureCompatibilityVersion`` a new deployment of this version starts at."""
+        major, minor = self.major_minor
+        return f"{major}.{minor}"
+
+    @property
     def version_array(self) -> list[int]:
         return [int(p) for p in self.version.split(".")] + [0]
+
+
+def fcv_tuple(version: str) -> tuple[int, int]:
+    """``"9.0"`` as ``(9, 0)``, to compare FCVs."""
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
 
 
 def _profile(version: str, wire: int) -> VersionProfile:
@@ -104,6 +119,9 @@ def _profile(version: str, wire: int) -> VersionProfile:
         expanded_fields_by_default=full == (8, 2, 0),
         ignore_removed_shards=mm >= (9, 0),
         precise_shard_targeting=mm >= (9, 0),
+        large_event_metrics=(
+            mm >= (7, 0) or (mm == (6, 0) and full >= (6, 0, 7)) or (mm == (5, 0) and full >= (5, 0, 19))
+        ),
         option_metrics=mm >= (9, 0),
     )
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .. import commands
 from ..commands import CommandContext, CommandSpec, ConnectionInfo
 from ..commands.admin import take_client_metadata
-from ..core.errors import CloseConnection, CommandError, change_stream_labels
+from ..core.errors import RETRIABLE_CODES, CloseConnection, CommandError, change_stream_labels
 from ..core.failpoints import CommandTarget
 from ..core.topology import topology_version
 from .wire import OP_QUERY, OP_QUERY_SECONDARY_OK, Request
@@ -26,29 +26,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RETRIABLE_CODES = frozenset(
-    {
-        6,
-        7,
-        89,
-        91,
-        134,
-        189,
-        262,
-        317,
-        358,
-        384,
-        402,
-        9001,
-        10107,
-        11600,
-        11602,
-        13435,
-        13436,
-        50915,
-    }
-)
-"""mongod's RetriableError category (drives RetryableWriteError/TransientTransactionError)."""
 _SHUTDOWN_CODES = frozenset({91, 11600})
 _TRANSIENT_TXN_CODES = frozenset({24, 112, 239, 246, 267})
 """LockTimeout, WriteConflict, snapshot errors, PreparedTransactionInProgress."""
@@ -330,8 +307,8 @@ class Dispatcher:
             labels = self._labels(ctx, err.code, None)
             if labels:
                 reply["errorLabels"] = labels
-        if ctx is not None and ctx.is_change_stream:
-            self.deployment.cs_metrics.stream_failed(err.code, reply.get("errorLabels", ()))
+        if ctx is not None and ctx.change_stream_cursor:
+            self.deployment.cs_metrics.stream_failed(err.code)
         if self.deployment.profile.topology_version and (
             err.code in NOT_PRIMARY_CODES
             or (err.code in _SHUTDOWN_CODES and self.member.shutting_down)

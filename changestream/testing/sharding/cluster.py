@@ -186,10 +186,25 @@ class ShardedCluster:
     # -- shards ------------------------------------------------------------------------------
     def new_shard_replica_set(self) -> ReplicaSet:
         """Start a replica set for this cluster that ``addShard`` can then add."""
-        name = f"shard{len(self.state.replica_sets()) + len(self.state.pending)}"
+        name = self._free_shard_name()
         rs = self._shard_replica_set(name).start()
         self.state.pending[name] = rs
         return rs
+
+    def _free_shard_name(self) -> str:
+        """The first ``shard{n}`` no shard, waiting replica set or removed shard has (nor a
+        directory in ``dbpath``): a removed shard's name and files are never reused."""
+        taken = {
+            *self.state.table.shard_names(), *self.state.pending, *self.state.retired,
+            *(r.name for r in self.state.removed),
+        }  # fmt: skip
+        n = 0
+        while True:
+            name = f"shard{n}"
+            folder = self._dir(name)
+            if name not in taken and (folder is None or not folder.exists()):
+                return name
+            n += 1
 
     def _shard_replica_set(self, name: str) -> ReplicaSet:
         return ReplicaSet(

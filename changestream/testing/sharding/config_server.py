@@ -23,7 +23,7 @@ from ..core.auth import Users
 from ..core.clock import ClusterClock
 from ..core.cursors import CursorManager
 from ..core.errors import CommandError
-from ..core.versions import VersionProfile
+from ..core.versions import VersionProfile, fcv_tuple
 from ..replset import ReplicaSet
 from ..storage.catalog import CollectionState
 from ..storage.deployment import Deployment
@@ -68,12 +68,6 @@ class ClusterState:
         """The cluster's users (on the config server), shared by every mongos and shard."""
         self.table = RoutingTable(clock)
         self.ddl_lock = threading.RLock()
-        major, minor = profile.major_minor
-        self.fcv = f"{major}.{minor}"
-        """The cluster's ``featureCompatibilityVersion``."""
-        self.placement_since: Any = Timestamp(1, 0) if profile.precise_shard_targeting else None
-        """Since when the config server records placement history (FCV 9.0+; None: not
-        recorded, so mongos reads v1)."""
         self.draining: dict[str, tuple[set[str], set[str]]] = {}
         """Shards ``removeShard`` is draining: the databases and collections they held."""
         self.removed: list[RemovedShard] = []
@@ -88,6 +82,17 @@ class ClusterState:
         self._lb_connections: set[tuple[str, int]] = set()
         """(mongos, connectionId) of the connections that came through the load balancer."""
         self._conn_cursors: dict[tuple[str, int], list[tuple[CursorManager, int]]] = {}
+
+    @property
+    def fcv(self) -> str:
+        """The cluster's ``featureCompatibilityVersion`` (the config server's)."""
+        return self.config.deployment.fcv
+
+    @property
+    def placement_since(self) -> Timestamp | None:
+        """Since when the config server records placement history (FCV 9.0+; None: not
+        recorded, so mongos reads v1)."""
+        return self.config.deployment.placement_since
 
     # -- shards ------------------------------------------------------------------------------
     def replica_set(self, name: str) -> ReplicaSet:
@@ -110,6 +115,7 @@ class ClusterState:
                     self.table.shards.append(restored)
                     self.table.version += 1
                 return name
+            rs.deployment.fcv = self.fcv  # addShard sets the new shard's FCV to the cluster's
             added_at = self.clock.tick()
             with self.table.lock:
                 self.table.shards.append(ShardInfo(name, added_at))
@@ -200,9 +206,30 @@ class ClusterState:
                     "shard": name}  # fmt: skip
 
     def _dbs_to_move(self, name: str) -> dict[str, Any]:
+        """What is left on a draining shard. 8.0+ (``appendDBAndCollDrainingInfo``): the note
+        only when something is left, ``dbsToMove`` always, ``collectionsToMove`` (the
+        unsharded collections of the databases it is primary of); before, the older note."""
         with self.table.lock:
             dbs = sorted(db for db, primary in self.table.databases.items() if primary == name)
-        return {"note": "you need to drop or movePrimary these databases", "dbsToMove": dbs}
+        if self.profile.major_minor < (8, 0):
+            return {"note": "you need to drop or movePrimary these databases", "dbsToMove": dbs}
+        deployment = self._replica_sets[name].deployment
+        with deployment.lock:
+            colls = sorted(
+                state.ns
+                for db in dbs
+                for state in deployment.catalog.collections(db)
+                if not state.is_view
+                and not state.name.startswith("system.")
+                and self.table.sharded(state.ns) is None
+            )
+        reply: dict[str, Any] = {}
+        if dbs or colls:
+            reply["note"] = (
+                "you need to call moveCollection for collectionsToMove and afterwards "
+                "movePrimary for the dbsToMove"
+            )
+        return {**reply, "dbsToMove": dbs, "collectionsToMove": colls}
 
     def _drain_chunks(self, name: str, others: list[str]) -> None:
         with self.table.lock:
@@ -538,19 +565,14 @@ class ClusterState:
 def set_cluster_fcv(cluster: ClusterState, version: str) -> None:
     """The cluster's FCV: every shard's and the config server's; placement history is kept
     from FCV 9.0 (``docs/change_streams.md``, "FCV compatibility and fallback")."""
-    cluster.fcv = version
     for rs in [*cluster.replica_sets(), cluster.config]:
         rs.deployment.fcv = version
-    recorded = cluster.profile.precise_shard_targeting and _fcv_tuple(version) >= (9, 0)
+    config = cluster.config.deployment
+    recorded = cluster.profile.precise_shard_targeting and fcv_tuple(version) >= (9, 0)
     if not recorded:
-        cluster.placement_since = None
-    elif cluster.placement_since is None:
-        cluster.placement_since = cluster.clock.tick()
-
-
-def _fcv_tuple(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")
-    return int(major), int(minor)
+        config.placement_since = None
+    elif config.placement_since is None:
+        config.placement_since = cluster.clock.tick()
 
 
 def raise_unknown_host(host: str) -> None:

@@ -148,12 +148,15 @@ class MergedChangeStream:
 
     # -- opening -------------------------------------------------------------------------------
     def open(self) -> CursorBatch:
-        """Open a cursor on every shard (v2: on those it needs); the first batch is empty."""
-        self._check_removed_shards()
+        """Open a cursor on every shard (v2: on those it needs); the first batch is empty.
+
+        v2 targets shards (and finds removed ones) on the first pull of the stage: inside
+        the aggregate, or at the first getMore after ``batchSize: 0``."""
         if self.reader == V2:
             self._count_targeter_scope()
         if self._deferred:
             return CursorBatch([], post_batch_resume_token=self._pbrt)
+        self._check_removed_shards()
         try:
             self._open_new_shards(initial=True)
         except BaseException:
@@ -214,12 +217,13 @@ class MergedChangeStream:
             changes = table.placement[self._placement_seen :]
             self._placement_seen = len(table.placement)
             wanted = table.data_shards(self._db, self._coll)
-            if initial and any(_ts_key(c.at) > _ts_key(self._start) for c in changes):
-                wanted = set(table.shard_names())  # resuming across moves: every shard
         mine = [  # a database stream sees every collection of its database
             c for c in changes
             if c.db == self._db and (self._coll is None or c.coll in (None, self._coll))
         ]  # fmt: skip
+        if initial and any(_ts_key(c.at) > _ts_key(self._start) for c in mine):
+            with table.lock:  # resuming across moves of its own data: every shard
+                wanted = set(table.shard_names())
         if not initial:
             for change in mine:
                 self._router.cluster_metrics.add(f"shardTargeting.controlEvents.{change.kind}")
@@ -311,6 +315,7 @@ class MergedChangeStream:
                 raise CommandError(234, "Downgrading change stream reader to v1 version")
             if self._deferred:
                 self._deferred = False
+                self._check_removed_shards()
                 self._open_new_shards(initial=True)
             while True:
                 self._wake.clear()

@@ -133,12 +133,15 @@ class Deployment:
         self.topology_changed = threading.Condition()
         """Notified whenever a member's role or topologyVersion changes, or a member goes down."""
         self.event_cache = EventCache(event_cache_bytes)
+        """Change events already built from this oplog, shared by its streams."""
         self.cs_metrics = ChangeStreamMetrics(profile)
         """``serverStatus().metrics.changeStreams`` of this process (a mongos sets ``router``)."""
-        major, minor = profile.major_minor
-        self.fcv = f"{major}.{minor}"
-        """``featureCompatibilityVersion`` (``setFeatureCompatibilityVersion`` changes it)."""
-        """Change events already built from this oplog, shared by its streams."""
+        self.fcv = profile.fcv
+        """``featureCompatibilityVersion`` (``setFeatureCompatibilityVersion`` changes it;
+        kept in the ``dbpath``, as mongod keeps it in ``admin.system.version``)."""
+        self.placement_since = Timestamp(1, 0) if profile.precise_shard_targeting else None
+        """A config server's: since when it records placement history (FCV 9.0+, from the
+        start on a new 9.0 cluster; None: not recorded). Kept in the ``dbpath`` with the FCV."""
         self.users = users if isinstance(users, Users) else Users(users)
         """Who may authenticate, and whether commands need it (``--auth``); one shared by every
         mongos and shard of a sharded cluster."""

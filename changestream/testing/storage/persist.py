@@ -15,7 +15,7 @@ holds an exclusive lock on its ``mongod.lock`` file, as mongod does.
 The file fails loudly rather than load wrong data::
 
     "CSSIMDB" 0x00 | header (BSON: format, serverVersion, set name, term, cluster
-    time, users, clusterGeneration for a sharded cluster's files) | records (BSON, one per collection, document, oplog entry) |
+    time, FCV, placementSince, users, clusterGeneration for a sharded cluster's files) | records (BSON, one per collection, document, oplog entry) |
     "CSSIMEND" | record count (uint64 BE) | SHA-256 of everything before it
 
 Reading checks, in this order, and names the file and the fault in a
@@ -46,7 +46,7 @@ from bson.codec_options import CodecOptions
 from ..core.auth import ScramCredential, User
 from ..core.codec import DECODE_OPTIONS
 from ..core.oplog import OplogEntry
-from ..core.versions import VERSIONS
+from ..core.versions import VERSIONS, fcv_tuple
 
 if TYPE_CHECKING:
     from .catalog import CollectionState
@@ -135,6 +135,8 @@ def _header(deployment: Deployment) -> dict[str, Any]:
         "term": deployment.term,
         "clusterTime": deployment.clock.current(),
         "oplogTruncated": deployment.oplog.truncated,
+        "fcv": deployment.fcv,
+        "placementSince": deployment.placement_since,
         "users": [_user_doc(user) for user in deployment.users.all()],
         **({} if deployment.generation is None else {"clusterGeneration": deployment.generation}),
     }
@@ -404,6 +406,11 @@ def _load(
     deployment.oplog.truncated = bool(meta.get("oplogTruncated"))
     deployment.clock.advance(meta["clusterTime"])
     deployment.term = int(meta["term"])
+    fcv = meta.get("fcv")  # absent from older files: the version's own
+    if isinstance(fcv, str) and fcv_tuple(fcv) <= deployment.profile.major_minor:
+        deployment.fcv = fcv
+    if "placementSince" in meta:
+        deployment.placement_since = meta["placementSince"]
     generation = meta.get("clusterGeneration")
     deployment.generation = None if generation is None else int(generation)
     users = deployment.users

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ...commands.admin import get_parameter as mongod_get_parameter
 from ...commands.fcv import requested_fcv
 from ...core.context import CommandContext
 from ...core.errors import CommandError
@@ -189,6 +190,16 @@ def remove_shard(router: Router, ctx: CommandContext) -> dict[str, Any]:
     if not isinstance(name, str):
         raise CommandError(2, "removeShard needs a shard name")
     return router.cluster.remove_shard(name)
+
+
+@router_command("getParameter", admin_only=True, locks=False, any_member=True)
+def get_parameter(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    """mongod's ``getParameter`` on this mongos, its ``featureCompatibilityVersion`` the
+    cluster's (which ``setFeatureCompatibilityVersion`` through any mongos changes)."""
+    reply = mongod_get_parameter(ctx)
+    if "featureCompatibilityVersion" in reply:
+        reply["featureCompatibilityVersion"] = {"version": router.cluster.fcv}
+    return reply
 
 
 @router_command("setFeatureCompatibilityVersion", admin_only=True, locks=False)

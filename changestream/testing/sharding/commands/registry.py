@@ -22,7 +22,7 @@ MODULES: tuple[ModuleType, ...] = (handshake, writes, reads, ddl, admin)
 """Every module that defines mongos commands."""
 
 _SHARED = (
-    "buildInfo", "buildinfo", "ping", "getParameter", "serverStatus", "hostInfo",
+    "buildInfo", "buildinfo", "ping", "serverStatus", "hostInfo",
     "connectionStatus", "whatsmyuri", "getCmdLineOpts", "endSessions", "refreshSessions",
     "killSessions", "killAllSessions", "getMore", "killCursors", "configureFailPoint",
     "waitForFailPoint", "saslStart", "saslContinue", "usersInfo", "createUser", "updateUser",

@@ -127,6 +127,7 @@ class Effect(_Fast):
     UPDATE_CURSOR = "update the cursor id"
     RESET_IDLE = "reset the fruitless-resume count"
     LOAD_BATCH = "buffer the batch and its postBatchResumeToken"
+    CHECK_START_TOKEN = "check the start token against the server's clock (initial aggregate)"
     SAVE_OPERATION_TIME = "save operationTime (initial aggregate, spec rules)"
     DROP_CURSOR = "forget the cursor"
     CLEAR_BUFFER = "drop buffered documents and split fragments"
@@ -137,8 +138,10 @@ class Effect(_Fast):
     KEEP_ERROR = "keep the error to raise"
 
 
-_FOLLOW_UP_EFFECTS = frozenset({Effect.TAKE_DOCUMENT, Effect.SAVE_OPERATION_TIME})
-"""Effects whose application may produce the next event (what the document or reply was)."""
+_FOLLOW_UP_EFFECTS = frozenset({Effect.TAKE_DOCUMENT, Effect.CHECK_START_TOKEN,
+                                Effect.SAVE_OPERATION_TIME})
+"""Effects whose application may produce the next event (what the document or reply was);
+the first one that does ends the transition's effects (the rest are not applied)."""
 
 
 class Event(_Fast):
@@ -398,9 +401,14 @@ def _reply(s: State, e: Event) -> Transition:
         raise _refuse(s, e, f"a {flight.value} cannot be in flight in phase {s.phase.value!r}")
     plan = (Act.NO_DOCUMENT,) if s.op is Op.START else ()
     state = _replace(s, phase=Phase.OPEN, flight=None, plan=plan, cursor=cursor)
-    effects = (Effect.NOTE_SERVER_TIME, Effect.STORE_CURSOR, Effect.LOAD_BATCH)
-    # Saving operationTime may find it malformed: last, so the new cursor is killed then.
-    return Transition(state, effects if resume else (*effects, Effect.SAVE_OPERATION_TIME))
+    if resume:  # the server echoed the token a resume sent: nothing to check
+        return Transition(state, (Effect.NOTE_SERVER_TIME, Effect.STORE_CURSOR, Effect.LOAD_BATCH))
+    # A refused start token or a malformed operationTime fails the stream: both come after
+    # STORE_CURSOR, so the new cursor is killed then; a refused token stops the effects before
+    # LOAD_BATCH, so the caller's token stays the cached one.
+    return Transition(state, (Effect.NOTE_SERVER_TIME, Effect.STORE_CURSOR,
+                              Effect.CHECK_START_TOKEN, Effect.LOAD_BATCH,
+                              Effect.SAVE_OPERATION_TIME))
 
 
 def _bad_reply(s: State, e: Event) -> Transition:

@@ -128,7 +128,8 @@ LISTED: list[tuple[str, State, Event, Transition]] = [
     # Replies.
     ("watch() opened the stream", S(op=Op.START, flight=Act.AGGREGATE), Event.REPLY,
      Transition(S(OPEN, Op.START, plan=(Act.NO_DOCUMENT,), cursor=LIVE),
-             (*AGGREGATE_OK, E.SAVE_OPERATION_TIME))),
+             (E.NOTE_SERVER_TIME, E.STORE_CURSOR, E.CHECK_START_TOKEN, E.LOAD_BATCH,
+              E.SAVE_OPERATION_TIME))),
     ("a resume that opened an exhausted cursor", S(PENDING, Op.NEXT, Act.RESUME), Event.FINAL_REPLY,
      Transition(S(OPEN, Op.NEXT, cursor=DONE), AGGREGATE_OK)),
     ("a getMore reply", IN_GETMORE, Event.REPLY,

@@ -447,3 +447,36 @@ def test_transient_handler_errors_are_retried_for_retry_for_before_on_error_coun
         with pytest.raises(AutoReconnect):
             run(failing(1000, AutoReconnect("down")), "e", calls)
         assert letters == []
+
+
+def test_a_store_that_recovered_still_gets_the_last_token_on_the_way_out(coll: Any) -> None:
+    """A save failed once (transient: the stream reopened), later saves worked; when the
+    handler then fails, the last handled token is still flushed (the first failure is not
+    held against the store for the rest of the run)."""
+    start = token_before_writes(coll)
+    coll.insert_many([{"i": i} for i in range(6)])
+
+    class FlakyStore(RecordingStore):
+        failures = 1
+
+        def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise AutoReconnect("the token store's primary stepped down")
+            super().save(token, batch_id=batch_id)
+
+    store = FlakyStore(StoredToken(start, None, changestream.stores._now()))
+    handled: list[Any] = []
+
+    def handler(change: Any) -> None:
+        if change["fullDocument"]["i"] == 5:
+            raise ValueError("handler bug")
+        handled.append(change["_id"])
+
+    with pytest.raises(ValueError, match="handler bug"):
+        changestream.consume(lambda token: changestream.watch(coll, resume_after=token, **FAST),
+                             handler, store, save_every=2, backoff_initial=0.01)
+    assert store.failures == 0, "the first save failed"
+    stored = store.load()
+    assert stored is not None and same(stored.token, handled[-1]), (
+        "the change handled before the failing one is stored")

@@ -178,7 +178,7 @@ def consume(
         try:
             with pymongo.timeout(run.open_timeout()):
                 stream = open_stream(run.opening())
-            current.stream = stream  # a stop now closes it (the sync twin; see stop_closes)
+            current.stream = stream  # a stop now interrupts it (the sync twin; see stop_closes)
         except Exception as exc:
             if run.history_lost(exc):
                 return True
@@ -257,7 +257,7 @@ def consume(
 
     start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
     try:
-        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop) as current:
+        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop, run.call_timeout) as current:
             while tenacity.Retrying(sleep=sleep, **run.retrying())(session):
                 pass
     except Exception as exc:

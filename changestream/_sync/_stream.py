@@ -187,6 +187,11 @@ class ChangeStream(StreamShell, Generic[_T]):
                 self._machine.close()
                 self._run(interruptible=False)
 
+    def interrupt(self) -> None:
+        """:meth:`close`, which is safe from another thread or task (a waiting getMore is
+        killed aside; see :class:`~changestream._stream_view.StreamView`)."""
+        self.close()
+
     def __iter__(self) -> ChangeStream[_T]:
         return self
 

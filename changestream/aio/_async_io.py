@@ -132,10 +132,10 @@ class CurrentStream:
 
 
 @contextlib.contextmanager
-def stop_closes(stop: asyncio.Event) -> Iterator[CurrentStream]:
+def stop_closes(stop: asyncio.Event, call_timeout: float) -> Iterator[CurrentStream]:
     """Nothing to watch here: :func:`next_or_stop` races each waiting poll against ``stop``.
-    (The sync twin's ``stop`` is a ``threading.Event``: a thread watches it and closes the
-    current stream.)"""
+    (The sync twin's ``stop`` is a ``threading.Event``: a thread watches it and interrupts
+    the current stream, bounded by ``call_timeout``.)"""
     yield CurrentStream()
 
 

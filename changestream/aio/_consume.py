@@ -198,7 +198,7 @@ async def consume(
         try:
             with pymongo.timeout(run.open_timeout()):
                 stream = await open_stream(run.opening())
-            current.stream = stream  # a stop now closes it (the sync twin; see stop_closes)
+            current.stream = stream  # a stop now interrupts it (the sync twin; see stop_closes)
         except Exception as exc:
             if run.history_lost(exc):
                 return True
@@ -277,7 +277,7 @@ async def consume(
 
     start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
     try:
-        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop) as current:
+        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop, run.call_timeout) as current:
             while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):
                 pass
     except Exception as exc:

@@ -230,6 +230,11 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
                 self._machine.close()
                 await self._run(interruptible=False)
 
+    async def interrupt(self) -> None:
+        """:meth:`close`, which is safe from another thread or task (a waiting getMore is
+        killed aside; see :class:`~changestream._stream_view.StreamView`)."""
+        await self.close()
+
     def __aiter__(self) -> AsyncChangeStream[_T]:
         return self
 

@@ -239,3 +239,30 @@ def test_on_error_dead_letters_after_the_retries_sync_and_async() -> None:
 def test_bad_on_error_options_are_one_clear_error(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         OnError(**options)
+
+
+def test_the_sync_stop_watcher_interrupts_the_stream_and_never_closes_it() -> None:
+    """``stop`` set while a stream is polled: the watcher thread calls ``interrupt()`` (the one
+    call safe from another thread), under a client-side timeout, and leaves ``close()`` to the
+    polling thread (a snapshot's close from aside ended the session its copy was using)."""
+    from pymongo import _csot
+
+    calls: list[tuple[str, float | None]] = []
+
+    class Stream:
+        def interrupt(self) -> None:
+            calls.append(("interrupt", _csot.remaining()))
+
+        def close(self) -> None:
+            calls.append(("close", None))
+
+    stop = threading.Event()
+    with _sync_io.stop_closes(stop, 7.0) as current:
+        current.stream = Stream()  # type: ignore[assignment]
+        stop.set()
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert [name for name, _ in calls] == ["interrupt"]
+    remaining = calls[0][1]
+    assert remaining is not None and 0 < remaining <= 7.0, "bounded by the call timeout"

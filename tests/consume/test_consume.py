@@ -12,6 +12,7 @@ from typing import Any
 
 import bson
 import pytest
+from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import (
     AutoReconnect,
@@ -480,3 +481,19 @@ def test_a_store_that_recovered_still_gets_the_last_token_on_the_way_out(coll: A
     stored = store.load()
     assert stored is not None and same(stored.token, handled[-1]), (
         "the change handled before the failing one is stored")
+
+
+def test_the_carried_token_of_a_large_event_is_presented_only_when_asked(coll: Any) -> None:
+    """``bson`` hands an event over 4 KiB over as a view into its reply: the machine copies its
+    token out, and ``carried_token`` gives that raw copy (was: decoded to the stream's
+    document class per change, though consume presents only the one it stores)."""
+    start = token_before_writes(coll)
+    coll.insert_many([{"i": i, "pad": "x" * 5000} for i in range(3)])
+    with changestream.watch(coll, resume_after=start, **FAST) as stream:
+        change = stream.next()
+        assert change["fullDocument"]["i"] == 0
+        carried = stream.carried_token()
+        assert type(carried) is RawBSONDocument and type(carried.raw) is bytes
+        presented = stream.present_token(carried)
+        assert type(presented) is dict and same(presented, change["_id"])
+        assert same(stream.resume_token, presented)

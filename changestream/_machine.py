@@ -183,6 +183,7 @@ class ChangeStreamMachine:
         postBatchResumeToken; the lag still counts from the event)."""
         max_await = options.max_await_time_ms
         self._await_seconds = 1.0 if max_await is None else max_await / 1000
+        self._close_requested = False  # see request_close
         self._resumes = 0
         self._idle_resumes = 0
         """Resumes since the last successful getMore or non-empty batch (see MAX_IDLE_RESUMES)."""
@@ -288,6 +289,12 @@ class ChangeStreamMachine:
         if self._state.flight is not Act.GETMORE or cursor is None or cursor.load_balanced:
             return None
         return kill_command(cursor.id, cursor.collection, cursor.database, cursor.address)
+
+    def request_close(self) -> None:
+        """A close is coming from aside (another thread or task; only a flag): the getMore
+        :meth:`in_flight_kill` interrupts then fails (``CursorKilled``, or ``CursorNotFound``,
+        which looks resumable) and closes the stream, never resumes it."""
+        self._close_requested = True
 
     @property
     def busy(self) -> bool:
@@ -418,7 +425,7 @@ class ChangeStreamMachine:
         if flight is Act.KILL_CURSORS:
             event = Event.KILLED  # spec: errors while killing the cursor are suppressed
         elif flight is Act.GETMORE:
-            event = self._getmore_error_event(error)
+            event = Event.CLOSING_ERROR if self._close_requested else self._getmore_error_event(error)
         else:
             event = self._aggregate_error_event(error)
         self._fire(event, None, error.exception)

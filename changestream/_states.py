@@ -185,6 +185,9 @@ class Event(_Fast):
     """The client-side operation timeout (CSOT) expired."""
     ERROR = "error"
     """Any other error of a command: not resumable, not retried."""
+    CLOSING_ERROR = "getMore error after close requested"
+    """A getMore's error after a close was requested from aside (its cursor killed under it:
+    ``CursorKilled``, or ``CursorNotFound`` that looks resumable): closes, never resumes."""
     FAIL = "bad data"
     """The machine found an event, reply field or decode it cannot accept."""
 
@@ -429,6 +432,8 @@ def _error(s: State, e: Event) -> Transition:
         raise _refuse(s, e, "no aggregate or getMore is in flight")
     if flight is Act.GETMORE:
         return _getmore_error(s, e)
+    if e is Event.CLOSING_ERROR:
+        raise _refuse(s, e, "only a getMore is interrupted by a close from aside")
     if e is Event.RETRYABLE_ERROR and flight in _RETRY:
         # Retryable reads: one more attempt of the same aggregate.
         return Transition(_replace(s, flight=None, plan=(_RETRY[flight],)))
@@ -443,6 +448,12 @@ def _error(s: State, e: Event) -> Transition:
 def _getmore_error(s: State, e: Event) -> Transition:
     if e is Event.ERROR:
         return _fail(s)
+    if e is Event.CLOSING_ERROR:
+        # The close asked for is what happened: no resume, no error; a cursor the kill aside
+        # may have missed is killed first.
+        plan = (Act.KILL_CURSORS, Act.NO_DOCUMENT) if s.cursor is Cursor.LIVE else (Act.NO_DOCUMENT,)
+        closed = _replace(s, phase=Phase.CLOSED, flight=None, plan=plan, getmores=None)
+        return Transition(closed, (Effect.CLEAR_BUFFER,))
     if e is Event.RETRYABLE_ERROR:
         raise _refuse(s, e, "getMore errors are classified by resumability")
     pending = _replace(s, phase=Phase.RESUME_PENDING, flight=None)
@@ -487,6 +498,7 @@ _RULES = {
     Event.CURSOR_LOST: _error,
     Event.TIMEOUT: _error,
     Event.ERROR: _error,
+    Event.CLOSING_ERROR: _error,
     Event.FAIL: _bad_data,
 }
 """Which rule decides each event."""
@@ -526,6 +538,7 @@ _DIAGRAM_LABELS = {
     Event.RETRYABLE_ERROR: "retryable error",
     Event.TIMEOUT: "client timeout",
     Event.ERROR: "error",
+    Event.CLOSING_ERROR: "close",
     Event.BAD_REPLY: "invalid reply or event",
     Event.FAIL: "invalid reply or event",
     Event.ACT_MID_SPLIT: "invalid reply or event",

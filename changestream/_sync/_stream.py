@@ -179,6 +179,7 @@ class ChangeStream(StreamShell, Generic[_T]):
         ``max_await_time_ms``), and that call returns ``None`` or stops iterating.
         """
         self._close_requested = True
+        self._machine.request_close()  # the getMore the kill interrupts closes, never resumes
         kill = self._machine.in_flight_kill()  # (only while another call waits on a getMore)
         if kill is not None:
             self._transport.run_aside(kill)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import bson
@@ -189,3 +190,28 @@ class TestNoHotLoop:
         driver = opened(pbrt=token(1))
         raised(driver.next(error(2), {"ok": 1}))
         assert not driver.machine.alive
+
+
+@pytest.mark.parametrize("code", [43, 237], ids=["CursorNotFound", "CursorKilled"])
+def test_a_get_more_killed_by_a_close_from_aside_closes_without_resuming(
+    code: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """close() from another thread kills the waiting getMore's cursor aside: its error
+    (CursorNotFound looks resumable) must close the stream, not log and count a resume."""
+    driver = opened(pbrt=token(1))
+    machine = driver.machine
+    machine.begin_next()
+    getmore = machine.next_action()
+    assert "getMore" in getmore.command  # type: ignore[union-attr]
+    kill = machine.in_flight_kill()
+    assert kill is not None
+    machine.request_close()  # what the shell's close() does before sending the kill aside
+    with caplog.at_level(logging.INFO, logger="changestream"):
+        machine.receive_error(error(code, labels=["ResumableChangeStreamError"]))
+        assert machine.phase is Phase.CLOSED and machine.resumes == 0
+        kill_again = machine.next_action()  # the cursor, should the kill aside have missed it
+        assert "killCursors" in kill_again.command  # type: ignore[union-attr]
+        machine.receive_error(error(43))
+        assert isinstance(machine.next_action(), NoDocument)
+    assert not [r for r in caplog.records if "resuming" in r.getMessage()]
+    assert machine.resume_token == token(1) and not machine.alive

@@ -196,7 +196,7 @@ def consume(
                     if stream.buffered > 1:  # from the buffer: no I/O, no bound (per change)
                         change = stream.try_next()
                     else:  # a getMore may wait: a stop abandons it (see stop_closes)
-                        with call_bound(stream, run.call_timeout):
+                        with call_bound(run.call_timeout):
                             change = next_or_stop(stream, stop)
                         if change is ABANDONED:
                             break

@@ -39,7 +39,8 @@ __all__ = [
 log = logging.getLogger("changestream.consume")
 
 ABANDONED: Any = object()
-"""Never returned here: a stop closes the stream instead (see :func:`stop_closes`)."""
+"""What :func:`next_or_stop` returns when ``stop`` is already set (a stop that comes while a
+getMore waits interrupts the stream instead: see :func:`stop_closes`)."""
 
 
 def call_store(method: Callable[..., Any], *args: Any) -> Any:
@@ -83,7 +84,10 @@ def wait_for_stop(stop: threading.Event, seconds: float) -> None:
 def next_or_stop(stream: ChangeStream[Any], stop: threading.Event) -> Any:
     """``stream.try_next()``; a ``stop`` set while its getMore waits interrupts the stream from
     :func:`stop_closes`'s thread (the stream kills the cursor aside, so the server ends the
-    getMore at once) and this returns ``None`` from a stream no longer alive."""
+    getMore at once) and this returns ``None`` from a stream no longer alive. A ``stop``
+    already set returns :data:`ABANDONED` at once (no poll that may wait)."""
+    if stop.is_set():
+        return ABANDONED
     return stream.try_next()
 
 

@@ -266,3 +266,33 @@ def test_the_sync_stop_watcher_interrupts_the_stream_and_never_closes_it() -> No
     assert [name for name, _ in calls] == ["interrupt"]
     remaining = calls[0][1]
     assert remaining is not None and 0 < remaining <= 7.0, "bounded by the call timeout"
+
+
+def test_next_or_stop_with_stop_already_set_polls_nothing() -> None:
+    """A stop already set returns at once on both sides: no poll that may wait for the
+    server's await (the asyncio side started a full, unraced ``try_next`` then)."""
+    polls: list[str] = []
+
+    class Stream:
+        buffered = 0
+
+        def try_next(self) -> Any:
+            polls.append("sync")
+
+    class AsyncStream:
+        buffered = 0
+
+        async def try_next(self) -> Any:
+            polls.append("async")
+
+    stop = threading.Event()
+    stop.set()
+    assert _sync_io.next_or_stop(Stream(), stop) is _sync_io.ABANDONED  # type: ignore[arg-type]
+
+    async def main() -> Any:
+        event = asyncio.Event()
+        event.set()
+        return await _async_io.next_or_stop(AsyncStream(), event)  # type: ignore[arg-type]
+
+    assert asyncio.run(main()) is _async_io.ABANDONED
+    assert polls == []

@@ -26,6 +26,7 @@ from ._stream import ChangeStream
 
 __all__ = [
     "ABANDONED",
+    "STOP_CHECK",
     "bounded",
     "call_handler",
     "call_store",
@@ -99,8 +100,8 @@ class CurrentStream:
 
 
 STOP_CHECK = 0.05
-"""Seconds between the stop watcher's looks at ``stop`` (a ``threading.Event`` a user sets:
-no callback tells when)."""
+"""Seconds between looks at ``stop`` (a ``threading.Event`` a user sets: no callback tells
+when): the stop watcher's, and the workers' wait for room (:mod:`._workers`)."""
 
 
 @contextlib.contextmanager

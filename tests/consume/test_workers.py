@@ -296,3 +296,34 @@ def test_next_or_stop_with_stop_already_set_polls_nothing() -> None:
 
     assert asyncio.run(main()) is _async_io.ABANDONED
     assert polls == []
+
+
+def test_waiting_for_room_without_a_stop_sleeps_until_a_job_finishes() -> None:
+    """Without ``stop`` nothing needs looking at: the fetching thread's wait for room woke
+    20 times a second for nothing."""
+    hold = threading.Event()
+    lanes = Lanes(workers=2, max_in_flight=2)
+    workers = _workers.ThreadWorkers(lambda change: hold.wait(10), HandlerCalls(None), lanes,
+                                     keyed)
+    timeouts: list[float | None] = []
+    condition = workers._room
+    wait = condition.wait
+
+    def counting_wait(timeout: float | None = None) -> bool:
+        timeouts.append(timeout)
+        return wait(timeout)
+
+    condition.wait = counting_wait  # type: ignore[method-assign]
+    workers.submit(("a", 0), 0)
+    workers.submit(("b", 1), 1)
+    waiter = threading.Thread(target=workers.room)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not timeouts and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # long enough for several wake-ups at the old 50 ms
+    hold.set()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert timeouts and set(timeouts) == {None}
+    workers.close()

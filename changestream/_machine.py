@@ -183,8 +183,7 @@ class ChangeStreamMachine:
         postBatchResumeToken; the lag still counts from the event)."""
         max_await = options.max_await_time_ms
         self._await_seconds = 1.0 if max_await is None else max_await / 1000
-        self._opened_from: tuple[str, Mapping[str, Any]] | None = None
-        """The start option and token of the aggregate in flight (checked against its reply)."""
+        self._close_requested = False  # see request_close
         self._resumes = 0
         self._idle_resumes = 0
         """Resumes since the last successful getMore or non-empty batch (see MAX_IDLE_RESUMES)."""
@@ -291,6 +290,12 @@ class ChangeStreamMachine:
             return None
         return kill_command(cursor.id, cursor.collection, cursor.database, cursor.address)
 
+    def request_close(self) -> None:
+        """A close is coming from aside (another thread or task; only a flag): the getMore
+        :meth:`in_flight_kill` interrupts then fails (``CursorKilled``, or ``CursorNotFound``,
+        which looks resumable) and closes the stream, never resumes it."""
+        self._close_requested = True
+
     @property
     def busy(self) -> bool:
         """An operation is in progress."""
@@ -395,8 +400,6 @@ class ChangeStreamMachine:
             if isinstance(reply, Mapping):
                 server_time = newest_reply_time(reply, server_time)
             read = self._read_reply(reply, info, server_time, aggregate=aggregate)
-            if aggregate and self._opened_from is not None:
-                self._check_start_token(reply)
         except ChangeStreamError as exc:
             self._fire(Event.BAD_REPLY, _Reply(server_time), exc)
             return
@@ -422,7 +425,7 @@ class ChangeStreamMachine:
         if flight is Act.KILL_CURSORS:
             event = Event.KILLED  # spec: errors while killing the cursor are suppressed
         elif flight is Act.GETMORE:
-            event = self._getmore_error_event(error)
+            event = Event.CLOSING_ERROR if self._close_requested else self._getmore_error_event(error)
         else:
             event = self._aggregate_error_event(error)
         self._fire(event, None, error.exception)
@@ -432,8 +435,22 @@ class ChangeStreamMachine:
         return explained(
             error, self._spec.options, joins_fragments=self._fragments is not None,
             adds_split_stage=bool(self._split_stage),
-            opens_from_token=self._opened_from is not None and self._state.flight in AGGREGATES,
+            opens_from_token=self._state.flight in AGGREGATES
+            and self._opening_token(resume=self._state.flight in RESUMES) is not None,
         )
+
+    def _opening_token(self, *, resume: bool) -> tuple[str, Mapping[str, Any]] | None:
+        """The start option and token an aggregate opens from (``None``: no token). A resume
+        sends the cached token (unchanged while it runs), the initial aggregate the caller's
+        options (startAfter first, as :func:`start_options` sends them)."""
+        if resume:
+            token = self.resume_token
+            option = "startAfter" if self._use_start_after else "resumeAfter"
+        else:
+            options = self._spec.options
+            token = options.start_after if options.start_after is not None else options.resume_after
+            option = "startAfter" if options.start_after is not None else "resumeAfter"
+        return (option, token) if isinstance(token, Mapping) else None
 
     # -- classification ---------------------------------------------------------
     is_resumable = staticmethod(is_resumable)
@@ -467,16 +484,17 @@ class ChangeStreamMachine:
 
         ``arg`` is the event's data (a read reply, a delivered document and its
         token), ``error`` the exception it carries. An effect may report what it
-        found (the document taken, a malformed field) as the next event.
+        found (the document taken, a malformed field) as the next event; the first
+        that does ends the effects (a refused reply loads nothing after it).
         """
         while True:
             outcome = transition(self._state, event)
             self._state = outcome.state
             follow_up = None
             for effect in outcome.effects:
-                found = _EFFECTS[effect](self, arg, error)
-                if found is not None:
-                    follow_up = found
+                follow_up = _EFFECTS[effect](self, arg, error)
+                if follow_up is not None:
+                    break  # what it found is the next event: the rest do not apply
             if outcome.act is not None:
                 return self._build(outcome.act, arg)
             if follow_up is None:
@@ -560,6 +578,21 @@ class ChangeStreamMachine:
                     f"{describe(operation_time)}", field="operationTime", value=operation_time,
                 )
             self._operation_time = operation_time
+        return None
+
+    def _check_start_token(
+        self, read: _Reply, error: BaseException | None
+    ) -> tuple[Event, Any, BaseException | None] | None:
+        """The initial aggregate's start token ahead of the server's cluster time: warned of,
+        or refused (:func:`check_start_token`); the table then kills the new cursor."""
+        opening = self._opening_token(resume=False)
+        if opening is None:
+            return None
+        assert read.document is not None
+        try:
+            check_start_token(*opening, read.document, self._namespace())
+        except ChangeStreamError as exc:
+            return Event.FAIL, None, exc
         return None
 
     def _drop_cursor(self, arg: Any, error: BaseException | None) -> None:
@@ -663,10 +696,6 @@ class ChangeStreamMachine:
         return _Reply(server_time, info, reply, batch, cursor_id, database, collection,
                       post_batch_token)
 
-    def _check_start_token(self, reply: Mapping[str, Any]) -> None:
-        """A start token ahead of the server's cluster time (see :func:`check_start_token`)."""
-        assert self._opened_from is not None
-        check_start_token(*self._opened_from, reply, self._namespace())
 
     def _namespace(self) -> str:
         spec = self._spec
@@ -683,9 +712,6 @@ class ChangeStreamMachine:
 
     def _aggregate(self, *, is_resume: bool) -> RunAggregate:
         start = self._resume_options() if is_resume else start_options(self._spec.options)
-        option = "startAfter" if "startAfter" in start else "resumeAfter"
-        token = start.get(option)
-        self._opened_from = (option, token) if isinstance(token, Mapping) else None
         return aggregate_command(self._spec, start, self._split_stage, is_resume=is_resume)
 
     def _resume_options(self) -> dict[str, Any]:
@@ -711,6 +737,7 @@ _EFFECTS: Final[Mapping[Effect, _Effector]] = {
     Effect.UPDATE_CURSOR: ChangeStreamMachine._update_cursor,
     Effect.RESET_IDLE: ChangeStreamMachine._reset_idle,
     Effect.LOAD_BATCH: ChangeStreamMachine._load_batch,
+    Effect.CHECK_START_TOKEN: ChangeStreamMachine._check_start_token,
     Effect.SAVE_OPERATION_TIME: ChangeStreamMachine._save_operation_time,
     Effect.DROP_CURSOR: ChangeStreamMachine._drop_cursor,
     Effect.CLEAR_BUFFER: ChangeStreamMachine._clear_buffer,

@@ -64,10 +64,12 @@ import contextlib
 import copy
 import dataclasses
 import gc
+import logging
 from collections.abc import Mapping
 from typing import Any, cast
 
 import bson
+import pymongo
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.son import SON
@@ -100,6 +102,12 @@ __all__ = [
 ]
 
 CommandResult = tuple[Mapping[str, Any], ReplyInfo] | ErrorInfo
+
+log = logging.getLogger("changestream.stream")
+
+ASIDE_TIMEOUT = 5.0
+"""Seconds a killCursors sent aside (a close from another thread or task) may take: a close
+must not hang on a server that does not answer (the getMore's own close follows anyway)."""
 
 _RAW: CodecOptions[Any] = CodecOptions(document_class=RawBSONDocument)
 """Replies arrive raw: tokens keep their exact bytes, events are decoded once, with the user's codec.
@@ -271,6 +279,12 @@ class _Checkout:
     read_preference: Any = None
 
 
+def _aside_failed(kill: KillCursors, exc: Exception) -> None:
+    """A killCursors aside failed: said (debug), then left to the close that follows."""
+    log.debug("killCursors of cursor %s sent aside failed (the close kills it after the "
+              "getMore returns): %r", kill.command["cursors"][0], exc)
+
+
 def _abandon(client: Any, session: Any, owns_session: bool, kill: KillCursors | None) -> None:
     """Queue ``kill`` for the client's background killCursors task; end an implicit session.
 
@@ -420,13 +434,21 @@ class SyncTransport(_Transport):
     def run_aside(self, kill: KillCursors) -> None:
         """Best effort: ``kill`` on a connection of its own, without the stream's session, while
         the stream's getMore waits on another (a close from another thread: the server then
-        interrupts that getMore). Failures are ignored: the close that follows cleans up."""
-        with contextlib.suppress(Exception):
-            route = _route(self._client, kill)
-            server = self._client._select_server(route.selector, None, route.operation,
-                                                 address=route.address)
-            with self._client._conn_from_server(route.selector, server, None) as (conn, read_pref):
-                conn.command(kill.database, route.spec, **self._aside_kwargs(route, read_pref))
+        interrupts that getMore). Bounded by :data:`ASIDE_TIMEOUT` (a close must not hang on
+        an unreachable server); a failure is logged (debug) and left to the close that
+        follows, which kills the cursor after the getMore returns."""
+        try:
+            with pymongo.timeout(ASIDE_TIMEOUT):
+                route = _route(self._client, kill)
+                server = self._client._select_server(route.selector, None, route.operation,
+                                                     address=route.address)
+                with self._client._conn_from_server(route.selector, server, None) as (
+                    conn, read_pref
+                ):
+                    conn.command(kill.database, route.spec,
+                                 **self._aside_kwargs(route, read_pref))
+        except Exception as exc:
+            _aside_failed(kill, exc)
 
     def _release(self) -> None:
         """Check in a pinned connection (load-balanced mode)."""
@@ -491,15 +513,18 @@ class AsyncTransport(_Transport):
 
     async def run_aside(self, kill: KillCursors) -> None:
         """:meth:`SyncTransport.run_aside`, awaited."""
-        with contextlib.suppress(Exception):
-            route = _route(self._client, kill)
-            server = await self._client._select_server(route.selector, None, route.operation,
-                                                       address=route.address)
-            async with self._client._conn_from_server(route.selector, server, None) as (
-                conn, read_pref
-            ):
-                await conn.command(kill.database, route.spec,
-                                   **self._aside_kwargs(route, read_pref))
+        try:
+            with pymongo.timeout(ASIDE_TIMEOUT):
+                route = _route(self._client, kill)
+                server = await self._client._select_server(route.selector, None, route.operation,
+                                                           address=route.address)
+                async with self._client._conn_from_server(route.selector, server, None) as (
+                    conn, read_pref
+                ):
+                    await conn.command(kill.database, route.spec,
+                                       **self._aside_kwargs(route, read_pref))
+        except Exception as exc:
+            _aside_failed(kill, exc)
 
     async def _release(self) -> None:
         """Check in a pinned connection (load-balanced mode)."""

@@ -163,11 +163,14 @@ class StreamShell(StreamProgress):
         return taken
 
     def carried_token(self) -> Any:
-        """:attr:`resume_token`, or the bytes of the raw event it is in (see
+        """The machine's token as it holds it, or the bytes of the raw event it is in (see
         :meth:`take_carried`): ``consume`` presents only the tokens it stores
-        (:class:`~changestream._stream_view.StreamView`)."""
-        event = self._machine.token_event
-        return self.resume_token if event is None else event.raw
+        (:class:`~changestream._stream_view.StreamView`). Not presented here: a token held
+        on its own (the postBatchResumeToken, or a copy out of an event over 4 KiB, which
+        ``bson`` hands over as a view) would be decoded per change for nothing."""
+        machine = self._machine
+        event = machine.token_event
+        return machine.resume_token if event is None else event.raw
 
     def present_token(self, carried: Any) -> Any:
         """A token from :meth:`carried_token` or :meth:`take_carried`, in the stream's

@@ -127,6 +127,7 @@ class Effect(_Fast):
     UPDATE_CURSOR = "update the cursor id"
     RESET_IDLE = "reset the fruitless-resume count"
     LOAD_BATCH = "buffer the batch and its postBatchResumeToken"
+    CHECK_START_TOKEN = "check the start token against the server's clock (initial aggregate)"
     SAVE_OPERATION_TIME = "save operationTime (initial aggregate, spec rules)"
     DROP_CURSOR = "forget the cursor"
     CLEAR_BUFFER = "drop buffered documents and split fragments"
@@ -137,8 +138,10 @@ class Effect(_Fast):
     KEEP_ERROR = "keep the error to raise"
 
 
-_FOLLOW_UP_EFFECTS = frozenset({Effect.TAKE_DOCUMENT, Effect.SAVE_OPERATION_TIME})
-"""Effects whose application may produce the next event (what the document or reply was)."""
+_FOLLOW_UP_EFFECTS = frozenset({Effect.TAKE_DOCUMENT, Effect.CHECK_START_TOKEN,
+                                Effect.SAVE_OPERATION_TIME})
+"""Effects whose application may produce the next event (what the document or reply was);
+the first one that does ends the transition's effects (the rest are not applied)."""
 
 
 class Event(_Fast):
@@ -182,6 +185,9 @@ class Event(_Fast):
     """The client-side operation timeout (CSOT) expired."""
     ERROR = "error"
     """Any other error of a command: not resumable, not retried."""
+    CLOSING_ERROR = "getMore error after close requested"
+    """A getMore's error after a close was requested from aside (its cursor killed under it:
+    ``CursorKilled``, or ``CursorNotFound`` that looks resumable): closes, never resumes."""
     FAIL = "bad data"
     """The machine found an event, reply field or decode it cannot accept."""
 
@@ -398,9 +404,14 @@ def _reply(s: State, e: Event) -> Transition:
         raise _refuse(s, e, f"a {flight.value} cannot be in flight in phase {s.phase.value!r}")
     plan = (Act.NO_DOCUMENT,) if s.op is Op.START else ()
     state = _replace(s, phase=Phase.OPEN, flight=None, plan=plan, cursor=cursor)
-    effects = (Effect.NOTE_SERVER_TIME, Effect.STORE_CURSOR, Effect.LOAD_BATCH)
-    # Saving operationTime may find it malformed: last, so the new cursor is killed then.
-    return Transition(state, effects if resume else (*effects, Effect.SAVE_OPERATION_TIME))
+    if resume:  # the server echoed the token a resume sent: nothing to check
+        return Transition(state, (Effect.NOTE_SERVER_TIME, Effect.STORE_CURSOR, Effect.LOAD_BATCH))
+    # A refused start token or a malformed operationTime fails the stream: both come after
+    # STORE_CURSOR, so the new cursor is killed then; a refused token stops the effects before
+    # LOAD_BATCH, so the caller's token stays the cached one.
+    return Transition(state, (Effect.NOTE_SERVER_TIME, Effect.STORE_CURSOR,
+                              Effect.CHECK_START_TOKEN, Effect.LOAD_BATCH,
+                              Effect.SAVE_OPERATION_TIME))
 
 
 def _bad_reply(s: State, e: Event) -> Transition:
@@ -421,6 +432,8 @@ def _error(s: State, e: Event) -> Transition:
         raise _refuse(s, e, "no aggregate or getMore is in flight")
     if flight is Act.GETMORE:
         return _getmore_error(s, e)
+    if e is Event.CLOSING_ERROR:
+        raise _refuse(s, e, "only a getMore is interrupted by a close from aside")
     if e is Event.RETRYABLE_ERROR and flight in _RETRY:
         # Retryable reads: one more attempt of the same aggregate.
         return Transition(_replace(s, flight=None, plan=(_RETRY[flight],)))
@@ -435,6 +448,12 @@ def _error(s: State, e: Event) -> Transition:
 def _getmore_error(s: State, e: Event) -> Transition:
     if e is Event.ERROR:
         return _fail(s)
+    if e is Event.CLOSING_ERROR:
+        # The close asked for is what happened: no resume, no error; a cursor the kill aside
+        # may have missed is killed first.
+        plan = (Act.KILL_CURSORS, Act.NO_DOCUMENT) if s.cursor is Cursor.LIVE else (Act.NO_DOCUMENT,)
+        closed = _replace(s, phase=Phase.CLOSED, flight=None, plan=plan, getmores=None)
+        return Transition(closed, (Effect.CLEAR_BUFFER,))
     if e is Event.RETRYABLE_ERROR:
         raise _refuse(s, e, "getMore errors are classified by resumability")
     pending = _replace(s, phase=Phase.RESUME_PENDING, flight=None)
@@ -479,6 +498,7 @@ _RULES = {
     Event.CURSOR_LOST: _error,
     Event.TIMEOUT: _error,
     Event.ERROR: _error,
+    Event.CLOSING_ERROR: _error,
     Event.FAIL: _bad_data,
 }
 """Which rule decides each event."""
@@ -518,6 +538,7 @@ _DIAGRAM_LABELS = {
     Event.RETRYABLE_ERROR: "retryable error",
     Event.TIMEOUT: "client timeout",
     Event.ERROR: "error",
+    Event.CLOSING_ERROR: "close",
     Event.BAD_REPLY: "invalid reply or event",
     Event.FAIL: "invalid reply or event",
     Event.ACT_MID_SPLIT: "invalid reply or event",

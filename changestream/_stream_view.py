@@ -13,6 +13,8 @@ slower path.
 
 The polling calls themselves (``try_next``, ``close``) are not here: they are
 awaited on one side and not on the other, and the loops are written per side.
+:meth:`StreamView.interrupt` is the one call that is (awaited on the asyncio side): the
+sync stop watcher calls it from its own thread.
 """
 
 from __future__ import annotations
@@ -64,6 +66,12 @@ class StreamView(Protocol):
     def present_token(self, carried: Any) -> Any:
         """A token from :meth:`carried_token` or :meth:`take_carried` as a token in the
         stream's document class (what a store saves)."""
+
+    def interrupt(self) -> Any:
+        """End a poll waiting on the server, from another thread or task (awaited on the
+        asyncio side): safe while that poll runs, and it never touches state the poll uses.
+        A change stream closes (its getMore's cursor is killed aside); a snapshot closes only
+        its change stream, if one is open (the copy's session stays with the copy)."""
 
     def take_carried(self, limit: int) -> list[tuple[Any, Any]]:
         """Up to ``limit`` buffered changes, each with its carried token; no I/O, ``[]`` when

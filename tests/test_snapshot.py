@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
-from pymongo import MongoClient
+from pymongo import MongoClient, monitoring
 from snapshot_support import Sink, Writer, collection_state, make_collection, wait_for
 
 import changestream
@@ -483,3 +483,56 @@ def test_the_copy_runs_inside_a_client_side_timeout(client: Client) -> None:
                 break
             copied.append(record["documentKey"]["_id"])
     assert sorted(copied) == list(range(40))
+
+
+class _GetMores(monitoring.CommandListener):
+    """Sets ``sent`` when a getMore goes out once ``watching``."""
+
+    def __init__(self) -> None:
+        self.sent = threading.Event()
+        self.watching = False
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "getMore" and self.watching:
+            self.sent.set()
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def test_interrupt_leaves_the_copy_alone_and_ends_a_waiting_stream(simulator: Any) -> None:
+    """The sync stop watcher interrupts from its own thread. During the copy the copy's
+    session is in use by its getMores: an interrupt must not end it (a close did: "Cannot
+    use ended session", and a stream opened after it was never closed). Once streaming, it
+    ends a getMore waiting on the server at once."""
+    listener = _GetMores()
+    with MongoClient(simulator.uri, event_listeners=[listener]) as client:
+        coll = make_collection(client.test, "c", 30)
+        with changestream.snapshot_then_watch(coll, copy_batch_size=7, full_document="required",
+                                              max_await_time_ms=30_000) as stream:
+            records = [stream.try_next() for _ in range(3)]
+            aside = threading.Thread(target=stream.interrupt)
+            aside.start()
+            aside.join()
+            assert stream.alive and stream.copying
+            coll.insert_one({"_id": 100, "v": 0})  # after the copy's time: a change
+            while True:
+                record = stream.try_next()
+                if "snapshot" not in record:
+                    break
+                records.append(record)
+            assert {r["documentKey"]["_id"] for r in records} == set(range(30))
+            assert record["documentKey"] == {"_id": 100} and stream.alive
+            polled: list[Any] = []
+            poll = threading.Thread(target=lambda: polled.append(stream.try_next()))
+            listener.watching = True
+            poll.start()
+            assert listener.sent.wait(10), "the poll's getMore went out"
+            started = time.monotonic()
+            stream.interrupt()
+            poll.join(10)
+            assert not poll.is_alive() and time.monotonic() - started < 5
+            assert polled == [None] and not stream.alive

@@ -9,11 +9,9 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any, Final
+from typing import Any
 
 import pymongo
-
-from .._stream_view import StreamView
 
 __all__ = ["DEFAULT_CALL_TIMEOUT", "call_bound", "check_call_timeout", "signals_stop"]
 
@@ -60,14 +58,9 @@ def signals_stop(enabled: bool, set_stop: Callable[[], object]) -> Iterator[None
             signal.signal(sig, old)
 
 
-def call_bound(stream: StreamView, call_timeout: float) -> contextlib.AbstractContextManager[Any]:
-    """The client-side timeout around one poll of ``stream`` (a change stream, or the
+def call_bound(call_timeout: float) -> contextlib.AbstractContextManager[Any]:
+    """The client-side timeout around one poll that may do I/O (a change stream, or the
     initial-snapshot wrapper, whose copy getMores go without ``maxTimeMS``:
-    :func:`changestream._pymongo.plain_command_spec`). A poll answered from the
-    stream's buffer does no I/O and needs none (it runs per change)."""
-    if stream.buffered > 1:
-        return _NO_BOUND
+    :func:`changestream._pymongo.plain_command_spec`). The loop polls a stream's buffer
+    (two or more changes waiting) without it: no I/O, and it runs per change."""
     return pymongo.timeout(call_timeout)
-
-
-_NO_BOUND: Final = contextlib.nullcontext()

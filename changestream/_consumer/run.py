@@ -104,7 +104,8 @@ class Run:
         self.handler_error: BaseException | None = None
         """The handler's own exception, if it ended the run (propagated untouched)."""
         self.store_error: BaseException | None = None
-        """The token store's exception, if a save failed (no second save on the way out)."""
+        """The token store's exception if the last save failed (no second save on the way out;
+        cleared by the next save that succeeds)."""
         self.history = history if history is not None else HistoryPolicy(
             "raise", None, is_collection=False)
         self.calls = calls if calls is not None else HandlerCalls(None)
@@ -215,6 +216,8 @@ class Run:
         return SAVE if due else NOTHING
 
     def saved(self) -> None:
+        """A save succeeded: the store works again (the way out flushes to it too)."""
+        self.store_error = None
         self.progress.saved()
         self.stats.on_stored(self.progress.token)
 

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bson.raw_bson import RawBSONDocument
+
 from .._token import ResumeToken
 
 __all__ = ["SaveSchedule", "check_save_options"]
@@ -66,8 +68,8 @@ class SaveSchedule:
 
     def on_change(self, token: Any) -> bool:
         """A change was handled, ``token`` after it (as :meth:`~changestream._stream_view.StreamView.carried_token` gives it: the
-        raw event's bytes are presented only if read); ``True``: save now."""
-        if type(token) is bytes:
+        raw event's bytes, or a raw token, are presented only if read); ``True``: save now."""
+        if type(token) is bytes or type(token) is RawBSONDocument:
             self._carried = token
         else:
             self.token = token

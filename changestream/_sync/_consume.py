@@ -178,7 +178,7 @@ def consume(
         try:
             with pymongo.timeout(run.open_timeout()):
                 stream = open_stream(run.opening())
-            current.stream = stream  # a stop now closes it (the sync twin; see stop_closes)
+            current.stream = stream  # a stop now interrupts it (the sync twin; see stop_closes)
         except Exception as exc:
             if run.history_lost(exc):
                 return True
@@ -196,7 +196,7 @@ def consume(
                     if stream.buffered > 1:  # from the buffer: no I/O, no bound (per change)
                         change = stream.try_next()
                     else:  # a getMore may wait: a stop abandons it (see stop_closes)
-                        with call_bound(stream, run.call_timeout):
+                        with call_bound(run.call_timeout):
                             change = next_or_stop(stream, stop)
                         if change is ABANDONED:
                             break
@@ -257,7 +257,7 @@ def consume(
 
     start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
     try:
-        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop) as current:
+        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop, run.call_timeout) as current:
             while tenacity.Retrying(sleep=sleep, **run.retrying())(session):
                 pass
     except Exception as exc:

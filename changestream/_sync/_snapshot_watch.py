@@ -218,6 +218,15 @@ class SnapshotThenWatch:
         if self._stream is not None:
             self._stream.close()
 
+    def interrupt(self) -> None:
+        """End a poll waiting on the change stream, from another thread or task: closes the
+        change stream if one is open, nothing else. The copy shares one session between its
+        commands (a close from aside would end it under a getMore) and each of its commands
+        returns promptly; :meth:`close`, by whoever polls, ends the rest."""
+        stream = self._stream
+        if stream is not None:
+            stream.close()
+
     def _end_session(self) -> None:
         with contextlib.suppress(Exception):
             self._session.end_session()

@@ -179,6 +179,7 @@ class ChangeStream(StreamShell, Generic[_T]):
         ``max_await_time_ms``), and that call returns ``None`` or stops iterating.
         """
         self._close_requested = True
+        self._machine.request_close()  # the getMore the kill interrupts closes, never resumes
         kill = self._machine.in_flight_kill()  # (only while another call waits on a getMore)
         if kill is not None:
             self._transport.run_aside(kill)
@@ -186,6 +187,11 @@ class ChangeStream(StreamShell, Generic[_T]):
             with self._deadline():
                 self._machine.close()
                 self._run(interruptible=False)
+
+    def interrupt(self) -> None:
+        """:meth:`close`, which is safe from another thread or task (a waiting getMore is
+        killed aside; see :class:`~changestream._stream_view.StreamView`)."""
+        self.close()
 
     def __iter__(self) -> ChangeStream[_T]:
         return self

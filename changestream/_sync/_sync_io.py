@@ -8,6 +8,7 @@ The sync modules are written by ``tools/gen_sync.py`` from the
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,10 +21,12 @@ from pymongo.errors import PyMongoError
 from .._consumer.handler_errors import HandlerCalls
 from .._consumer.history import HistoryGap
 from .._consumer.options import ConsumeOptions
+from .._stream_view import StreamView
 from ._stream import ChangeStream
 
 __all__ = [
     "ABANDONED",
+    "STOP_CHECK",
     "bounded",
     "call_handler",
     "call_store",
@@ -34,8 +37,11 @@ __all__ = [
     "wait_for_stop",
 ]
 
+log = logging.getLogger("changestream.consume")
+
 ABANDONED: Any = object()
-"""Never returned here: a stop closes the stream instead (see :func:`stop_closes`)."""
+"""What :func:`next_or_stop` returns when ``stop`` is already set (a stop that comes while a
+getMore waits interrupts the stream instead: see :func:`stop_closes`)."""
 
 
 def call_store(method: Callable[..., Any], *args: Any) -> Any:
@@ -77,29 +83,35 @@ def wait_for_stop(stop: threading.Event, seconds: float) -> None:
 
 
 def next_or_stop(stream: ChangeStream[Any], stop: threading.Event) -> Any:
-    """``stream.try_next()``; a ``stop`` set while its getMore waits closes the stream from
+    """``stream.try_next()``; a ``stop`` set while its getMore waits interrupts the stream from
     :func:`stop_closes`'s thread (the stream kills the cursor aside, so the server ends the
-    getMore at once) and this returns ``None`` from a stream no longer alive."""
+    getMore at once) and this returns ``None`` from a stream no longer alive. A ``stop``
+    already set returns :data:`ABANDONED` at once (no poll that may wait)."""
+    if stop.is_set():
+        return ABANDONED
     return stream.try_next()
 
 
 class CurrentStream:
-    """The stream a run polls now (:func:`stop_closes` closes it when ``stop`` is set)."""
+    """The stream a run polls now (:func:`stop_closes` interrupts it when ``stop`` is set)."""
 
     def __init__(self) -> None:
-        self.stream: ChangeStream[Any] | None = None
+        self.stream: StreamView | None = None
 
 
 STOP_CHECK = 0.05
-"""Seconds between the stop watcher's looks at ``stop`` (a ``threading.Event`` a user sets:
-no callback tells when)."""
+"""Seconds between looks at ``stop`` (a ``threading.Event`` a user sets: no callback tells
+when): the stop watcher's, and the workers' wait for room (:mod:`._workers`)."""
 
 
 @contextlib.contextmanager
-def stop_closes(stop: threading.Event) -> Iterator[CurrentStream]:
-    """While the block runs, ``stop`` set by another thread closes :attr:`CurrentStream.stream`:
-    a stop after the last change does not wait for the getMore in flight (its await, 1 s by
-    default). Nothing is lost: that getMore's changes come after every handled one."""
+def stop_closes(stop: threading.Event, call_timeout: float) -> Iterator[CurrentStream]:
+    """While the block runs, ``stop`` set by another thread interrupts
+    :attr:`CurrentStream.stream` (:meth:`~changestream._stream_view.StreamView.interrupt`, the
+    one call safe from another thread; bounded by ``call_timeout``): a stop after the last
+    change does not wait for the getMore in flight (its await, 1 s by default). Nothing is
+    lost: that getMore's changes come after every handled one; the polling thread closes
+    the stream itself."""
     current = CurrentStream()
     finished = threading.Event()
 
@@ -108,8 +120,11 @@ def stop_closes(stop: threading.Event) -> Iterator[CurrentStream]:
             if stop.wait(STOP_CHECK):
                 stream = current.stream
                 if stream is not None and not finished.is_set():
-                    with contextlib.suppress(Exception):
-                        stream.close()
+                    try:
+                        with pymongo.timeout(call_timeout):
+                            stream.interrupt()
+                    except Exception as exc:  # the polling thread's close cleans up
+                        log.debug("the stop could not interrupt the stream: %r", exc)
                 return
 
     watcher = threading.Thread(target=watch, name="changestream-stop", daemon=True)

@@ -17,15 +17,11 @@ from typing import Any
 
 from .._consumer.handler_errors import HandlerCalls
 from .._lanes import Job, Lanes
-from ._sync_io import call_handler
+from ._sync_io import STOP_CHECK, call_handler
 
 __all__ = ["ThreadWorkers"]
 
 log = logging.getLogger("changestream.consume")
-
-
-_STOP_CHECK = 0.05
-"""Seconds between looks at ``stop`` while the fetching thread waits for room."""
 
 
 class ThreadWorkers:
@@ -69,7 +65,8 @@ class ThreadWorkers:
 
         ``False``: ``stop`` was set meanwhile (nothing is admitted: the caller stops, and
         ``drain_timeout`` bounds what follows). A stop or a signal sets an event nobody
-        here is notified of, so the wait looks at it every :data:`_STOP_CHECK` seconds.
+        here is notified of, so the wait looks at it every ``STOP_CHECK`` seconds; without
+        ``stop`` it sleeps until a job finishes (or fails).
         """
         with self._lock:
             lanes = self._lanes
@@ -77,7 +74,7 @@ class ThreadWorkers:
                 while not lanes.roomy and self.failure is None:
                     if stop is not None and stop.is_set():
                         return False
-                    self._room.wait(_STOP_CHECK)
+                    self._room.wait(None if stop is None else STOP_CHECK)
             self._raise_failure()
         return True
 

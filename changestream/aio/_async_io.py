@@ -105,10 +105,11 @@ async def next_or_stop(stream: AsyncChangeStream[Any], stop: asyncio.Event) -> A
     once the last change is handled. Cancelling the call is what the stream allows: it
     closes and kills its cursor in the background. Nothing is lost: whatever that getMore
     would have brought is after every handled change, so after the stored token.
-    Returns :data:`ABANDONED` then. A buffered change is returned without a task.
+    Returns :data:`ABANDONED` then, and at once when ``stop`` is already set. (The loop
+    polls a stream's buffer itself: this runs only when a getMore may be needed.)
     """
-    if stream.buffered > 1 or stop.is_set():  # no I/O while two or more wait
-        return await stream.try_next()
+    if stop.is_set():
+        return ABANDONED
     fetch = asyncio.ensure_future(stream.try_next())
     stopped = asyncio.ensure_future(stop.wait())
     try:
@@ -132,10 +133,10 @@ class CurrentStream:
 
 
 @contextlib.contextmanager
-def stop_closes(stop: asyncio.Event) -> Iterator[CurrentStream]:
+def stop_closes(stop: asyncio.Event, call_timeout: float) -> Iterator[CurrentStream]:
     """Nothing to watch here: :func:`next_or_stop` races each waiting poll against ``stop``.
-    (The sync twin's ``stop`` is a ``threading.Event``: a thread watches it and closes the
-    current stream.)"""
+    (The sync twin's ``stop`` is a ``threading.Event``: a thread watches it and interrupts
+    the current stream, bounded by ``call_timeout``.)"""
     yield CurrentStream()
 
 

@@ -198,7 +198,7 @@ async def consume(
         try:
             with pymongo.timeout(run.open_timeout()):
                 stream = await open_stream(run.opening())
-            current.stream = stream  # a stop now closes it (the sync twin; see stop_closes)
+            current.stream = stream  # a stop now interrupts it (the sync twin; see stop_closes)
         except Exception as exc:
             if run.history_lost(exc):
                 return True
@@ -216,7 +216,7 @@ async def consume(
                     if stream.buffered > 1:  # from the buffer: no I/O, no bound (per change)
                         change = await stream.try_next()
                     else:  # a getMore may wait: a stop abandons it (see stop_closes)
-                        with call_bound(stream, run.call_timeout):
+                        with call_bound(run.call_timeout):
                             change = await next_or_stop(stream, stop)
                         if change is ABANDONED:
                             break
@@ -277,7 +277,7 @@ async def consume(
 
     start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
     try:
-        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop) as current:
+        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop, run.call_timeout) as current:
             while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):
                 pass
     except Exception as exc:

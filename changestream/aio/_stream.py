@@ -221,6 +221,7 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         ``max_await_time_ms``), and that call returns ``None`` or stops iterating.
         """
         self._close_requested = True
+        self._machine.request_close()  # the getMore the kill interrupts closes, never resumes
         kill = self._machine.in_flight_kill()  # (only while another call waits on a getMore)
         if kill is not None:
             await self._transport.run_aside(kill)
@@ -229,6 +230,11 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
             with self._deadline():
                 self._machine.close()
                 await self._run(interruptible=False)
+
+    async def interrupt(self) -> None:
+        """:meth:`close`, which is safe from another thread or task (a waiting getMore is
+        killed aside; see :class:`~changestream._stream_view.StreamView`)."""
+        await self.close()
 
     def __aiter__(self) -> AsyncChangeStream[_T]:
         return self

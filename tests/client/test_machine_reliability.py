@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import bson
 import pytest
 from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
 from test_machine import (
     Driver,
     aggregate_reply,
@@ -112,6 +114,41 @@ def test_an_event_that_is_not_a_document_is_a_clear_error() -> None:
     assert "must be a document" in str(err)
 
 
+def dated_token(seconds: int) -> dict[str, Any]:
+    """A resume token (hex KeyString) at cluster time ``seconds``."""
+    return {"_data": f"82{seconds:08X}00000001" + "2B022C0100296E5A1004" + "AB" * 16 + "04"}
+
+
+@pytest.mark.parametrize("option", ["resume_after", "start_after"])
+def test_a_refused_future_start_token_kills_the_cursor_it_opened(option: str) -> None:
+    """The server opened cursor 42 for a token a year ahead of its clock: the stream is
+    refused, and that cursor is killed (it stayed open on the server before)."""
+    now = 1_700_000_000
+    future = dated_token(now + 366 * 86_400)
+    driver = Driver(**{option: future})
+    reply = {**aggregate_reply(pbrt=future), "operationTime": Timestamp(now, 1)}
+    err = raised(driver.start(reply, {"ok": 1}))
+    assert isinstance(err, InvalidResumeTokenError)
+    assert err.field == ("resumeAfter" if option == "resume_after" else "startAfter")
+    assert driver.names() == ["aggregate", "killCursors"]
+    kill = driver.commands[1].command
+    assert kill["killCursors"] == "coll" and kill["cursors"] == [42]
+    assert driver.machine.resume_token == future, "the caller's token stays cached"
+    assert not driver.machine.alive
+
+
+def test_a_resume_is_not_checked_against_the_start_token() -> None:
+    """A resume's token is one the server gave: a reply whose clock lags it is not refused."""
+    now = 1_700_000_000
+    driver = opened(event(1), event(2), pbrt=dated_token(now + 366 * 86_400))
+    assert delivered(driver.next()) == event(1)
+    assert delivered(driver.next()) == event(2)
+    lagging = {**aggregate_reply(pbrt=token(3)), "operationTime": Timestamp(now, 1)}
+    result = driver.try_next(resumable(), {"ok": 1}, lagging)
+    assert isinstance(result, NoDocument)
+    assert driver.machine.alive
+
+
 class TestNoHotLoop:
     """A server that accepts every resume aggregate and fails every getMore."""
 
@@ -153,3 +190,28 @@ class TestNoHotLoop:
         driver = opened(pbrt=token(1))
         raised(driver.next(error(2), {"ok": 1}))
         assert not driver.machine.alive
+
+
+@pytest.mark.parametrize("code", [43, 237], ids=["CursorNotFound", "CursorKilled"])
+def test_a_get_more_killed_by_a_close_from_aside_closes_without_resuming(
+    code: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """close() from another thread kills the waiting getMore's cursor aside: its error
+    (CursorNotFound looks resumable) must close the stream, not log and count a resume."""
+    driver = opened(pbrt=token(1))
+    machine = driver.machine
+    machine.begin_next()
+    getmore = machine.next_action()
+    assert "getMore" in getmore.command  # type: ignore[union-attr]
+    kill = machine.in_flight_kill()
+    assert kill is not None
+    machine.request_close()  # what the shell's close() does before sending the kill aside
+    with caplog.at_level(logging.INFO, logger="changestream"):
+        machine.receive_error(error(code, labels=["ResumableChangeStreamError"]))
+        assert machine.phase is Phase.CLOSED and machine.resumes == 0
+        kill_again = machine.next_action()  # the cursor, should the kill aside have missed it
+        assert "killCursors" in kill_again.command  # type: ignore[union-attr]
+        machine.receive_error(error(43))
+        assert isinstance(machine.next_action(), NoDocument)
+    assert not [r for r in caplog.records if "resuming" in r.getMessage()]
+    assert machine.resume_token == token(1) and not machine.alive

@@ -128,7 +128,8 @@ LISTED: list[tuple[str, State, Event, Transition]] = [
     # Replies.
     ("watch() opened the stream", S(op=Op.START, flight=Act.AGGREGATE), Event.REPLY,
      Transition(S(OPEN, Op.START, plan=(Act.NO_DOCUMENT,), cursor=LIVE),
-             (*AGGREGATE_OK, E.SAVE_OPERATION_TIME))),
+             (E.NOTE_SERVER_TIME, E.STORE_CURSOR, E.CHECK_START_TOKEN, E.LOAD_BATCH,
+              E.SAVE_OPERATION_TIME))),
     ("a resume that opened an exhausted cursor", S(PENDING, Op.NEXT, Act.RESUME), Event.FINAL_REPLY,
      Transition(S(OPEN, Op.NEXT, cursor=DONE), AGGREGATE_OK)),
     ("a getMore reply", IN_GETMORE, Event.REPLY,
@@ -168,6 +169,10 @@ LISTED: list[tuple[str, State, Event, Transition]] = [
      Transition(S(PENDING, Op.NEXT, plan=(Act.RESUME,)), (E.BEGIN_RESUME, E.DROP_CURSOR))),
     ("a getMore's other error fails the stream", IN_GETMORE, Event.ERROR,
      Transition(FAILED_LIVE, FAIL_EFFECTS)),
+    ("a getMore interrupted by a close from aside closes, never resumes", IN_GETMORE,
+     Event.CLOSING_ERROR,
+     Transition(S(CLOSED, Op.NEXT, plan=(Act.KILL_CURSORS, Act.NO_DOCUMENT), cursor=LIVE),
+             (E.CLEAR_BUFFER,))),
 ]
 
 
@@ -196,6 +201,8 @@ IMPOSSIBLE: list[tuple[State, Event, str]] = [
     (S(op=Op.START, flight=Act.AGGREGATE), Event.RESUMABLE_ERROR,
      "aggregate errors are classified by the retryable-reads spec"),
     (IN_GETMORE, Event.RETRYABLE_ERROR, "getMore errors are classified by resumability"),
+    (S(PENDING, Op.NEXT, Act.RESUME), Event.CLOSING_ERROR,
+     "only a getMore is interrupted by a close from aside"),
     (S(op=Op.START), Event.DOCUMENT, "only a next/try_next on an open stream"),
     (S(op=Op.START, plan=(Act.NO_DOCUMENT,)), Event.FAIL, "bad data is found only"),
 ]

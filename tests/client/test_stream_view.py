@@ -62,6 +62,12 @@ def test_the_view_names_what_the_consumers_use() -> None:
             "buffered", "resume_token", "alive", "position", "resumes"} <= view_members()
 
 
+def test_the_view_has_the_interrupt_the_stop_watcher_calls() -> None:
+    """The sync stop watcher ends a waiting poll from its own thread through ``interrupt``
+    (a close from there raced a snapshot's copy for its session)."""
+    assert "interrupt" in view_members()
+
+
 def test_the_stream_classes_are_all_found() -> None:
     names = {cls.__name__ for cls in polled_classes()}
     assert {"ChangeStream", "AsyncChangeStream", "SnapshotThenWatch",

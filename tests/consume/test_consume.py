@@ -12,6 +12,7 @@ from typing import Any
 
 import bson
 import pytest
+from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import (
     AutoReconnect,
@@ -447,3 +448,52 @@ def test_transient_handler_errors_are_retried_for_retry_for_before_on_error_coun
         with pytest.raises(AutoReconnect):
             run(failing(1000, AutoReconnect("down")), "e", calls)
         assert letters == []
+
+
+def test_a_store_that_recovered_still_gets_the_last_token_on_the_way_out(coll: Any) -> None:
+    """A save failed once (transient: the stream reopened), later saves worked; when the
+    handler then fails, the last handled token is still flushed (the first failure is not
+    held against the store for the rest of the run)."""
+    start = token_before_writes(coll)
+    coll.insert_many([{"i": i} for i in range(6)])
+
+    class FlakyStore(RecordingStore):
+        failures = 1
+
+        def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise AutoReconnect("the token store's primary stepped down")
+            super().save(token, batch_id=batch_id)
+
+    store = FlakyStore(StoredToken(start, None, changestream.stores._now()))
+    handled: list[Any] = []
+
+    def handler(change: Any) -> None:
+        if change["fullDocument"]["i"] == 5:
+            raise ValueError("handler bug")
+        handled.append(change["_id"])
+
+    with pytest.raises(ValueError, match="handler bug"):
+        changestream.consume(lambda token: changestream.watch(coll, resume_after=token, **FAST),
+                             handler, store, save_every=2, backoff_initial=0.01)
+    assert store.failures == 0, "the first save failed"
+    stored = store.load()
+    assert stored is not None and same(stored.token, handled[-1]), (
+        "the change handled before the failing one is stored")
+
+
+def test_the_carried_token_of_a_large_event_is_presented_only_when_asked(coll: Any) -> None:
+    """``bson`` hands an event over 4 KiB over as a view into its reply: the machine copies its
+    token out, and ``carried_token`` gives that raw copy (was: decoded to the stream's
+    document class per change, though consume presents only the one it stores)."""
+    start = token_before_writes(coll)
+    coll.insert_many([{"i": i, "pad": "x" * 5000} for i in range(3)])
+    with changestream.watch(coll, resume_after=start, **FAST) as stream:
+        change = stream.next()
+        assert change["fullDocument"]["i"] == 0
+        carried = stream.carried_token()
+        assert type(carried) is RawBSONDocument and type(carried.raw) is bytes
+        presented = stream.present_token(carried)
+        assert type(presented) is dict and same(presented, change["_id"])
+        assert same(stream.resume_token, presented)

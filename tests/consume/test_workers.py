@@ -239,3 +239,91 @@ def test_on_error_dead_letters_after_the_retries_sync_and_async() -> None:
 def test_bad_on_error_options_are_one_clear_error(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         OnError(**options)
+
+
+def test_the_sync_stop_watcher_interrupts_the_stream_and_never_closes_it() -> None:
+    """``stop`` set while a stream is polled: the watcher thread calls ``interrupt()`` (the one
+    call safe from another thread), under a client-side timeout, and leaves ``close()`` to the
+    polling thread (a snapshot's close from aside ended the session its copy was using)."""
+    from pymongo import _csot
+
+    calls: list[tuple[str, float | None]] = []
+
+    class Stream:
+        def interrupt(self) -> None:
+            calls.append(("interrupt", _csot.remaining()))
+
+        def close(self) -> None:
+            calls.append(("close", None))
+
+    stop = threading.Event()
+    with _sync_io.stop_closes(stop, 7.0) as current:
+        current.stream = Stream()  # type: ignore[assignment]
+        stop.set()
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert [name for name, _ in calls] == ["interrupt"]
+    remaining = calls[0][1]
+    assert remaining is not None and 0 < remaining <= 7.0, "bounded by the call timeout"
+
+
+def test_next_or_stop_with_stop_already_set_polls_nothing() -> None:
+    """A stop already set returns at once on both sides: no poll that may wait for the
+    server's await (the asyncio side started a full, unraced ``try_next`` then)."""
+    polls: list[str] = []
+
+    class Stream:
+        buffered = 0
+
+        def try_next(self) -> Any:
+            polls.append("sync")
+
+    class AsyncStream:
+        buffered = 0
+
+        async def try_next(self) -> Any:
+            polls.append("async")
+
+    stop = threading.Event()
+    stop.set()
+    assert _sync_io.next_or_stop(Stream(), stop) is _sync_io.ABANDONED  # type: ignore[arg-type]
+
+    async def main() -> Any:
+        event = asyncio.Event()
+        event.set()
+        return await _async_io.next_or_stop(AsyncStream(), event)  # type: ignore[arg-type]
+
+    assert asyncio.run(main()) is _async_io.ABANDONED
+    assert polls == []
+
+
+def test_waiting_for_room_without_a_stop_sleeps_until_a_job_finishes() -> None:
+    """Without ``stop`` nothing needs looking at: the fetching thread's wait for room woke
+    20 times a second for nothing."""
+    hold = threading.Event()
+    lanes = Lanes(workers=2, max_in_flight=2)
+    workers = _workers.ThreadWorkers(lambda change: hold.wait(10), HandlerCalls(None), lanes,
+                                     keyed)
+    timeouts: list[float | None] = []
+    condition = workers._room
+    wait = condition.wait
+
+    def counting_wait(timeout: float | None = None) -> bool:
+        timeouts.append(timeout)
+        return wait(timeout)
+
+    condition.wait = counting_wait  # type: ignore[method-assign]
+    workers.submit(("a", 0), 0)
+    workers.submit(("b", 1), 1)
+    waiter = threading.Thread(target=workers.room)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not timeouts and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # long enough for several wake-ups at the old 50 ms
+    hold.set()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert timeouts and set(timeouts) == {None}
+    workers.close()

@@ -38,6 +38,7 @@ from bson.timestamp import Timestamp
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from ._delta_layout import SEQ_SHIFT
+from ._delta_recopy import END
 from ._merge import CLEARS, change_effect, change_order, key_json
 from ._snapshot import SNAPSHOT_MARK
 
@@ -133,8 +134,15 @@ class HistoryTable:
         version: int,
         data: DataColumns,
         live: Callable[[], Iterable[str]],
+        *,
+        stale: Sequence[str] = (),
     ) -> pa.Table:
-        """The batch's history rows, in token order (``live``: the keys present before it)."""
+        """The batch's history rows, in token order (``live``: the keys present before it).
+
+        ``stale``: the keys a recopy's ``snapshotEnd`` record deletes (the copy did not
+        bring them again: deleted while the history was lost); a ``delete`` row each, at
+        that record.
+        """
         ordered = [change for _, change in sorted(
             ((change_order(change, i), change) for i, change in enumerate(changes)),
             key=lambda pair: pair[0])]
@@ -167,6 +175,10 @@ class HistoryTable:
                 alive |= {k for k, up in touched.items() if up}
                 for key in sorted(alive):
                     add(key, "delete", str(operation), change, None)
+                continue
+            if operation == END:
+                for key in stale:
+                    add(key, "delete", END, change, None)
                 continue
             document_key = change.get("documentKey")
             if not isinstance(document_key, Mapping) or "_id" not in document_key:

@@ -360,13 +360,13 @@ class DeltaSink:
             return
         try:
             first_load = self._first_load(staged)
-            before = self._history_first(staged, token)
             if first_load:
-                self._commit(self._base_rows(staged), batch_id, token, base=True, before=before)
+                self._commit(self._base_rows(staged), batch_id, token, base=True,
+                             changes=staged)
             else:
                 batch = merge_columns(staged, full_document=self.full_document,
                                       json_options=self._json_options)
-                self._commit(batch, batch_id, token, before=before)
+                self._commit(batch, batch_id, token, changes=staged)
         except BaseException:
             self._staged = staged + self._staged  # a retried save commits them
             raise
@@ -377,8 +377,12 @@ class DeltaSink:
 
     def _history_first(
         self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any] | None
-    ) -> Callable[[int], None] | None:
-        """The history table's commit of ``changes`` as batch ``v``, run before this table's."""
+    ) -> Callable[[int, Sequence[str]], None] | None:
+        """The history table's commit of ``changes`` as batch ``v``, run before this table's.
+
+        Its second argument: the keys a recopy's end deletes in this commit (``stale``),
+        history rows at the ``snapshotEnd`` record like any change's.
+        """
         history = self.history
         if history is None:
             return None
@@ -393,8 +397,9 @@ class DeltaSink:
             keys: list[str] = self.read_current().column(KEY).to_pylist()
             return keys
 
-        def commit(version: int) -> None:
-            history.write(history.rows(changes, version, data, live), version, text)
+        def commit(version: int, stale: Sequence[str]) -> None:
+            history.write(history.rows(changes, version, data, live, stale=stale), version,
+                          text)
 
         return commit
 
@@ -459,7 +464,7 @@ class DeltaSink:
                 else:
                     if part:
                         self._commit_changes(part, part[-1]["_id"])
-                    self._commit(None, None, change["_id"],
+                    self._commit(None, None, change["_id"], changes=[change],
                                  resnapshot="abandon" if interrupted(change) else "close")
                 done = i + 1
             if done < len(staged):
@@ -473,7 +478,7 @@ class DeltaSink:
                         batch_id: int | None = None, *, resnapshot: str | None = None) -> None:
         batch = merge_columns(changes, full_document=self.full_document,
                               json_options=self._json_options) if changes else None
-        self._commit(batch, batch_id, token, resnapshot=resnapshot)
+        self._commit(batch, batch_id, token, changes=changes, resnapshot=resnapshot)
 
     def _base_rows(self, staged: Sequence[Mapping[str, Any]]) -> pa.Table:
         """Snapshot records as a merge table: one upsert per key, no collapse needed."""
@@ -527,16 +532,16 @@ class DeltaSink:
             return False
         if isinstance(batch, pa.Table):
             self._refuse_tables()
-        before = None
-        if self.history is not None:
-            if isinstance(batch, (MergeBatch, pa.Table)):
+        changes: Sequence[Mapping[str, Any]] | None = None
+        if isinstance(batch, (MergeBatch, pa.Table)):
+            if self.history is not None:
                 raise ValueError("a sink with a history table writes lists of changes (the "
                                  "history keeps every change, a merge batch only the last)")
-            before = self._history_first(batch, token)
-        if not isinstance(batch, (MergeBatch, pa.Table)):
+        else:
+            changes = batch
             batch = merge_columns(batch, full_document=self.full_document,
                                   json_options=self._json_options)
-        if not self._commit(batch, version, token, cleared=cleared, before=before):
+        if not self._commit(batch, version, token, cleared=cleared, changes=changes):
             return False
         self._maybe_compact()
         return True
@@ -550,12 +555,13 @@ class DeltaSink:
         *,
         cleared: bool = False,
         base: bool = False,
-        before: Callable[[int], None] | None = None,
+        changes: Sequence[Mapping[str, Any]] | None = None,
         resnapshot: str | None = None,
     ) -> bool:
         """One commit of the batch's rows, its version and token; retried on conflicts.
 
-        ``before(version)`` runs right before the commit (the history table's commit).
+        ``changes``: the raw changes the rows come from; with a history table they are
+        committed there first, as the same version (with a recopy's end deletes).
         ``resnapshot``: ``"open"`` notes that a resnapshot starts after these rows,
         ``"close"`` appends the deletes of the keys it did not bring (and ends it),
         ``"abandon"`` ends it without deletes (the copy was cut short).
@@ -584,6 +590,7 @@ class DeltaSink:
                 ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON
             )
         since = self._resnapshot_from
+        before = None if changes is None else self._history_first(changes, token)
         for attempt in self._retrying():
             with attempt:
                 table = self.table() or self._create()
@@ -607,7 +614,9 @@ class DeltaSink:
                 properties = CommitProperties(custom_metadata=metadata,
                                               app_transactions=transactions)
                 if before is not None and number is not None:
-                    before(number)
+                    stale: Sequence[str] = () if resnapshot != "close" or source is None \
+                        else source.column(KEY).to_pylist()
+                    before(number, stale)
                 if source is None:
                     rows = self._table_schema.empty_table()
                 else:

@@ -506,6 +506,9 @@ class DeltaSink:
         if self._drift is not None:
             raise ValueError("a sink with on_mismatch='rescue' or evolve=True builds its rows "
                              "itself: give it changes, not a merge table")
+        if self.history is not None:
+            raise ValueError("a sink with a history table writes lists of changes (the "
+                             "history keeps every change, a merge table only each key's last)")
 
     # -- whole batches -----------------------------------------------------------------------
     def write(
@@ -533,11 +536,11 @@ class DeltaSink:
         if isinstance(batch, pa.Table):
             self._refuse_tables()
         changes: Sequence[Mapping[str, Any]] | None = None
-        if isinstance(batch, (MergeBatch, pa.Table)):
+        if isinstance(batch, MergeBatch):
             if self.history is not None:
                 raise ValueError("a sink with a history table writes lists of changes (the "
                                  "history keeps every change, a merge batch only the last)")
-        else:
+        elif not isinstance(batch, pa.Table):
             changes = batch
             batch = merge_columns(batch, full_document=self.full_document,
                                   json_options=self._json_options)

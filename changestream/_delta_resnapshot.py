@@ -65,8 +65,15 @@ _log = logging.getLogger("changestream.mirror")
 _APP = "changestream.app_id"
 _TOKEN = "changestream.token"
 _EJSON = json_util.CANONICAL_JSON_OPTIONS
-_RECORD_ID = {"_data": SNAPSHOT_MARK, "phase": "resnapshot"}
-"""The ``_id`` of a chunk's rows as staged changes (ordered before events; keys are disjoint)."""
+
+
+def _record_id(at: Timestamp | None) -> dict[str, Any]:
+    """The ``_id`` of a chunk's rows as staged changes (ordered before events; keys are
+    disjoint), with the chunk's read time as ``at``: the history's ``valid_from`` of them."""
+    record: dict[str, Any] = {"_data": SNAPSHOT_MARK, "phase": "resnapshot"}
+    if at is not None:
+        record["at"] = at
+    return record
 
 
 def request_snapshot(path: str, storage_options: dict[str, str] | None = None) -> int:
@@ -374,19 +381,20 @@ class DeltaResnapshot:
                                                                    json_options=_EJSON)
         namespace = {"db": self.collection.database.name, "coll": self.collection.name}
         window = self._window
+        record_id = _record_id(chunk.at)
         applied = dropped = deleted = 0
         for text, doc in chunk.documents.items():
             if text in window:
                 dropped += 1
                 continue
-            self.sink({"_id": _RECORD_ID, "operationType": "replace", "ns": namespace,
+            self.sink({"_id": record_id, "operationType": "replace", "ns": namespace,
                        "documentKey": {"_id": doc["_id"]}, "fullDocument": doc})
             applied += 1
         for text in self._keys_in_range(lower, progress.after is not None, chunk):
             if text in chunk.documents or text in window:
                 continue
             key = json_util.loads(text, json_options=self._json)
-            self.sink({"_id": _RECORD_ID, "operationType": "delete", "ns": namespace,
+            self.sink({"_id": record_id, "operationType": "delete", "ns": namespace,
                        "documentKey": {"_id": key}})
             deleted += 1
         progress.chunks += 1

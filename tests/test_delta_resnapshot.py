@@ -160,6 +160,43 @@ def test_a_chunk_row_never_overwrites_a_newer_change(
     assert_mirrors(path, coll, "changestream")
 
 
+def test_history_as_of_after_a_resnapshot_has_one_row_per_key(
+    client: MongoClient[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A chunk's rows in the history carry its read time (``valid_from``): as of any later
+    time each key has one row, a key changed after the chunk its newest version."""
+    from datetime import datetime, timezone
+
+    from bson import json_util
+
+    coll = client.db.history
+    coll.insert_many([{"_id": i, "v": 0} for i in range(20)])
+    path = tmp_path / "t"
+    sink = DeltaSink(str(path), full_document="updateLookup", history=str(tmp_path / "h"))
+    mirror = DeltaResnapshot(sink, coll, chunk_size=100, poll_seconds=0)
+    consume(coll, mirror, mirror, initial_snapshot=True, save_every=1000,
+            watch_options={"max_await_time_ms": 50, "full_document": "updateLookup"},
+            stop=_after_idle(mirror))
+    sink.request_snapshot()
+    token = sink.load().token  # type: ignore[union-attr]
+    mirror.save(token)  # reads the chunk
+    with coll.watch(resume_after=token, full_document="updateLookup") as stream:
+        coll.update_one({"_id": 3}, {"$set": {"v": 1}})
+        mirror(stream.next())
+        mirror.save(stream.resume_token)  # the chunk applied (3 dropped: in the window)
+        assert not mirror.progress.active and mirror.progress.applied == 19
+        coll.update_one({"_id": 5}, {"$set": {"v": 2}})  # after the chunk's row of 5
+        mirror(stream.next())
+        mirror.save(stream.resume_token)
+    history = sink.read_history()
+    assert history.column("valid_from").null_count == 0
+    rows = sink.read_as_of(datetime(2100, 1, 1, tzinfo=timezone.utc)).to_pylist()
+    found = {json_util.loads(r["_key"]): json_util.loads(r["document"]) for r in rows}
+    assert len(found) == len(rows), "a key twice as of now"
+    assert found == {d["_id"]: d for d in coll.find()}
+    assert found[5] == {"_id": 5, "v": 2}
+
+
 def _after_idle(mirror: DeltaResnapshot) -> threading.Event:
     """A stop event set once the stream is idle and no re-snapshot runs (a watcher thread)."""
     stop = threading.Event()

@@ -259,6 +259,13 @@ def test_mirror_a_database_survives_kill_9_and_keeps_every_table_exactly_once(
     (["--coll", "c", "--exclude", "x"], "leave out --coll"),
     (["--coll-regex", "("], "--coll-regex: not a regular expression"),
     (["--schema", "a INT"], "--schema types one collection's documents: give --coll"),
+    (["--verify"], "--verify works on one collection's table: give --coll"),
+    (["--history", "/tmp/h"], "--history works on one collection's table: give --coll"),
+    (["--on-history-lost", "resnapshot"],
+     "--on-history-lost resnapshot works on one collection's table: give --coll"),
+    (["--snapshot-readers", "1"], "--snapshot-readers works on one collection's table"),
+    (["--resnapshot"], "--resnapshot works on one collection's table: give --coll"),
+    (["--resnapshot-chunk", "10000"], "--resnapshot-chunk works on one collection's table"),
 ])
 def test_mirror_a_database_bad_arguments_exit_2_with_one_line(
     tmp_path: Path, extra: list[str], says: str

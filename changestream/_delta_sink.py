@@ -745,6 +745,7 @@ class DeltaSink:
         return verify_table(
             collection, self.load(), delta if compacted else None, self.read_current,
             self._table_schema, self.schema, self._json_options, examples=examples,
+            drift=self._drift,
         )
 
     def finish(self) -> Compaction | None:

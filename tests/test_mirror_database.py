@@ -255,6 +255,15 @@ def test_mirror_a_database_survives_kill_9_and_keeps_every_table_exactly_once(
     assert plain_state(tmp_path / "b2") == {doc["_id"]: doc for doc in db.b2.find()}
 
 
+def test_a_database_sink_refuses_history_and_uris(tmp_path: Path) -> None:
+    """One history for every collection, or a URI it cannot list: one clear error each."""
+    with pytest.raises(ValueError, match="one history table for every collection"):
+        DatabaseSink(tmp_path, object(), history=tmp_path / "h")
+    with pytest.raises(ValueError, match="is a URI; a whole database is mirrored into a local"):
+        DatabaseSink("s3://bucket/shop", object())
+    assert not (tmp_path / "h").exists()
+
+
 @pytest.mark.parametrize(("extra", "says"), [
     (["--coll", "c", "--exclude", "x"], "leave out --coll"),
     (["--coll-regex", "("], "--coll-regex: not a regular expression"),

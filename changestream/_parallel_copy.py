@@ -18,7 +18,11 @@
   single reader's: the next run continues after the last committed ``_id``
   at the same ``T`` (in parallel again, or with one reader), and once the
   last range is committed, ``consume`` finds nothing after it and streams
-  from ``T``.
+  from ``T``;
+* a copy that outlives the server's snapshot history (SnapshotTooOld, 239;
+  ``minSnapshotHistoryWindowInSeconds``), or a restart after it, stops after
+  its last commit (:attr:`CopyResult.too_old`): the single reader continues
+  from that position at a new read time, as it does after any window overrun.
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from bson.timestamp import Timestamp
-from pymongo.errors import PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError
 
 from ._delta_resnapshot import bson_order_key
 from ._snapshot import (
+    SNAPSHOT_TOO_OLD,
     SnapshotError,
     SnapshotPosition,
     is_snapshot_position,
@@ -64,6 +69,10 @@ class CopyResult:
     documents: int = 0
     ranges: int = 0
     commits: int = 0
+    too_old: bool = False
+    """The server no longer keeps ``at`` (SnapshotTooOld, 239): the copy stopped after its
+    last commit in ``_id`` order; the single reader goes on from there (``consume`` with
+    ``initial_snapshot=True`` reads the rest at a new time, as after any window overrun)."""
 
 
 def split_points(collection: Any, parts: int) -> list[Any]:
@@ -158,6 +167,9 @@ def parallel_copy(collection: Any, sink: _Sink, *, readers: int, batch: int = 10
         try:
             for out in queues:
                 while (docs := out.get()) is not _END:
+                    if isinstance(docs, OperationFailure) and docs.code == SNAPSHOT_TOO_OLD:
+                        result.too_old = True  # every commit so far is in _id order: a prefix
+                        return result
                     if isinstance(docs, BaseException):
                         raise docs
                     _commit(sink, start, docs, result)

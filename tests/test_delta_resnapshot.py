@@ -296,6 +296,58 @@ def test_parallel_first_copy_under_concurrent_writes_has_no_gap_and_no_duplicate
     assert plain_state(target) == {doc["_id"]: doc for doc in coll.find()}
 
 
+def test_parallel_copy_past_the_snapshot_history_goes_on_with_one_reader(
+    rs: ReplicaSet, client: MongoClient[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A parallel copy stopped mid-way, restarted after the server dropped its cluster time
+    (SnapshotTooOld): it stops after its committed prefix and one reader copies the rest."""
+    from changestream._parallel_copy import parallel_copy
+
+    coll = client.db.too_old
+    coll.insert_many([{"_id": i, "v": i} for i in range(3000)])
+    target = tmp_path / "t"
+    sink = DeltaSink(str(target), full_document="updateLookup")
+
+    class Killed(Exception):
+        pass
+
+    class Dies:  # the sink of a process killed after two commits
+        def __init__(self) -> None:
+            self.saves = 0
+
+        def __call__(self, change: Any) -> None:
+            sink(change)
+
+        def load(self) -> Any:
+            return sink.load()
+
+        def save(self, token: Any, *, batch_id: int | None = None) -> None:
+            if self.saves == 2:
+                raise Killed
+            self.saves += 1
+            sink.save(token, batch_id=batch_id)
+
+    with pytest.raises(Killed):
+        parallel_copy(coll, Dies(), readers=3, batch=500)
+    admin = client.admin
+    admin.command({"setParameter": 1, "minSnapshotHistoryWindowInSeconds": 1})
+    try:
+        time.sleep(2.2)  # the history window (1 s, in whole seconds) passes the copy's time
+        coll.insert_one({"_id": "later"})  # a write prunes what is older than the window
+        again = DeltaSink(str(target), full_document="updateLookup")
+        result = parallel_copy(coll, again, readers=3, batch=500)
+    finally:
+        admin.command({"setParameter": 1, "minSnapshotHistoryWindowInSeconds": 300})
+    assert result.too_old and result.commits == 0
+    args = [sys.executable, "-m", "changestream", "mirror", rs.uri, "--db", "db", "--coll",
+            coll.name, "--to", str(target), "--no-status", "--until-idle", "0.3",
+            "--snapshot-readers", "3", "--app-id", "changestream"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "SnapshotTooOld" in done.stderr and "one reader" in done.stderr
+    assert_mirrors(target, coll, "changestream")
+
+
 def test_mirror_snapshot_readers_end_to_end(
     rs: ReplicaSet, client: MongoClient[dict[str, Any]], tmp_path: Path
 ) -> None:

@@ -364,8 +364,11 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
             from .._parallel_copy import parallel_copy
 
             say(f"copying {namespace} into {args.to} with {args.snapshot_readers} readers")
-            parallel_copy(client[args.db][args.coll], sink, readers=args.snapshot_readers,
-                          batch=args.batch)
+            copied = parallel_copy(client[args.db][args.coll], sink,
+                                   readers=args.snapshot_readers, batch=args.batch)
+            if copied.too_old:
+                say("the server no longer keeps the copy's cluster time (SnapshotTooOld): the "
+                    "copy goes on with one reader at a new time")
             stored = resnapshot.load()
         if stored is None:
             say(f"mirroring {namespace} into {args.to}: snapshot first; Ctrl-C to stop")

@@ -235,7 +235,12 @@ class DeltaResnapshot:
         return stored
 
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
-        if token.get("_data") == SNAPSHOT_MARK:  # the first copy: a re-snapshot waits for it
+        if token.get("_data") == SNAPSHOT_MARK:
+            # the first copy, or a recopy after a lost history: a re-snapshot waits for it; a
+            # chunk read before it is stale (its window would take every copied key) and the
+            # table's keys change: the next chunk is read again from ``progress.after``
+            self._chunk, self._table_keys, self._table_texts = None, None, []
+            self._window.clear()
             self.sink.save(token, batch_id=batch_id)
             return
         before = dataclasses.replace(self.progress)

@@ -375,38 +375,23 @@ class DeltaSink:
         else:
             self._maybe_compact()
 
-    def _history_first(
-        self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any] | None
-    ) -> Callable[[int, Sequence[str]], None] | None:
-        """The history table's commit of ``changes`` as batch ``v``, run before this table's.
-
-        Its second argument: the keys a recopy's end deletes in this commit (``stale``),
-        history rows at the ``snapshotEnd`` record like any change's.
-        """
-        history = self.history
-        if history is None:
-            return None
-        text = None if token is None else self._token_text(token)
+    def _write_history(self, changes: Sequence[Mapping[str, Any]], version: int,
+                       token: str | None, stale: Sequence[str]) -> None:
+        """The history table's commit of ``changes`` as batch ``version``, before this table's
+        (``stale``: the keys a recopy's end deletes in this commit, rows at ``snapshotEnd``)."""
+        assert self.history is not None
 
         def data(keys: list[str], documents: list[Mapping[str, Any] | None]) -> pa.Table:
             rows = source_table(keys, ["upsert"] * len(keys), documents, self.schema,
-                           self._json_options, self._drift, count=False)
+                                self._json_options, self._drift, count=False)
             return rows.drop_columns([KEY, OP])
 
         def live() -> list[str]:
             keys: list[str] = self.read_current().column(KEY).to_pylist()
             return keys
 
-        def commit(version: int, stale: Sequence[str]) -> None:
-            history.write(history.rows(changes, version, data, live, stale=stale), version,
-                          text)
-
-        return commit
-
-    @staticmethod
-    def _token_text(token: Mapping[str, Any]) -> str:
-        return json_util.dumps(ResumeToken.of(token, check=False).document(),
-                               json_options=_TOKEN_JSON)
+        rows = self.history.rows(changes, version, data, live, stale=stale)
+        self.history.write(rows, version, token)
 
     def read_history(self) -> pa.Table:
         """The history table with ``valid_to`` (:data:`HISTORY_SQL`), by ``_key`` then ``_seq``."""
@@ -588,12 +573,12 @@ class DeltaSink:
         if drift is not None and drift.evolve:
             self._table_schema = table_schema(drift.schema)  # new fields, new columns
         metadata = {**self.commit_metadata, _META_APP: self.app_id}
-        if token is not None:
-            metadata[_META_TOKEN] = json_util.dumps(
-                ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON
-            )
+        text = None if token is None else json_util.dumps(
+            ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON)
+        if text is not None:
+            metadata[_META_TOKEN] = text
         since = self._resnapshot_from
-        before = None if changes is None else self._history_first(changes, token)
+        history = None if changes is None or self.history is None else changes
         for attempt in self._retrying():
             with attempt:
                 table = self.table() or self._create()
@@ -616,10 +601,9 @@ class DeltaSink:
                     transactions = [Transaction(self.app_id, number)]
                 properties = CommitProperties(custom_metadata=metadata,
                                               app_transactions=transactions)
-                if before is not None and number is not None:
-                    stale: Sequence[str] = () if resnapshot != "close" or source is None \
-                        else source.column(KEY).to_pylist()
-                    before(number, stale)
+                if history is not None and number is not None:
+                    self._write_history(history, number, text, () if resnapshot != "close"
+                                        or source is None else source.column(KEY).to_pylist())
                 if source is None:
                     rows = self._table_schema.empty_table()
                 else:

@@ -37,16 +37,13 @@ from bson import json_util
 from bson.timestamp import Timestamp
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from ._delta_layout import SEQ_SHIFT
+from ._delta_layout import DELETE, KEY, OP, SEQ, SEQ_SHIFT, UPSERT
 from ._delta_recopy import END
 from ._merge import CLEARS, change_effect, change_order, key_json
 from ._snapshot import SNAPSHOT_MARK
 
 __all__ = ["AS_OF_SQL", "HISTORY_SQL", "HistoryTable", "as_of", "history_schema", "with_valid_to"]
 
-KEY = "_key"
-SEQ = "_seq"
-OP = "_op"
 OPERATION = "_operation"
 CLUSTER_TIME = "_cluster_time"
 TOKEN = "_token"
@@ -164,7 +161,7 @@ class HistoryTable:
             tokens.append(json_util.dumps(change["_id"], json_options=_TOKEN_JSON,
                                           separators=(",", ":")))
             documents.append(document)
-            touched[key] = op == "upsert"
+            touched[key] = op == UPSERT
 
         for change in ordered:
             operation = change.get("operationType")
@@ -174,11 +171,11 @@ class HistoryTable:
                 alive = {k for k in present if touched.get(k, True)}
                 alive |= {k for k, up in touched.items() if up}
                 for key in sorted(alive):
-                    add(key, "delete", str(operation), change, None)
+                    add(key, DELETE, str(operation), change, None)
                 continue
             if operation == END:
                 for key in stale:
-                    add(key, "delete", END, change, None)
+                    add(key, DELETE, END, change, None)
                 continue
             document_key = change.get("documentKey")
             if not isinstance(document_key, Mapping) or "_id" not in document_key:
@@ -255,6 +252,6 @@ def as_of(history: pa.Table, time: datetime) -> pa.Table:
         raise ValueError("as_of: give an aware datetime (UTC), not a naive one")
     at = pa.scalar(time.astimezone(timezone.utc), _TIME)
     starts, ends = history.column(VALID_FROM), history.column(VALID_TO)
-    keep = pc.and_(pc.and_(pc.equal(history.column(OP), "upsert"), pc.less_equal(starts, at)),
+    keep = pc.and_(pc.and_(pc.equal(history.column(OP), UPSERT), pc.less_equal(starts, at)),
                    pc.or_kleene(pc.is_null(ends), pc.greater(ends, at)))
     return history.filter(keep.fill_null(False))

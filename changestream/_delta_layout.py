@@ -40,7 +40,8 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 __all__ = [
     "CURRENT_SQL", "DELETE", "KEY", "LOG_ROW_GROUP", "OP", "SEQ", "UPSERT", "Compaction", "LogSize",
-    "compact", "current_state", "layout_schema", "log_size", "merge_small", "with_seq",
+    "compact", "current_state", "latest", "layout_schema", "log_size", "merge_small",
+    "with_seq",
 ]
 
 KEY = "_key"
@@ -169,8 +170,8 @@ def _overlaps(spans: list[tuple[str, str]], highs: list[str], low: str, high: st
 
 
 # -- reading the current state ----------------------------------------------------------------
-def _latest(rows: pa.Table) -> pa.Table:
-    """The row with the highest ``_seq`` of each key, sorted by ``_key``."""
+def latest(rows: pa.Table) -> pa.Table:
+    """The row with the highest ``_seq`` of each key, sorted by ``_key`` (its newest version)."""
     if rows.num_rows == 0:
         return rows
     rows = rows.sort_by([(KEY, "ascending"), (SEQ, "descending")])
@@ -185,7 +186,7 @@ def _latest(rows: pa.Table) -> pa.Table:
 def current_state(table: DeltaTable) -> pa.Table:
     """The collection's current state as Arrow: ``_key`` and the data columns, by ``_key``."""
     dataset = table.to_pyarrow_dataset()
-    log = _latest(dataset.to_table(filter=pc.field(SEQ) > 0))
+    log = latest(dataset.to_table(filter=pc.field(SEQ) > 0))
     base = dataset.to_table(filter=pc.field(SEQ) == 0)
     if log.num_rows:
         base = base.filter(pc.invert(pc.is_in(base.column(KEY), value_set=log.column(KEY))))
@@ -283,7 +284,7 @@ def compact(
     def batches() -> Iterator[pa.RecordBatch]:
         for low, high, paths in units:
             in_range = (pc.field(KEY) >= low) & (pc.field(KEY) <= high)
-            logged = _latest(log.to_table(filter=in_range).select(schema.names).cast(schema))
+            logged = latest(log.to_table(filter=in_range).select(schema.names).cast(schema))
             if paths:
                 base = _subset(dataset, fragments, paths).to_table().select(schema.names).cast(schema)
                 read[0] += base.num_rows

@@ -36,21 +36,18 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from decimal import Decimal
 from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from bson import json_util
-from bson.binary import Binary
-from bson.decimal128 import Decimal128
-from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pymongo.errors import PyMongoError
 
+from ._delta_layout import KEY, OP, SEQ, UPSERT, latest
 from ._merge import CANONICAL, RELAXED, key_json
-from ._snapshot import SNAPSHOT_MARK, range_filter, type_rank
+from ._snapshot import SNAPSHOT_MARK, SnapshotBatches, bson_order_key, range_filter
 from ._token import token_cluster_time
 from .stores import StoredToken
 
@@ -88,36 +85,6 @@ def request_snapshot(path: str, storage_options: dict[str, str] | None = None) -
                     commit_properties=CommitProperties(custom_metadata={REQUEST: when}))
     table.update_incremental()
     return table.version()
-
-
-# -- BSON order of _id values ------------------------------------------------------------------
-def bson_order_key(value: Any) -> tuple[Any, ...]:
-    """A sort key that orders decoded ``_id`` values as mongod does (type rank, then value)."""
-    rank = type_rank(value)
-    if isinstance(value, bool):
-        return (rank, value)
-    if isinstance(value, Decimal128):
-        return (rank, value.to_decimal())
-    if isinstance(value, (int, float, Decimal)):
-        return (rank, value)
-    if isinstance(value, str):
-        return (rank, value)
-    if isinstance(value, ObjectId):
-        return (rank, value.binary)
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-        return (rank, value)
-    if isinstance(value, Timestamp):
-        return (rank, (value.time, value.inc))
-    if isinstance(value, Mapping):
-        return (rank, tuple((type_rank(v), k, bson_order_key(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return (rank, tuple(bson_order_key(v) for v in value))
-    if isinstance(value, (bytes, Binary)):
-        subtype = value.subtype if isinstance(value, Binary) else 0
-        return (rank, (len(value), subtype, bytes(value)))
-    return (rank, repr(value))  # MinKey, MaxKey, null: one value per rank
 
 
 # -- progress ----------------------------------------------------------------------------------
@@ -312,24 +279,19 @@ class DeltaResnapshot:
         database = self.collection.database
         documents: dict[str, Mapping[str, Any]] = {}
         with database.client.start_session() as session:
-            reply = database.command(
-                {"aggregate": self.collection.name, "pipeline": pipeline,
-                 "cursor": {"batchSize": self.chunk_size},
-                 "readConcern": {"level": "snapshot"}}, session=session)
-            cursor = reply["cursor"]
-            at = cursor.get("atClusterTime") or reply.get("operationTime")
-            batch, cursor_id = cursor["firstBatch"], cursor["id"]
-            while True:
+
+            def read(command: dict[str, Any]) -> Mapping[str, Any]:
+                reply: Mapping[str, Any] = database.command(command, session=session)
+                return reply
+
+            batches = SnapshotBatches(read, self.collection.name, pipeline,
+                                      batch_size=self.chunk_size)
+            for batch in batches:
                 for doc in batch:
                     documents[key_json(doc["_id"], self._json)] = doc
-                if not cursor_id:
-                    break
-                more = database.command("getMore", cursor_id, collection=self.collection.name,
-                                        session=session)
-                batch, cursor_id = more["cursor"]["nextBatch"], more["cursor"]["id"]
         last = len(documents) < self.chunk_size
         upper = None if last else list(documents.values())[-1]["_id"]
-        self._chunk = _Chunk(at if isinstance(at, Timestamp) else None, documents, upper, last)
+        self._chunk = _Chunk(batches.at, documents, upper, last)
         self._window.clear()
         self._mark()
 
@@ -365,15 +327,9 @@ class DeltaResnapshot:
         if table is None:
             self._table_keys, self._table_texts = [], []
             return
-        rows = table.to_pyarrow_dataset().to_table(columns=["_key", "_seq", "_op"])
-        if rows.num_rows:
-            rows = rows.sort_by([("_key", "ascending"), ("_seq", "descending")])
-            keys = rows.column("_key").combine_chunks()
-            first = pa.concat_arrays([pa.array([True]), pc.not_equal(
-                keys.slice(1), keys.slice(0, len(keys) - 1)).fill_null(True)])
-            rows = rows.filter(first)  # each key's latest row; the live ones below
-            rows = rows.filter(pc.equal(rows.column("_op"), "upsert"))
-        texts: list[str] = rows.column("_key").to_pylist()
+        rows = latest(table.to_pyarrow_dataset().to_table(columns=[KEY, SEQ, OP]))
+        rows = rows.filter(pc.equal(rows.column(OP), UPSERT))  # the live keys
+        texts: list[str] = rows.column(KEY).to_pylist()
         pairs = sorted((bson_order_key(json_util.loads(text, json_options=self._json)), text)
                        for text in texts)
         self._table_keys = [pair[0] for pair in pairs]

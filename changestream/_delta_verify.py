@@ -33,7 +33,7 @@ from deltalake import DeltaTable
 
 from ._delta_drift import Drift
 from ._delta_layout import KEY, OP, SEQ
-from ._snapshot import is_snapshot_position
+from ._snapshot import SnapshotBatches, is_snapshot_position
 from ._token import token_cluster_time
 from .stores import StoredToken
 
@@ -266,21 +266,8 @@ def collection_batches(
     ``read(command)`` runs one command (in one session, so getMores find the
     cursor) and returns the reply.
     """
-    concern: dict[str, Any] = {"level": "snapshot"}
-    if at is not None:
-        concern["atClusterTime"] = at
-    reply = read({"aggregate": coll, "pipeline": [], "cursor": {"batchSize": batch_size},
-                  "readConcern": concern})
-    cursor = reply["cursor"]
-    documents = list(cursor["firstBatch"])
-    while True:
-        if documents:
-            yield convert(documents)
-        cursor_id = cursor["id"]
-        if not cursor_id:
-            return
-        cursor = read({"getMore": cursor_id, "collection": coll, "batchSize": batch_size})["cursor"]
-        documents = list(cursor["nextBatch"])
+    for documents in SnapshotBatches(read, coll, [], at=at, batch_size=batch_size):
+        yield convert(documents)
 
 
 def new_powers() -> _Powers:

@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import threading
@@ -37,14 +38,16 @@ from typing import Any, Protocol
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure, PyMongoError
 
-from ._delta_resnapshot import bson_order_key
 from ._snapshot import (
     SNAPSHOT_TOO_OLD,
+    SnapshotBatches,
     SnapshotError,
     SnapshotPosition,
+    bson_order_key,
     is_snapshot_position,
     range_filter,
     type_rank,
+    uuid_hex,
 )
 from .stores import StoredToken
 
@@ -213,30 +216,22 @@ def _read_range(collection: Any, at: Timestamp, bounds: tuple[Any, bool, Any, bo
     pipeline.append({"$sort": {"_id": 1}})
     database = collection.database
     with database.client.start_session() as session:
-        reply = database.command(
-            {"aggregate": collection.name, "pipeline": pipeline, "cursor": {"batchSize": batch},
-             "readConcern": {"level": "snapshot", "atClusterTime": at}}, session=session)
-        docs, cursor_id = reply["cursor"]["firstBatch"], reply["cursor"]["id"]
-        while True:
-            if docs:
+
+        def read(command: dict[str, Any]) -> Mapping[str, Any]:
+            reply: Mapping[str, Any] = database.command(command, session=session)
+            return reply
+
+        batches = iter(SnapshotBatches(read, collection.name, pipeline, at=at,
+                                       batch_size=batch))
+        with contextlib.closing(batches):  # a stop kills the cursor
+            for docs in batches:
                 yield docs
-            if not cursor_id or stop.is_set():
-                if cursor_id:
-                    database.command("killCursors", collection.name, cursors=[cursor_id],
-                                     session=session)
-                return
-            more = database.command("getMore", cursor_id, collection=collection.name,
-                                    batchSize=batch, session=session)
-            docs, cursor_id = more["cursor"]["nextBatch"], more["cursor"]["id"]
+                if stop.is_set():
+                    return
 
 
 def _uuid(database: Any, name: str) -> str | None:
     """The collection's UUID as hex (a drop before the stream starts is then noticed)."""
     for info in database.list_collections(filter={"name": name}):
-        value = (info.get("info") or {}).get("uuid")
-        if value is not None:
-            try:
-                return bytes(value.bytes if hasattr(value, "bytes") else value).hex()
-            except (TypeError, ValueError):
-                return None
+        return uuid_hex((info.get("info") or {}).get("uuid"))
     return None

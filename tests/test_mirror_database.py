@@ -333,6 +333,10 @@ def test_merge_into_tables_routes_each_batch_by_collection_once(db: Any, tmp_pat
         assert versions == sorted(set(versions)) and versions[-1] == 1, versions
     assert committed_versions(tmp_path / "a", "spark") == [0, 1]
     assert func.sinks["a"].skipped == 1 and func.sinks["c"].skipped == 1
+    for name in ("a", "c"):  # each table's position: its collection's last event
+        last = [e for e in events if e.get("ns", {}).get("coll") == name][-1]
+        stored = DeltaSink(str(tmp_path / name), app_id="spark").load()
+        assert stored is not None and stored.token["_data"] == last["_id"]["_data"], name
 
 
 

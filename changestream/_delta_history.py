@@ -37,7 +37,7 @@ from bson import json_util
 from bson.timestamp import Timestamp
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from ._delta_layout import DELETE, KEY, OP, SEQ, SEQ_SHIFT, UPSERT
+from ._delta_layout import DELETE, KEY, OP, REOPEN_EVERY, SEQ, SEQ_SHIFT, UPSERT
 from ._delta_recopy import END
 from ._merge import CLEARS, change_effect, change_order, key_json
 from ._snapshot import SNAPSHOT_MARK
@@ -113,11 +113,22 @@ class HistoryTable:
         self.storage_options = storage_options
         self.rows_written = 0
         """History rows committed by this object (replaced ones included)."""
+        self._table: DeltaTable | None = None
+        self._opened_at = 0
 
     def table(self) -> DeltaTable | None:
+        """The table at its latest version (``None``: not made yet); kept open between
+        batches and opened anew every ``REOPEN_EVERY`` versions, as the sink's."""
+        if self._table is not None:
+            self._table.update_incremental()
+            if self._table.version() - self._opened_at < REOPEN_EVERY:
+                return self._table
+            self._table = None
         if not DeltaTable.is_deltatable(self.path, self.storage_options):
             return None
-        return DeltaTable(self.path, storage_options=self.storage_options)
+        table = DeltaTable(self.path, storage_options=self.storage_options)
+        self._table, self._opened_at = table, table.version()
+        return table
 
     @property
     def applied_version(self) -> int | None:

@@ -59,8 +59,6 @@ REQUEST = "changestream.resnapshot.request"
 STATE = "changestream.resnapshot"
 """Commit metadata of a batch commit: the re-snapshot's progress as JSON."""
 _log = logging.getLogger("changestream.mirror")
-_APP = "changestream.app_id"
-_TOKEN = "changestream.token"
 _EJSON = json_util.CANONICAL_JSON_OPTIONS
 
 
@@ -132,6 +130,7 @@ class _Sink(Protocol):
     app_id: str
     json_mode: str
     commit_metadata: dict[str, str]
+    position_commit: Mapping[str, Any] | None
 
     def __call__(self, change: Mapping[str, Any]) -> None: ...
     def load(self) -> StoredToken | None: ...
@@ -180,6 +179,8 @@ class DeltaResnapshot:
         """The table's keys when the re-snapshot (re)started, in BSON order (values)."""
         self._table_texts: list[str] = []
         self._polled_at: float | None = None
+        self._polled_version: int | None = None
+        """The table's version at the last poll: the next reads only the commits after it."""
         self._asked = False
 
     def progress_text(self) -> str:
@@ -247,8 +248,13 @@ class DeltaResnapshot:
         table = self.sink.table()
         if table is None:
             return
+        version, since = table.version(), self._polled_version
+        self._polled_version = version
+        limit = 100 if since is None else version - since  # only the commits since the last
+        if limit <= 0:
+            return
         newest = -1
-        for commit in table.history(100):
+        for commit in table.history(limit):
             if REQUEST in commit and int(commit.get("version", -1)) > self.progress.request:
                 newest = max(newest, int(commit["version"]))
         if newest < 0:
@@ -259,15 +265,10 @@ class DeltaResnapshot:
         self._chunk, self._table_keys = None, None  # a new request restarts a running one
 
     def _committed_progress(self) -> ResnapshotProgress:
-        """The progress in this app id's last commit with a token (none: a fresh one)."""
-        table = self.sink.table()
-        if table is None:
-            return ResnapshotProgress()
-        for commit in table.history():
-            if commit.get(_APP) == self.sink.app_id and _TOKEN in commit:
-                text = commit.get(STATE)
-                return ResnapshotProgress.parse(str(text)) if text else ResnapshotProgress()
-        return ResnapshotProgress()
+        """The progress in this app id's last commit with a token, which the sink's
+        :meth:`load` just found (none: a fresh one)."""
+        text = (self.sink.position_commit or {}).get(STATE)
+        return ResnapshotProgress.parse(str(text)) if text else ResnapshotProgress()
 
     # -- chunks --------------------------------------------------------------------------
     def _read_chunk(self) -> None:

@@ -35,6 +35,7 @@ from ._delta_drift import Drift, RescuedCounts
 from ._delta_history import HistoryTable, as_of
 from ._delta_layout import (
     LOG_ROW_GROUP,
+    REOPEN_EVERY,
     SEQ,
     Compaction,
     compact,
@@ -90,12 +91,6 @@ _BASE_WRITER = WriterProperties()
 _SMALL_RUN = 16
 """Neighbouring small base files (a first load's) merged into one file at a time."""
 
-_REOPEN_EVERY = 100
-"""Versions after which the table is opened anew: delta-rs replays, on every write, each
-commit since the version a ``DeltaTable`` was opened at (not since the newest checkpoint),
-so a long-lived object made each commit cost more (23 -> 142 ms per commit over 1,200
-commits); opened anew it starts from the checkpoint delta-rs writes every 100 versions.
-"""
 
 
 class DeltaSink:
@@ -183,6 +178,8 @@ class DeltaSink:
         """The token of this app id's last commit (``None``: none), once read."""
         self._seen_version: Any = _UNKNOWN
         """The app id's batch version as this sink last saw or wrote it."""
+        self.position_commit: Mapping[str, Any] | None = None
+        """The metadata of the commit :meth:`load` found (this app id's last with a token)."""
         self._resnapshot_from: int | None = None
         """A resnapshot is under way: keys whose newest ``_seq`` is below this are dropped at
         its end (``_delta_resnapshot``); read back by :meth:`load`."""
@@ -213,7 +210,7 @@ class DeltaSink:
         """The table at its latest version (``None``: it does not exist yet)."""
         if self._table is not None:
             self._table.update_incremental()
-            if self._table.version() - self._opened_at < _REOPEN_EVERY:
+            if self._table.version() - self._opened_at < REOPEN_EVERY:
                 return self._table
             self._table = None  # past a checkpoint: reopened from it, below
         if not DeltaTable.is_deltatable(self.path, self._storage_options):
@@ -304,7 +301,7 @@ class DeltaSink:
         """
         table = self.table()
         if table is None:
-            self._position = None
+            self._position, self.position_commit = None, None
             return None
         limit: int | None = 64
         while True:
@@ -312,12 +309,12 @@ class DeltaSink:
             for commit in history:
                 if commit.get(_META_APP) == self.app_id and _META_TOKEN in commit:
                     stored = self._stored(table, commit)
-                    self._position = stored.token
+                    self._position, self.position_commit = stored.token, commit
                     since = commit.get(_META_RESNAPSHOT)
                     self._resnapshot_from = None if since is None else int(since)
                     return stored
             if limit is None or len(history) < limit:
-                self._position = None
+                self._position, self.position_commit = None, None
                 self._resnapshot_from = None
                 return None
             limit = None
@@ -341,8 +338,8 @@ class DeltaSink:
             table, cleared = self._staged_table
             written = self._commit(table, batch_id, token, cleared=cleared)
             self._staged_table = None
-            if written:
-                self._maybe_compact()
+            if written is not None:
+                self._maybe_compact(written)
             return
         staged, self._staged = self._staged, []
         if not staged:
@@ -361,19 +358,19 @@ class DeltaSink:
         try:
             first_load = self._first_load(staged)
             if first_load:
-                self._commit(self._base_rows(staged), batch_id, token, base=True,
-                             changes=staged)
+                written = self._commit(self._base_rows(staged), batch_id, token, base=True,
+                                       changes=staged)
             else:
                 batch = merge_columns(staged, full_document=self.full_document,
                                       json_options=self._json_options)
-                self._commit(batch, batch_id, token, changes=staged)
+                written = self._commit(batch, batch_id, token, changes=staged)
         except BaseException:
             self._staged = staged + self._staged  # a retried save commits them
             raise
         if first_load:  # after the commit: a failed merge or compaction loses no batch
             self._merge_small()
-        else:
-            self._maybe_compact()
+        elif written is not None:
+            self._maybe_compact(written)
 
     def _write_history(self, changes: Sequence[Mapping[str, Any]], version: int,
                        token: str | None, stale: Sequence[str]) -> None:
@@ -529,9 +526,10 @@ class DeltaSink:
             changes = batch
             batch = merge_columns(batch, full_document=self.full_document,
                                   json_options=self._json_options)
-        if not self._commit(batch, version, token, cleared=cleared, changes=changes):
+        written = self._commit(batch, version, token, cleared=cleared, changes=changes)
+        if written is None:
             return False
-        self._maybe_compact()
+        self._maybe_compact(written)
         return True
 
     # -- committing ----------------------------------------------------------------------------
@@ -545,8 +543,10 @@ class DeltaSink:
         base: bool = False,
         changes: Sequence[Mapping[str, Any]] | None = None,
         resnapshot: str | None = None,
-    ) -> bool:
+    ) -> DeltaTable | None:
         """One commit of the batch's rows, its version and token; retried on conflicts.
+
+        Returns the table as committed (``None``: it held the version already, skipped).
 
         ``changes``: the raw changes the rows come from; with a history table they are
         committed there first, as the same version (with a recopy's end deletes).
@@ -594,7 +594,7 @@ class DeltaSink:
                     -1 if applied is None else applied) + 1
                 if number is not None and applied is not None and number <= applied:
                     self.skipped += 1
-                    return False
+                    return None
                 transactions = None
                 if number is not None:
                     metadata[_META_VERSION] = str(number)
@@ -626,7 +626,7 @@ class DeltaSink:
         if token is not None:
             self._token_committed_at = time.monotonic()
             self._position = dict(ResumeToken.of(token, check=False).document())
-        return True
+        return table
 
     def _check_writer(self, table: DeltaTable) -> int | None:
         """This app id's batch version; refused if it moved under this sink (another writer)."""
@@ -645,10 +645,13 @@ class DeltaSink:
         return commit_retries(self.path)
 
     # -- compaction ----------------------------------------------------------------------------
-    def _maybe_compact(self) -> None:
+    def _maybe_compact(self, table: DeltaTable | None = None) -> None:
+        """Compact when the log is large enough; ``table``: as the batch's commit left it
+        (not listed again)."""
         if self._resnapshot_from is not None:
             return  # compaction renumbers rows to _seq 0: wait for the resnapshot's end
-        table = self.table()
+        if table is None:
+            table = self.table()
         assert table is not None
         size = log_size(table)
         if size.log_rows and (size.log_rows >= self.max_log_rows

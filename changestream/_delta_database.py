@@ -47,6 +47,7 @@ from typing import Any, Protocol
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
+from ._position import reply_cluster_time
 from ._pymongo import plain_command_spec
 from ._snapshot import (
     DeliverRecord,
@@ -463,12 +464,8 @@ class DatabaseTables:
 
     def _now(self) -> Timestamp:
         """The cluster time now: a copy at it holds every change the stream has handled."""
-        reply = self.database.client.admin.command("ping")
-        gossiped = reply.get("$clusterTime")
-        found = gossiped.get("clusterTime") if isinstance(gossiped, Mapping) else None
-        if not isinstance(found, Timestamp):
-            found = reply.get("operationTime")
-        if not isinstance(found, Timestamp):
+        found = reply_cluster_time(self.database.client.admin.command("ping"))
+        if found is None:
             raise ChangeStreamError(
                 "the deployment reports no cluster time (a standalone server?): a database "
                 "mirror needs a replica set or a sharded cluster")

@@ -37,15 +37,13 @@ from bson import json_util
 from bson.timestamp import Timestamp
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from ._delta_layout import SEQ_SHIFT
+from ._delta_layout import DELETE, KEY, OP, REOPEN_EVERY, SEQ, SEQ_SHIFT, UPSERT
+from ._delta_recopy import END
 from ._merge import CLEARS, change_effect, change_order, key_json
 from ._snapshot import SNAPSHOT_MARK
 
 __all__ = ["AS_OF_SQL", "HISTORY_SQL", "HistoryTable", "as_of", "history_schema", "with_valid_to"]
 
-KEY = "_key"
-SEQ = "_seq"
-OP = "_op"
 OPERATION = "_operation"
 CLUSTER_TIME = "_cluster_time"
 TOKEN = "_token"
@@ -115,11 +113,22 @@ class HistoryTable:
         self.storage_options = storage_options
         self.rows_written = 0
         """History rows committed by this object (replaced ones included)."""
+        self._table: DeltaTable | None = None
+        self._opened_at = 0
 
     def table(self) -> DeltaTable | None:
+        """The table at its latest version (``None``: not made yet); kept open between
+        batches and opened anew every ``REOPEN_EVERY`` versions, as the sink's."""
+        if self._table is not None:
+            self._table.update_incremental()
+            if self._table.version() - self._opened_at < REOPEN_EVERY:
+                return self._table
+            self._table = None
         if not DeltaTable.is_deltatable(self.path, self.storage_options):
             return None
-        return DeltaTable(self.path, storage_options=self.storage_options)
+        table = DeltaTable(self.path, storage_options=self.storage_options)
+        self._table, self._opened_at = table, table.version()
+        return table
 
     @property
     def applied_version(self) -> int | None:
@@ -133,8 +142,15 @@ class HistoryTable:
         version: int,
         data: DataColumns,
         live: Callable[[], Iterable[str]],
+        *,
+        stale: Sequence[str] = (),
     ) -> pa.Table:
-        """The batch's history rows, in token order (``live``: the keys present before it)."""
+        """The batch's history rows, in token order (``live``: the keys present before it).
+
+        ``stale``: the keys a recopy's ``snapshotEnd`` record deletes (the copy did not
+        bring them again: deleted while the history was lost); a ``delete`` row each, at
+        that record.
+        """
         ordered = [change for _, change in sorted(
             ((change_order(change, i), change) for i, change in enumerate(changes)),
             key=lambda pair: pair[0])]
@@ -156,7 +172,7 @@ class HistoryTable:
             tokens.append(json_util.dumps(change["_id"], json_options=_TOKEN_JSON,
                                           separators=(",", ":")))
             documents.append(document)
-            touched[key] = op == "upsert"
+            touched[key] = op == UPSERT
 
         for change in ordered:
             operation = change.get("operationType")
@@ -166,7 +182,11 @@ class HistoryTable:
                 alive = {k for k in present if touched.get(k, True)}
                 alive |= {k for k, up in touched.items() if up}
                 for key in sorted(alive):
-                    add(key, "delete", str(operation), change, None)
+                    add(key, DELETE, str(operation), change, None)
+                continue
+            if operation == END:
+                for key in stale:
+                    add(key, DELETE, END, change, None)
                 continue
             document_key = change.get("documentKey")
             if not isinstance(document_key, Mapping) or "_id" not in document_key:
@@ -243,6 +263,6 @@ def as_of(history: pa.Table, time: datetime) -> pa.Table:
         raise ValueError("as_of: give an aware datetime (UTC), not a naive one")
     at = pa.scalar(time.astimezone(timezone.utc), _TIME)
     starts, ends = history.column(VALID_FROM), history.column(VALID_TO)
-    keep = pc.and_(pc.and_(pc.equal(history.column(OP), "upsert"), pc.less_equal(starts, at)),
+    keep = pc.and_(pc.and_(pc.equal(history.column(OP), UPSERT), pc.less_equal(starts, at)),
                    pc.or_kleene(pc.is_null(ends), pc.greater(ends, at)))
     return history.filter(keep.fill_null(False))

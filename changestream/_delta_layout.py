@@ -39,8 +39,9 @@ import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 __all__ = [
-    "CURRENT_SQL", "DELETE", "KEY", "LOG_ROW_GROUP", "OP", "SEQ", "UPSERT", "Compaction", "LogSize",
-    "compact", "current_state", "layout_schema", "log_size", "merge_small", "with_seq",
+    "CURRENT_SQL", "DELETE", "KEY", "LOG_ROW_GROUP", "OP", "REOPEN_EVERY", "SEQ", "UPSERT",
+    "Compaction", "LogSize", "compact", "current_state", "latest", "layout_schema", "log_size",
+    "merge_small", "with_seq",
 ]
 
 KEY = "_key"
@@ -71,6 +72,13 @@ def layout_schema(data: pa.Schema) -> pa.Schema:
 LOG_ROW_GROUP = 2048
 """Rows per Parquet row group of a log file: compaction reads a key range of the log by
 the row groups' ``_key`` statistics (log files are written sorted by ``_key``)."""
+
+REOPEN_EVERY = 100
+"""Versions after which the table is opened anew: delta-rs replays, on every write, each
+commit since the version a ``DeltaTable`` was opened at (not since the newest checkpoint),
+so a long-lived object made each commit cost more (23 -> 142 ms per commit over 1,200
+commits); opened anew it starts from the checkpoint delta-rs writes every 100 versions.
+"""
 
 
 def with_seq(rows: pa.Table, schema: pa.Schema, first_seq: int) -> pa.Table:
@@ -169,8 +177,8 @@ def _overlaps(spans: list[tuple[str, str]], highs: list[str], low: str, high: st
 
 
 # -- reading the current state ----------------------------------------------------------------
-def _latest(rows: pa.Table) -> pa.Table:
-    """The row with the highest ``_seq`` of each key, sorted by ``_key``."""
+def latest(rows: pa.Table) -> pa.Table:
+    """The row with the highest ``_seq`` of each key, sorted by ``_key`` (its newest version)."""
     if rows.num_rows == 0:
         return rows
     rows = rows.sort_by([(KEY, "ascending"), (SEQ, "descending")])
@@ -185,7 +193,7 @@ def _latest(rows: pa.Table) -> pa.Table:
 def current_state(table: DeltaTable) -> pa.Table:
     """The collection's current state as Arrow: ``_key`` and the data columns, by ``_key``."""
     dataset = table.to_pyarrow_dataset()
-    log = _latest(dataset.to_table(filter=pc.field(SEQ) > 0))
+    log = latest(dataset.to_table(filter=pc.field(SEQ) > 0))
     base = dataset.to_table(filter=pc.field(SEQ) == 0)
     if log.num_rows:
         base = base.filter(pc.invert(pc.is_in(base.column(KEY), value_set=log.column(KEY))))
@@ -283,7 +291,7 @@ def compact(
     def batches() -> Iterator[pa.RecordBatch]:
         for low, high, paths in units:
             in_range = (pc.field(KEY) >= low) & (pc.field(KEY) <= high)
-            logged = _latest(log.to_table(filter=in_range).select(schema.names).cast(schema))
+            logged = latest(log.to_table(filter=in_range).select(schema.names).cast(schema))
             if paths:
                 base = _subset(dataset, fragments, paths).to_table().select(schema.names).cast(schema)
                 read[0] += base.num_rows

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from ._delta_layout import DELETE, KEY, OP, SEQ, UPSERT
+from ._delta_layout import DELETE, KEY, OP, SEQ, UPSERT, latest
 
 __all__ = ["END", "START", "boundary", "interrupted", "stale_deletes"]
 
@@ -52,14 +52,8 @@ def stale_deletes(table: DeltaTable, since: int, schema: pa.Schema) -> pa.Table:
 
     Reads only ``_key``, ``_seq`` and ``_op``, vectorised.
     """
-    rows = table.to_pyarrow_dataset().to_table(columns=[KEY, SEQ, OP])
+    rows = latest(table.to_pyarrow_dataset().to_table(columns=[KEY, SEQ, OP]))
     if rows.num_rows:
-        rows = rows.sort_by([(KEY, "ascending"), (SEQ, "descending")])
-        keys = rows.column(KEY).combine_chunks()
-        if len(keys) > 1:
-            changed = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1))
-            newest = pa.concat_arrays([pa.array([True]), changed.fill_null(True)])
-            rows = rows.filter(newest)
         rows = rows.filter(pc.and_(pc.less(rows.column(SEQ), since),
                                    pc.equal(rows.column(OP), UPSERT)))
     keys = rows.column(KEY).combine_chunks() if rows.num_rows else pa.array([], pa.string())

@@ -36,21 +36,18 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from decimal import Decimal
 from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from bson import json_util
-from bson.binary import Binary
-from bson.decimal128 import Decimal128
-from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pymongo.errors import PyMongoError
 
+from ._delta_layout import KEY, OP, SEQ, UPSERT, latest
 from ._merge import CANONICAL, RELAXED, key_json
-from ._snapshot import SNAPSHOT_MARK, range_filter, type_rank
+from ._snapshot import SNAPSHOT_MARK, SnapshotBatches, bson_order_key, range_filter
 from ._token import token_cluster_time
 from .stores import StoredToken
 
@@ -62,11 +59,16 @@ REQUEST = "changestream.resnapshot.request"
 STATE = "changestream.resnapshot"
 """Commit metadata of a batch commit: the re-snapshot's progress as JSON."""
 _log = logging.getLogger("changestream.mirror")
-_APP = "changestream.app_id"
-_TOKEN = "changestream.token"
 _EJSON = json_util.CANONICAL_JSON_OPTIONS
-_RECORD_ID = {"_data": SNAPSHOT_MARK, "phase": "resnapshot"}
-"""The ``_id`` of a chunk's rows as staged changes (ordered before events; keys are disjoint)."""
+
+
+def _record_id(at: Timestamp | None) -> dict[str, Any]:
+    """The ``_id`` of a chunk's rows as staged changes (ordered before events; keys are
+    disjoint), with the chunk's read time as ``at``: the history's ``valid_from`` of them."""
+    record: dict[str, Any] = {"_data": SNAPSHOT_MARK, "phase": "resnapshot"}
+    if at is not None:
+        record["at"] = at
+    return record
 
 
 def request_snapshot(path: str, storage_options: dict[str, str] | None = None) -> int:
@@ -81,36 +83,6 @@ def request_snapshot(path: str, storage_options: dict[str, str] | None = None) -
                     commit_properties=CommitProperties(custom_metadata={REQUEST: when}))
     table.update_incremental()
     return table.version()
-
-
-# -- BSON order of _id values ------------------------------------------------------------------
-def bson_order_key(value: Any) -> tuple[Any, ...]:
-    """A sort key that orders decoded ``_id`` values as mongod does (type rank, then value)."""
-    rank = type_rank(value)
-    if isinstance(value, bool):
-        return (rank, value)
-    if isinstance(value, Decimal128):
-        return (rank, value.to_decimal())
-    if isinstance(value, (int, float, Decimal)):
-        return (rank, value)
-    if isinstance(value, str):
-        return (rank, value)
-    if isinstance(value, ObjectId):
-        return (rank, value.binary)
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-        return (rank, value)
-    if isinstance(value, Timestamp):
-        return (rank, (value.time, value.inc))
-    if isinstance(value, Mapping):
-        return (rank, tuple((type_rank(v), k, bson_order_key(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return (rank, tuple(bson_order_key(v) for v in value))
-    if isinstance(value, (bytes, Binary)):
-        subtype = value.subtype if isinstance(value, Binary) else 0
-        return (rank, (len(value), subtype, bytes(value)))
-    return (rank, repr(value))  # MinKey, MaxKey, null: one value per rank
 
 
 # -- progress ----------------------------------------------------------------------------------
@@ -158,6 +130,7 @@ class _Sink(Protocol):
     app_id: str
     json_mode: str
     commit_metadata: dict[str, str]
+    position_commit: Mapping[str, Any] | None
 
     def __call__(self, change: Mapping[str, Any]) -> None: ...
     def load(self) -> StoredToken | None: ...
@@ -206,6 +179,8 @@ class DeltaResnapshot:
         """The table's keys when the re-snapshot (re)started, in BSON order (values)."""
         self._table_texts: list[str] = []
         self._polled_at: float | None = None
+        self._polled_version: int | None = None
+        """The table's version at the last poll: the next reads only the commits after it."""
         self._asked = False
 
     def progress_text(self) -> str:
@@ -228,7 +203,12 @@ class DeltaResnapshot:
         return stored
 
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
-        if token.get("_data") == SNAPSHOT_MARK:  # the first copy: a re-snapshot waits for it
+        if token.get("_data") == SNAPSHOT_MARK:
+            # the first copy, or a recopy after a lost history: a re-snapshot waits for it; a
+            # chunk read before it is stale (its window would take every copied key) and the
+            # table's keys change: the next chunk is read again from ``progress.after``
+            self._chunk, self._table_keys, self._table_texts = None, None, []
+            self._window.clear()
             self.sink.save(token, batch_id=batch_id)
             return
         before = dataclasses.replace(self.progress)
@@ -268,8 +248,13 @@ class DeltaResnapshot:
         table = self.sink.table()
         if table is None:
             return
+        version, since = table.version(), self._polled_version
+        self._polled_version = version
+        limit = 100 if since is None else version - since  # only the commits since the last
+        if limit <= 0:
+            return
         newest = -1
-        for commit in table.history(100):
+        for commit in table.history(limit):
             if REQUEST in commit and int(commit.get("version", -1)) > self.progress.request:
                 newest = max(newest, int(commit["version"]))
         if newest < 0:
@@ -280,15 +265,10 @@ class DeltaResnapshot:
         self._chunk, self._table_keys = None, None  # a new request restarts a running one
 
     def _committed_progress(self) -> ResnapshotProgress:
-        """The progress in this app id's last commit with a token (none: a fresh one)."""
-        table = self.sink.table()
-        if table is None:
-            return ResnapshotProgress()
-        for commit in table.history():
-            if commit.get(_APP) == self.sink.app_id and _TOKEN in commit:
-                text = commit.get(STATE)
-                return ResnapshotProgress.parse(str(text)) if text else ResnapshotProgress()
-        return ResnapshotProgress()
+        """The progress in this app id's last commit with a token, which the sink's
+        :meth:`load` just found (none: a fresh one)."""
+        text = (self.sink.position_commit or {}).get(STATE)
+        return ResnapshotProgress.parse(str(text)) if text else ResnapshotProgress()
 
     # -- chunks --------------------------------------------------------------------------
     def _read_chunk(self) -> None:
@@ -300,24 +280,19 @@ class DeltaResnapshot:
         database = self.collection.database
         documents: dict[str, Mapping[str, Any]] = {}
         with database.client.start_session() as session:
-            reply = database.command(
-                {"aggregate": self.collection.name, "pipeline": pipeline,
-                 "cursor": {"batchSize": self.chunk_size},
-                 "readConcern": {"level": "snapshot"}}, session=session)
-            cursor = reply["cursor"]
-            at = cursor.get("atClusterTime") or reply.get("operationTime")
-            batch, cursor_id = cursor["firstBatch"], cursor["id"]
-            while True:
+
+            def read(command: dict[str, Any]) -> Mapping[str, Any]:
+                reply: Mapping[str, Any] = database.command(command, session=session)
+                return reply
+
+            batches = SnapshotBatches(read, self.collection.name, pipeline,
+                                      batch_size=self.chunk_size)
+            for batch in batches:
                 for doc in batch:
                     documents[key_json(doc["_id"], self._json)] = doc
-                if not cursor_id:
-                    break
-                more = database.command("getMore", cursor_id, collection=self.collection.name,
-                                        session=session)
-                batch, cursor_id = more["cursor"]["nextBatch"], more["cursor"]["id"]
         last = len(documents) < self.chunk_size
         upper = None if last else list(documents.values())[-1]["_id"]
-        self._chunk = _Chunk(at if isinstance(at, Timestamp) else None, documents, upper, last)
+        self._chunk = _Chunk(batches.at, documents, upper, last)
         self._window.clear()
         self._mark()
 
@@ -353,15 +328,9 @@ class DeltaResnapshot:
         if table is None:
             self._table_keys, self._table_texts = [], []
             return
-        rows = table.to_pyarrow_dataset().to_table(columns=["_key", "_seq", "_op"])
-        if rows.num_rows:
-            rows = rows.sort_by([("_key", "ascending"), ("_seq", "descending")])
-            keys = rows.column("_key").combine_chunks()
-            first = pa.concat_arrays([pa.array([True]), pc.not_equal(
-                keys.slice(1), keys.slice(0, len(keys) - 1)).fill_null(True)])
-            rows = rows.filter(first)  # each key's latest row; the live ones below
-            rows = rows.filter(pc.equal(rows.column("_op"), "upsert"))
-        texts: list[str] = rows.column("_key").to_pylist()
+        rows = latest(table.to_pyarrow_dataset().to_table(columns=[KEY, SEQ, OP]))
+        rows = rows.filter(pc.equal(rows.column(OP), UPSERT))  # the live keys
+        texts: list[str] = rows.column(KEY).to_pylist()
         pairs = sorted((bson_order_key(json_util.loads(text, json_options=self._json)), text)
                        for text in texts)
         self._table_keys = [pair[0] for pair in pairs]
@@ -374,19 +343,20 @@ class DeltaResnapshot:
                                                                    json_options=_EJSON)
         namespace = {"db": self.collection.database.name, "coll": self.collection.name}
         window = self._window
+        record_id = _record_id(chunk.at)
         applied = dropped = deleted = 0
         for text, doc in chunk.documents.items():
             if text in window:
                 dropped += 1
                 continue
-            self.sink({"_id": _RECORD_ID, "operationType": "replace", "ns": namespace,
+            self.sink({"_id": record_id, "operationType": "replace", "ns": namespace,
                        "documentKey": {"_id": doc["_id"]}, "fullDocument": doc})
             applied += 1
         for text in self._keys_in_range(lower, progress.after is not None, chunk):
             if text in chunk.documents or text in window:
                 continue
             key = json_util.loads(text, json_options=self._json)
-            self.sink({"_id": _RECORD_ID, "operationType": "delete", "ns": namespace,
+            self.sink({"_id": record_id, "operationType": "delete", "ns": namespace,
                        "documentKey": {"_id": key}})
             deleted += 1
         progress.chunks += 1

@@ -35,6 +35,7 @@ from ._delta_drift import Drift, RescuedCounts
 from ._delta_history import HistoryTable, as_of
 from ._delta_layout import (
     LOG_ROW_GROUP,
+    REOPEN_EVERY,
     SEQ,
     Compaction,
     compact,
@@ -90,12 +91,6 @@ _BASE_WRITER = WriterProperties()
 _SMALL_RUN = 16
 """Neighbouring small base files (a first load's) merged into one file at a time."""
 
-_REOPEN_EVERY = 100
-"""Versions after which the table is opened anew: delta-rs replays, on every write, each
-commit since the version a ``DeltaTable`` was opened at (not since the newest checkpoint),
-so a long-lived object made each commit cost more (23 -> 142 ms per commit over 1,200
-commits); opened anew it starts from the checkpoint delta-rs writes every 100 versions.
-"""
 
 
 class DeltaSink:
@@ -183,6 +178,8 @@ class DeltaSink:
         """The token of this app id's last commit (``None``: none), once read."""
         self._seen_version: Any = _UNKNOWN
         """The app id's batch version as this sink last saw or wrote it."""
+        self.position_commit: Mapping[str, Any] | None = None
+        """The metadata of the commit :meth:`load` found (this app id's last with a token)."""
         self._resnapshot_from: int | None = None
         """A resnapshot is under way: keys whose newest ``_seq`` is below this are dropped at
         its end (``_delta_resnapshot``); read back by :meth:`load`."""
@@ -213,7 +210,7 @@ class DeltaSink:
         """The table at its latest version (``None``: it does not exist yet)."""
         if self._table is not None:
             self._table.update_incremental()
-            if self._table.version() - self._opened_at < _REOPEN_EVERY:
+            if self._table.version() - self._opened_at < REOPEN_EVERY:
                 return self._table
             self._table = None  # past a checkpoint: reopened from it, below
         if not DeltaTable.is_deltatable(self.path, self._storage_options):
@@ -304,7 +301,7 @@ class DeltaSink:
         """
         table = self.table()
         if table is None:
-            self._position = None
+            self._position, self.position_commit = None, None
             return None
         limit: int | None = 64
         while True:
@@ -312,12 +309,12 @@ class DeltaSink:
             for commit in history:
                 if commit.get(_META_APP) == self.app_id and _META_TOKEN in commit:
                     stored = self._stored(table, commit)
-                    self._position = stored.token
+                    self._position, self.position_commit = stored.token, commit
                     since = commit.get(_META_RESNAPSHOT)
                     self._resnapshot_from = None if since is None else int(since)
                     return stored
             if limit is None or len(history) < limit:
-                self._position = None
+                self._position, self.position_commit = None, None
                 self._resnapshot_from = None
                 return None
             limit = None
@@ -341,8 +338,8 @@ class DeltaSink:
             table, cleared = self._staged_table
             written = self._commit(table, batch_id, token, cleared=cleared)
             self._staged_table = None
-            if written:
-                self._maybe_compact()
+            if written is not None:
+                self._maybe_compact(written)
             return
         staged, self._staged = self._staged, []
         if not staged:
@@ -360,48 +357,38 @@ class DeltaSink:
             return
         try:
             first_load = self._first_load(staged)
-            before = self._history_first(staged, token)
             if first_load:
-                self._commit(self._base_rows(staged), batch_id, token, base=True, before=before)
+                written = self._commit(self._base_rows(staged), batch_id, token, base=True,
+                                       changes=staged)
             else:
                 batch = merge_columns(staged, full_document=self.full_document,
                                       json_options=self._json_options)
-                self._commit(batch, batch_id, token, before=before)
+                written = self._commit(batch, batch_id, token, changes=staged)
         except BaseException:
             self._staged = staged + self._staged  # a retried save commits them
             raise
         if first_load:  # after the commit: a failed merge or compaction loses no batch
             self._merge_small()
-        else:
-            self._maybe_compact()
+        elif written is not None:
+            self._maybe_compact(written)
 
-    def _history_first(
-        self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any] | None
-    ) -> Callable[[int], None] | None:
-        """The history table's commit of ``changes`` as batch ``v``, run before this table's."""
-        history = self.history
-        if history is None:
-            return None
-        text = None if token is None else self._token_text(token)
+    def _write_history(self, changes: Sequence[Mapping[str, Any]], version: int,
+                       token: str | None, stale: Sequence[str]) -> None:
+        """The history table's commit of ``changes`` as batch ``version``, before this table's
+        (``stale``: the keys a recopy's end deletes in this commit, rows at ``snapshotEnd``)."""
+        assert self.history is not None
 
         def data(keys: list[str], documents: list[Mapping[str, Any] | None]) -> pa.Table:
             rows = source_table(keys, ["upsert"] * len(keys), documents, self.schema,
-                           self._json_options, self._drift, count=False)
+                                self._json_options, self._drift, count=False)
             return rows.drop_columns([KEY, OP])
 
         def live() -> list[str]:
             keys: list[str] = self.read_current().column(KEY).to_pylist()
             return keys
 
-        def commit(version: int) -> None:
-            history.write(history.rows(changes, version, data, live), version, text)
-
-        return commit
-
-    @staticmethod
-    def _token_text(token: Mapping[str, Any]) -> str:
-        return json_util.dumps(ResumeToken.of(token, check=False).document(),
-                               json_options=_TOKEN_JSON)
+        rows = self.history.rows(changes, version, data, live, stale=stale)
+        self.history.write(rows, version, token)
 
     def read_history(self) -> pa.Table:
         """The history table with ``valid_to`` (:data:`HISTORY_SQL`), by ``_key`` then ``_seq``."""
@@ -459,7 +446,7 @@ class DeltaSink:
                 else:
                     if part:
                         self._commit_changes(part, part[-1]["_id"])
-                    self._commit(None, None, change["_id"],
+                    self._commit(None, None, change["_id"], changes=[change],
                                  resnapshot="abandon" if interrupted(change) else "close")
                 done = i + 1
             if done < len(staged):
@@ -473,7 +460,7 @@ class DeltaSink:
                         batch_id: int | None = None, *, resnapshot: str | None = None) -> None:
         batch = merge_columns(changes, full_document=self.full_document,
                               json_options=self._json_options) if changes else None
-        self._commit(batch, batch_id, token, resnapshot=resnapshot)
+        self._commit(batch, batch_id, token, changes=changes, resnapshot=resnapshot)
 
     def _base_rows(self, staged: Sequence[Mapping[str, Any]]) -> pa.Table:
         """Snapshot records as a merge table: one upsert per key, no collapse needed."""
@@ -501,6 +488,9 @@ class DeltaSink:
         if self._drift is not None:
             raise ValueError("a sink with on_mismatch='rescue' or evolve=True builds its rows "
                              "itself: give it changes, not a merge table")
+        if self.history is not None:
+            raise ValueError("a sink with a history table writes lists of changes (the "
+                             "history keeps every change, a merge table only each key's last)")
 
     # -- whole batches -----------------------------------------------------------------------
     def write(
@@ -527,18 +517,19 @@ class DeltaSink:
             return False
         if isinstance(batch, pa.Table):
             self._refuse_tables()
-        before = None
-        if self.history is not None:
-            if isinstance(batch, (MergeBatch, pa.Table)):
+        changes: Sequence[Mapping[str, Any]] | None = None
+        if isinstance(batch, MergeBatch):
+            if self.history is not None:
                 raise ValueError("a sink with a history table writes lists of changes (the "
                                  "history keeps every change, a merge batch only the last)")
-            before = self._history_first(batch, token)
-        if not isinstance(batch, (MergeBatch, pa.Table)):
+        elif not isinstance(batch, pa.Table):
+            changes = batch
             batch = merge_columns(batch, full_document=self.full_document,
                                   json_options=self._json_options)
-        if not self._commit(batch, version, token, cleared=cleared, before=before):
+        written = self._commit(batch, version, token, cleared=cleared, changes=changes)
+        if written is None:
             return False
-        self._maybe_compact()
+        self._maybe_compact(written)
         return True
 
     # -- committing ----------------------------------------------------------------------------
@@ -550,12 +541,15 @@ class DeltaSink:
         *,
         cleared: bool = False,
         base: bool = False,
-        before: Callable[[int], None] | None = None,
+        changes: Sequence[Mapping[str, Any]] | None = None,
         resnapshot: str | None = None,
-    ) -> bool:
+    ) -> DeltaTable | None:
         """One commit of the batch's rows, its version and token; retried on conflicts.
 
-        ``before(version)`` runs right before the commit (the history table's commit).
+        Returns the table as committed (``None``: it held the version already, skipped).
+
+        ``changes``: the raw changes the rows come from; with a history table they are
+        committed there first, as the same version (with a recopy's end deletes).
         ``resnapshot``: ``"open"`` notes that a resnapshot starts after these rows,
         ``"close"`` appends the deletes of the keys it did not bring (and ends it),
         ``"abandon"`` ends it without deletes (the copy was cut short).
@@ -579,11 +573,12 @@ class DeltaSink:
         if drift is not None and drift.evolve:
             self._table_schema = table_schema(drift.schema)  # new fields, new columns
         metadata = {**self.commit_metadata, _META_APP: self.app_id}
-        if token is not None:
-            metadata[_META_TOKEN] = json_util.dumps(
-                ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON
-            )
+        text = None if token is None else json_util.dumps(
+            ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON)
+        if text is not None:
+            metadata[_META_TOKEN] = text
         since = self._resnapshot_from
+        history = None if changes is None or self.history is None else changes
         for attempt in self._retrying():
             with attempt:
                 table = self.table() or self._create()
@@ -599,15 +594,16 @@ class DeltaSink:
                     -1 if applied is None else applied) + 1
                 if number is not None and applied is not None and number <= applied:
                     self.skipped += 1
-                    return False
+                    return None
                 transactions = None
                 if number is not None:
                     metadata[_META_VERSION] = str(number)
                     transactions = [Transaction(self.app_id, number)]
                 properties = CommitProperties(custom_metadata=metadata,
                                               app_transactions=transactions)
-                if before is not None and number is not None:
-                    before(number)
+                if history is not None and number is not None:
+                    self._write_history(history, number, text, () if resnapshot != "close"
+                                        or source is None else source.column(KEY).to_pylist())
                 if source is None:
                     rows = self._table_schema.empty_table()
                 else:
@@ -630,7 +626,7 @@ class DeltaSink:
         if token is not None:
             self._token_committed_at = time.monotonic()
             self._position = dict(ResumeToken.of(token, check=False).document())
-        return True
+        return table
 
     def _check_writer(self, table: DeltaTable) -> int | None:
         """This app id's batch version; refused if it moved under this sink (another writer)."""
@@ -649,10 +645,13 @@ class DeltaSink:
         return commit_retries(self.path)
 
     # -- compaction ----------------------------------------------------------------------------
-    def _maybe_compact(self) -> None:
+    def _maybe_compact(self, table: DeltaTable | None = None) -> None:
+        """Compact when the log is large enough; ``table``: as the batch's commit left it
+        (not listed again)."""
         if self._resnapshot_from is not None:
             return  # compaction renumbers rows to _seq 0: wait for the resnapshot's end
-        table = self.table()
+        if table is None:
+            table = self.table()
         assert table is not None
         size = log_size(table)
         if size.log_rows and (size.log_rows >= self.max_log_rows
@@ -733,6 +732,7 @@ class DeltaSink:
         return verify_table(
             collection, self.load(), delta if compacted else None, self.read_current,
             self._table_schema, self.schema, self._json_options, examples=examples,
+            drift=self._drift,
         )
 
     def finish(self) -> Compaction | None:

@@ -17,6 +17,7 @@ document is compared as a Python object.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -30,8 +31,9 @@ from bson import json_util
 from bson.timestamp import Timestamp
 from deltalake import DeltaTable
 
+from ._delta_drift import Drift
 from ._delta_layout import KEY, OP, SEQ
-from ._snapshot import is_snapshot_position
+from ._snapshot import SnapshotBatches, is_snapshot_position
 from ._token import token_cluster_time
 from .stores import StoredToken
 
@@ -264,21 +266,8 @@ def collection_batches(
     ``read(command)`` runs one command (in one session, so getMores find the
     cursor) and returns the reply.
     """
-    concern: dict[str, Any] = {"level": "snapshot"}
-    if at is not None:
-        concern["atClusterTime"] = at
-    reply = read({"aggregate": coll, "pipeline": [], "cursor": {"batchSize": batch_size},
-                  "readConcern": concern})
-    cursor = reply["cursor"]
-    documents = list(cursor["firstBatch"])
-    while True:
-        if documents:
-            yield convert(documents)
-        cursor_id = cursor["id"]
-        if not cursor_id:
-            return
-        cursor = read({"getMore": cursor_id, "collection": coll, "batchSize": batch_size})["cursor"]
-        documents = list(cursor["nextBatch"])
+    for documents in SnapshotBatches(read, coll, [], at=at, batch_size=batch_size):
+        yield convert(documents)
 
 
 def new_powers() -> _Powers:
@@ -295,9 +284,14 @@ def verify_table(
     json_options: json_util.JSONOptions,
     *,
     examples: int = 5,
+    drift: Drift | None = None,
 ) -> Verification:
     """:meth:`changestream.delta.DeltaSink.verify`: ``compacted`` is the table when it holds
-    only base rows (streamed batch by batch), else ``read_current`` gives its current state."""
+    only base rows (streamed batch by batch), else ``read_current`` gives its current state.
+
+    ``drift``: the sink's (rescue, evolve), so the documents are converted as it converts
+    them; a copy is used (verifying neither counts rescues nor grows the sink's columns).
+    """
     from pymongo.collection import Collection
     from pymongo.errors import OperationFailure
 
@@ -322,9 +316,12 @@ def verify_table(
     def read(command: dict[str, Any]) -> Mapping[str, Any]:
         return database.command(command, session=session, codec_options=collection.codec_options)
 
+    own = None if drift is None else copy.copy(drift)
+
     def convert(documents: list[Mapping[str, Any]]) -> pa.Table:
         keys = [key_json(document["_id"], json_options) for document in documents]
-        return source_table(keys, ["upsert"] * len(keys), documents, schema, json_options)
+        return source_table(keys, ["upsert"] * len(keys), documents, schema, json_options,
+                            own, count=False)
 
     try:
         side = Hashes.of(collection_batches(read, collection.name, at, convert), data, powers)

@@ -34,9 +34,8 @@ RELAXED = json_util.RELAXED_JSON_OPTIONS
 CANONICAL = json_util.CANONICAL_JSON_OPTIONS
 
 _UPSERTS = frozenset({"insert", "replace", "update"})
-_CLEARS = frozenset({"drop", "rename", "dropDatabase"})
+CLEARS = frozenset({"drop", "rename", "dropDatabase"})
 """After these every document of the watched collection is gone (renamed away, dropped)."""
-CLEARS = _CLEARS
 
 
 class MissingDocumentError(ChangeStreamError):
@@ -177,7 +176,7 @@ def _collapse(
                 f"merge_ready collapses the changes of one collection; this batch holds "
                 f"{_name(namespace)} and {_name(here)}: group the changes by 'ns' first"
             )
-        if operation in _CLEARS:
+        if operation in CLEARS:
             cleared = True
             last.clear()
             continue

@@ -18,11 +18,16 @@
   single reader's: the next run continues after the last committed ``_id``
   at the same ``T`` (in parallel again, or with one reader), and once the
   last range is committed, ``consume`` finds nothing after it and streams
-  from ``T``.
+  from ``T``;
+* a copy that outlives the server's snapshot history (SnapshotTooOld, 239;
+  ``minSnapshotHistoryWindowInSeconds``), or a restart after it, stops after
+  its last commit (:attr:`CopyResult.too_old`): the single reader continues
+  from that position at a new read time, as it does after any window overrun.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import threading
@@ -31,15 +36,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from bson.timestamp import Timestamp
-from pymongo.errors import PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError
 
-from ._delta_resnapshot import bson_order_key
 from ._snapshot import (
+    SNAPSHOT_TOO_OLD,
+    SnapshotBatches,
     SnapshotError,
     SnapshotPosition,
+    bson_order_key,
     is_snapshot_position,
     range_filter,
     type_rank,
+    uuid_hex,
 )
 from .stores import StoredToken
 
@@ -64,6 +72,10 @@ class CopyResult:
     documents: int = 0
     ranges: int = 0
     commits: int = 0
+    too_old: bool = False
+    """The server no longer keeps ``at`` (SnapshotTooOld, 239): the copy stopped after its
+    last commit in ``_id`` order; the single reader goes on from there (``consume`` with
+    ``initial_snapshot=True`` reads the rest at a new time, as after any window overrun)."""
 
 
 def split_points(collection: Any, parts: int) -> list[Any]:
@@ -158,6 +170,9 @@ def parallel_copy(collection: Any, sink: _Sink, *, readers: int, batch: int = 10
         try:
             for out in queues:
                 while (docs := out.get()) is not _END:
+                    if isinstance(docs, OperationFailure) and docs.code == SNAPSHOT_TOO_OLD:
+                        result.too_old = True  # every commit so far is in _id order: a prefix
+                        return result
                     if isinstance(docs, BaseException):
                         raise docs
                     _commit(sink, start, docs, result)
@@ -201,30 +216,22 @@ def _read_range(collection: Any, at: Timestamp, bounds: tuple[Any, bool, Any, bo
     pipeline.append({"$sort": {"_id": 1}})
     database = collection.database
     with database.client.start_session() as session:
-        reply = database.command(
-            {"aggregate": collection.name, "pipeline": pipeline, "cursor": {"batchSize": batch},
-             "readConcern": {"level": "snapshot", "atClusterTime": at}}, session=session)
-        docs, cursor_id = reply["cursor"]["firstBatch"], reply["cursor"]["id"]
-        while True:
-            if docs:
+
+        def read(command: dict[str, Any]) -> Mapping[str, Any]:
+            reply: Mapping[str, Any] = database.command(command, session=session)
+            return reply
+
+        batches = iter(SnapshotBatches(read, collection.name, pipeline, at=at,
+                                       batch_size=batch))
+        with contextlib.closing(batches):  # a stop kills the cursor
+            for docs in batches:
                 yield docs
-            if not cursor_id or stop.is_set():
-                if cursor_id:
-                    database.command("killCursors", collection.name, cursors=[cursor_id],
-                                     session=session)
-                return
-            more = database.command("getMore", cursor_id, collection=collection.name,
-                                    batchSize=batch, session=session)
-            docs, cursor_id = more["cursor"]["nextBatch"], more["cursor"]["id"]
+                if stop.is_set():
+                    return
 
 
 def _uuid(database: Any, name: str) -> str | None:
     """The collection's UUID as hex (a drop before the stream starts is then noticed)."""
     for info in database.list_collections(filter={"name": name}):
-        value = (info.get("info") or {}).get("uuid")
-        if value is not None:
-            try:
-                return bytes(value.bytes if hasattr(value, "bytes") else value).hex()
-            except (TypeError, ValueError):
-                return None
+        return uuid_hex((info.get("info") or {}).get("uuid"))
     return None

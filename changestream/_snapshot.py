@@ -25,11 +25,12 @@ pipeline runs on them exactly as on events.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -51,6 +52,7 @@ __all__ = [
     "SnapshotCopy",
     "SnapshotError",
     "SnapshotPosition",
+    "bson_order_key",
     "is_snapshot_position",
     "range_filter",
     "stream_start",
@@ -193,6 +195,35 @@ def _rank(value: Any) -> int:
     raise SnapshotError(f"cannot order an _id of type {type(value).__name__}")
 
 
+def bson_order_key(value: Any) -> tuple[Any, ...]:
+    """A sort key that orders decoded ``_id`` values as mongod does (type rank, then value)."""
+    rank = _rank(value)
+    if isinstance(value, bool):
+        return (rank, value)
+    if isinstance(value, Decimal128):
+        return (rank, value.to_decimal())
+    if isinstance(value, (int, float, Decimal)):
+        return (rank, value)
+    if isinstance(value, str):
+        return (rank, value)
+    if isinstance(value, ObjectId):
+        return (rank, value.binary)
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        return (rank, value)
+    if isinstance(value, Timestamp):
+        return (rank, (value.time, value.inc))
+    if isinstance(value, Mapping):
+        return (rank, tuple((_rank(v), k, bson_order_key(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (rank, tuple(bson_order_key(v) for v in value))
+    if isinstance(value, (bytes, Binary)):
+        subtype = value.subtype if isinstance(value, Binary) else 0
+        return (rank, (len(value), subtype, bytes(value)))
+    return (rank, repr(value))  # MinKey, MaxKey, null: one value per rank
+
+
 def type_rank(value: Any) -> int:
     """The canonical BSON type rank of a decoded ``_id`` (:class:`SnapshotError`: unorderable)."""
     return _rank(value)
@@ -286,7 +317,7 @@ def copy_pipeline(
     return stages
 
 
-def _uuid_hex(value: Any) -> str | None:
+def uuid_hex(value: Any) -> str | None:
     """A collection UUID (``uuid.UUID`` or ``Binary`` subtype 4, per codec) as hex."""
     if isinstance(value, uuid.UUID):
         return value.hex
@@ -300,6 +331,51 @@ def snapshot_concern(at: Timestamp | None) -> dict[str, Any]:
     if at is not None:
         concern["atClusterTime"] = at
     return concern
+
+
+class SnapshotBatches:
+    """One snapshot read of ``coll`` (``aggregate`` of ``pipeline``, ``readConcern:
+    snapshot`` at ``at``, or at a time the server picks), batch by batch; no I/O of its own.
+
+    ``read(command)`` runs a command and returns its reply (in one session, so the
+    getMores find the cursor). Iterating yields each non-empty batch of documents;
+    :attr:`at` is the read's cluster time once the first reply came. An iteration
+    stopped early (the generator closed) kills the cursor.
+    """
+
+    def __init__(self, read: Callable[[dict[str, Any]], Mapping[str, Any]], coll: str,
+                 pipeline: Sequence[Mapping[str, Any]], *, at: Timestamp | None = None,
+                 batch_size: int = 10_000) -> None:
+        self._read = read
+        self.coll = coll
+        self.pipeline = [dict(stage) for stage in pipeline]
+        self.at = at
+        """The read's cluster time (``atClusterTime``, else ``operationTime``)."""
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Generator[list[Mapping[str, Any]], None, None]:
+        reply = self._read({"aggregate": self.coll, "pipeline": self.pipeline,
+                            "cursor": {"batchSize": self.batch_size},
+                            "readConcern": snapshot_concern(self.at)})
+        cursor = reply["cursor"]
+        found = cursor.get("atClusterTime") or reply.get("operationTime")
+        if isinstance(found, Timestamp):
+            self.at = found
+        cursor_id, batch = int(cursor["id"]), cursor["firstBatch"]
+        try:
+            while True:
+                if batch:
+                    yield list(batch)
+                if not cursor_id:
+                    return
+                asked, cursor_id = cursor_id, 0  # a failed getMore leaves no cursor to kill
+                more = self._read({"getMore": Int64(asked), "collection": self.coll,
+                                   "batchSize": self.batch_size})["cursor"]
+                cursor_id, batch = int(more["id"]), more["nextBatch"]
+        finally:
+            if cursor_id:  # stopped early: the server's cursor goes now, not at its timeout
+                with contextlib.suppress(Exception):  # best effort: it times out anyway
+                    self._read({"killCursors": self.coll, "cursors": [Int64(cursor_id)]})
 
 
 # -- the copy state machine --------------------------------------------------------------------
@@ -411,7 +487,7 @@ class SnapshotCopy:
     def _on_catalog(self, reply: Mapping[str, Any]) -> list[Any]:
         found = reply["cursor"]["firstBatch"]
         info = found[0].get("info", {}) if found else {}
-        current = _uuid_hex(info.get("uuid"))
+        current = uuid_hex(info.get("uuid"))
         if found and found[0].get("type") == "view":
             raise SnapshotError(f"{self.db}.{self.coll} is a view: only collections can be copied")
         if self.position is None:

@@ -80,6 +80,13 @@ class DatabaseSink(DatabaseTables):
         watch_options: Mapping[str, Any] | None = None,
         **sink_options: Any,
     ) -> None:
+        if "://" in os.fspath(path):
+            raise ValueError(f"DatabaseSink: {os.fspath(path)!r} is a URI; a whole database is "
+                             "mirrored into a local directory (its tables are found by listing "
+                             "it): give one DeltaSink per collection for an object store")
+        if sink_options.get("history") is not None:
+            raise ValueError("DatabaseSink: history= would be one history table for every "
+                             "collection; keep history with a DeltaSink per collection")
         DeltaSink(os.path.join(os.fspath(path), "_"), app_id=app_id, full_document=full_document,
                   **sink_options)  # the options' mistakes, named before anything is read
         self.app_id = app_id

@@ -252,6 +252,22 @@ def test_a_history_path_equal_to_the_table_is_refused(tmp_path: Path) -> None:
         DeltaSink(tmp_path / "t").read_history()
 
 
+def test_a_merge_table_is_refused_by_a_sink_with_history(tmp_path: Path) -> None:
+    """``stage()`` (foreach_batch's path) and ``write()`` of a merge table would leave the
+    history without the batch: both are refused, nothing is written."""
+    from changestream import merge_ready
+    from changestream.delta import merge_table
+
+    clock = Clock()
+    sink = DeltaSink(tmp_path / "t", app_id="a", history=tmp_path / "h")
+    table = merge_table(merge_ready([clock.event("insert", 1, "x")]))
+    with pytest.raises(ValueError, match="history"):
+        sink.stage(table)
+    with pytest.raises(ValueError, match="history"):
+        sink.write(table, 0)
+    assert sink.table() is None and not (tmp_path / "h").exists()
+
+
 # -- mirror --history, kill -9 -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def rs() -> Iterator[ReplicaSet]:

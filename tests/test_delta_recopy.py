@@ -149,3 +149,27 @@ def test_mirror_on_history_lost_resnapshot_leaves_the_table_equal(tmp_path: Path
         assert healed.returncode == 0, healed.stderr
         assert "copying the collection into the table again" in healed.stderr
         assert plain_state(target) == {d["_id"]: d for d in coll.find()}
+
+
+def test_the_history_keeps_a_recopy_and_its_deletes(coll: Any, tmp_path: Path) -> None:
+    """``history=`` with a recopy: the copy's commits and the end's deletes reach the history
+    (as of now it equals the collection) at the same versions as the table's."""
+    from datetime import datetime, timezone
+
+    from bson import json_util
+    from delta_support import committed_versions
+
+    sink = DeltaSink(tmp_path / "t", full_document="updateLookup", history=tmp_path / "h")
+    lose_history(coll, sink)
+    mirror_until(coll, sink, "after", on_history_lost="resnapshot", gap=lambda gap: None,
+                 during_copy=lambda: churn(coll, seed=5, ops=60, sentinel="after"))
+    expected = {d["_id"]: d for d in coll.find()}
+    assert table_state(sink.path) == expected
+    now = sink.read_as_of(datetime(2100, 1, 1, tzinfo=timezone.utc)).to_pylist()
+    found = {json_util.loads(r["_key"]): json_util.loads(r["document"]) for r in now}
+    assert len(found) == len(now), "a key twice in the history's present"
+    assert found == expected
+    ends = [r for r in sink.read_history().to_pylist() if r["_operation"] == "snapshotEnd"]
+    assert ends and all(r["_op"] == "delete" and r["valid_from"] is not None for r in ends)
+    assert committed_versions(tmp_path / "h", "changestream") == \
+        committed_versions(tmp_path / "t", "changestream")

@@ -160,6 +160,78 @@ def test_a_chunk_row_never_overwrites_a_newer_change(
     assert_mirrors(path, coll, "changestream")
 
 
+def test_history_as_of_after_a_resnapshot_has_one_row_per_key(
+    client: MongoClient[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A chunk's rows in the history carry its read time (``valid_from``): as of any later
+    time each key has one row, a key changed after the chunk its newest version."""
+    from datetime import datetime, timezone
+
+    from bson import json_util
+
+    coll = client.db.history
+    coll.insert_many([{"_id": i, "v": 0} for i in range(20)])
+    path = tmp_path / "t"
+    sink = DeltaSink(str(path), full_document="updateLookup", history=str(tmp_path / "h"))
+    mirror = DeltaResnapshot(sink, coll, chunk_size=100, poll_seconds=0)
+    consume(coll, mirror, mirror, initial_snapshot=True, save_every=1000,
+            watch_options={"max_await_time_ms": 50, "full_document": "updateLookup"},
+            stop=_after_idle(mirror))
+    sink.request_snapshot()
+    token = sink.load().token  # type: ignore[union-attr]
+    mirror.save(token)  # reads the chunk
+    with coll.watch(resume_after=token, full_document="updateLookup") as stream:
+        coll.update_one({"_id": 3}, {"$set": {"v": 1}})
+        mirror(stream.next())
+        mirror.save(stream.resume_token)  # the chunk applied (3 dropped: in the window)
+        assert not mirror.progress.active and mirror.progress.applied == 19
+        coll.update_one({"_id": 5}, {"$set": {"v": 2}})  # after the chunk's row of 5
+        mirror(stream.next())
+        mirror.save(stream.resume_token)
+    history = sink.read_history()
+    assert history.column("valid_from").null_count == 0
+    rows = sink.read_as_of(datetime(2100, 1, 1, tzinfo=timezone.utc)).to_pylist()
+    found = {json_util.loads(r["_key"]): json_util.loads(r["document"]) for r in rows}
+    assert len(found) == len(rows), "a key twice as of now"
+    assert found == {d["_id"]: d for d in coll.find()}
+    assert found[5] == {"_id": 5, "v": 2}
+
+
+def test_a_recopy_during_a_resnapshot_drops_its_pending_chunk(
+    client: MongoClient[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A copy after a lost history while a chunk waits: the chunk is read again after the copy
+    (its window does not collect the copy's every key, which would drop the whole chunk)."""
+    coll = client.db.recopy_during
+    coll.insert_many([{"_id": i, "v": 0} for i in range(50)])
+    path = tmp_path / "t"
+    sink = DeltaSink(str(path), full_document="updateLookup")
+    mirror = DeltaResnapshot(sink, coll, chunk_size=100, poll_seconds=0)
+    consume(coll, mirror, mirror, initial_snapshot=True, save_every=1000,
+            watch_options={"max_await_time_ms": 50, "full_document": "updateLookup"},
+            stop=_after_idle(mirror))
+    sink.request_snapshot()
+    token = sink.load().token  # type: ignore[union-attr]
+    mirror.save(token)  # takes the request up and reads the chunk
+    assert mirror.progress.active
+    at = client.admin.command("ping")["operationTime"]
+    position = {"_data": "snapshot", "phase": "copy", "at": at}
+    for doc in coll.find().sort("_id", 1):  # the recopy's records and their position
+        mirror({"_id": {**position, "lastId": doc["_id"]}, "operationType": "insert",
+                "ns": {"db": "db", "coll": coll.name}, "documentKey": {"_id": doc["_id"]},
+                "fullDocument": doc})
+    mirror.save({**position, "lastId": 49})
+    with coll.watch(resume_after=token, full_document="updateLookup") as stream:
+        for key in (3, 4):  # each save past the last read time: a chunk read, then applied
+            coll.update_one({"_id": key}, {"$set": {"v": key}})
+            mirror(stream.next())
+            mirror.save(stream.resume_token)
+    assert not mirror.progress.active
+    assert mirror.progress.dropped <= 1, mirror.progress
+    assert mirror.progress.applied >= 49
+    assert table_state(path) == {doc["_id"]: doc for doc in coll.find()}
+
+
 def _after_idle(mirror: DeltaResnapshot) -> threading.Event:
     """A stop event set once the stream is idle and no re-snapshot runs (a watcher thread)."""
     stop = threading.Event()
@@ -257,6 +329,58 @@ def test_parallel_first_copy_under_concurrent_writes_has_no_gap_and_no_duplicate
     assert done.returncode == 0, done.stderr
     assert_mirrors(target, coll, "changestream")  # (the sink's default app id, as above)
     assert plain_state(target) == {doc["_id"]: doc for doc in coll.find()}
+
+
+def test_parallel_copy_past_the_snapshot_history_goes_on_with_one_reader(
+    rs: ReplicaSet, client: MongoClient[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A parallel copy stopped mid-way, restarted after the server dropped its cluster time
+    (SnapshotTooOld): it stops after its committed prefix and one reader copies the rest."""
+    from changestream._parallel_copy import parallel_copy
+
+    coll = client.db.too_old
+    coll.insert_many([{"_id": i, "v": i} for i in range(3000)])
+    target = tmp_path / "t"
+    sink = DeltaSink(str(target), full_document="updateLookup")
+
+    class Killed(Exception):
+        pass
+
+    class Dies:  # the sink of a process killed after two commits
+        def __init__(self) -> None:
+            self.saves = 0
+
+        def __call__(self, change: Any) -> None:
+            sink(change)
+
+        def load(self) -> Any:
+            return sink.load()
+
+        def save(self, token: Any, *, batch_id: int | None = None) -> None:
+            if self.saves == 2:
+                raise Killed
+            self.saves += 1
+            sink.save(token, batch_id=batch_id)
+
+    with pytest.raises(Killed):
+        parallel_copy(coll, Dies(), readers=3, batch=500)
+    admin = client.admin
+    admin.command({"setParameter": 1, "minSnapshotHistoryWindowInSeconds": 1})
+    try:
+        time.sleep(2.2)  # the history window (1 s, in whole seconds) passes the copy's time
+        coll.insert_one({"_id": "later"})  # a write prunes what is older than the window
+        again = DeltaSink(str(target), full_document="updateLookup")
+        result = parallel_copy(coll, again, readers=3, batch=500)
+    finally:
+        admin.command({"setParameter": 1, "minSnapshotHistoryWindowInSeconds": 300})
+    assert result.too_old and result.commits == 0
+    args = [sys.executable, "-m", "changestream", "mirror", rs.uri, "--db", "db", "--coll",
+            coll.name, "--to", str(target), "--no-status", "--until-idle", "0.3",
+            "--snapshot-readers", "3", "--app-id", "changestream"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "SnapshotTooOld" in done.stderr and "one reader" in done.stderr
+    assert_mirrors(target, coll, "changestream")
 
 
 def test_mirror_snapshot_readers_end_to_end(

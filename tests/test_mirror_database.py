@@ -255,10 +255,26 @@ def test_mirror_a_database_survives_kill_9_and_keeps_every_table_exactly_once(
     assert plain_state(tmp_path / "b2") == {doc["_id"]: doc for doc in db.b2.find()}
 
 
+def test_a_database_sink_refuses_history_and_uris(tmp_path: Path) -> None:
+    """One history for every collection, or a URI it cannot list: one clear error each."""
+    with pytest.raises(ValueError, match="one history table for every collection"):
+        DatabaseSink(tmp_path, object(), history=tmp_path / "h")
+    with pytest.raises(ValueError, match="is a URI; a whole database is mirrored into a local"):
+        DatabaseSink("s3://bucket/shop", object())
+    assert not (tmp_path / "h").exists()
+
+
 @pytest.mark.parametrize(("extra", "says"), [
     (["--coll", "c", "--exclude", "x"], "leave out --coll"),
     (["--coll-regex", "("], "--coll-regex: not a regular expression"),
     (["--schema", "a INT"], "--schema types one collection's documents: give --coll"),
+    (["--verify"], "--verify works on one collection's table: give --coll"),
+    (["--history", "/tmp/h"], "--history works on one collection's table: give --coll"),
+    (["--on-history-lost", "resnapshot"],
+     "--on-history-lost resnapshot works on one collection's table: give --coll"),
+    (["--snapshot-readers", "1"], "--snapshot-readers works on one collection's table"),
+    (["--resnapshot"], "--resnapshot works on one collection's table: give --coll"),
+    (["--resnapshot-chunk", "10000"], "--resnapshot-chunk works on one collection's table"),
 ])
 def test_mirror_a_database_bad_arguments_exit_2_with_one_line(
     tmp_path: Path, extra: list[str], says: str
@@ -317,6 +333,10 @@ def test_merge_into_tables_routes_each_batch_by_collection_once(db: Any, tmp_pat
         assert versions == sorted(set(versions)) and versions[-1] == 1, versions
     assert committed_versions(tmp_path / "a", "spark") == [0, 1]
     assert func.sinks["a"].skipped == 1 and func.sinks["c"].skipped == 1
+    for name in ("a", "c"):  # each table's position: its collection's last event
+        last = [e for e in events if e.get("ns", {}).get("coll") == name][-1]
+        stored = DeltaSink(str(tmp_path / name), app_id="spark").load()
+        assert stored is not None and stored.token["_data"] == last["_id"]["_data"], name
 
 
 

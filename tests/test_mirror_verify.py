@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +88,39 @@ def test_verify_counts_missing_extra_and_different_keys_with_examples(mirrored: 
     assert (result.missing, result.extra, result.different) == (2, 1, 1)
     assert result.examples == {"missing": ["8", "9"], "extra": ["1000"], "different": ["7"]}
     assert not result.ok and "2 missing, 1 extra, 1 different" in result.summary()
+
+
+@pytest.mark.parametrize("drift", [{"on_mismatch": "rescue"}, {"evolve": True},
+                                   {"on_mismatch": "rescue", "evolve": True}])
+def test_verify_a_table_with_rescued_or_evolved_columns(
+    rs: ReplicaSet, tmp_path: Path, drift: dict[str, Any]
+) -> None:
+    """The collection's side is converted as the sink converts (``_rescued``, evolved columns),
+    without counting rescues or growing the sink's columns."""
+    import changestream
+
+    with MongoClient(rs.uri) as client:
+        coll = client.db[f"drift_{len(drift)}_{int(drift.get('evolve', False))}"]
+        misfit = "text" if drift.get("on_mismatch") == "rescue" else -1  # evolve alone: fails
+        coll.insert_many([{"_id": i, "v": i, **({"extra": "x"} if i % 3 else {"v": misfit})}
+                          for i in range(60)])
+        sink = DeltaSink(tmp_path / "t", schema="v BIGINT", full_document="updateLookup",
+                         **drift)
+        coll.insert_one({"_id": "end"})
+        stop = threading.Event()
+
+        def handle(change: Any) -> None:
+            sink(change)
+            if change["documentKey"]["_id"] == "end":
+                stop.set()
+
+        changestream.consume(coll, handle, sink, initial_snapshot=True, save_every=1000,
+                             stop=stop, watch_options={"max_await_time_ms": 50})
+        assert sink.rescued > 0 or "extra" in sink.columns.names
+        rescued, columns = sink.rescued, sink.columns
+        result = sink.verify(coll)
+        assert result.ok, result.summary()
+        assert (sink.rescued, sink.columns) == (rescued, columns)
 
 
 def changestream_merge_ready(changes: list[dict[str, Any]]) -> Any:

@@ -14,7 +14,6 @@ import math
 import re
 import sys
 import time
-from collections.abc import Mapping
 from typing import Any, NoReturn
 from urllib.parse import parse_qs, urlsplit
 
@@ -27,6 +26,7 @@ from pymongo.read_preferences import ReadPreference
 from .. import ConsumeError, TokenStoreError, describe_error
 from .._consumer.dead_ends import DEAD_END_MARK
 from .._diagnosis import authentication_failed, wrong_credentials_message
+from .._position import reply_cluster_time
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -223,14 +223,9 @@ def cluster_time(client: MongoClient[dict[str, Any]]) -> Timestamp | None:
     output) then holds every change made before the command started.
     """
     try:
-        reply = client.admin.command("ping")
+        return reply_cluster_time(client.admin.command("ping"))
     except PyMongoError:
         return None
-    gossiped = reply.get("$clusterTime")
-    found = gossiped.get("clusterTime") if isinstance(gossiped, Mapping) else None
-    if not isinstance(found, Timestamp):
-        found = reply.get("operationTime")
-    return found if isinstance(found, Timestamp) else None
 
 
 def _auth_failure(client: MongoClient[dict[str, Any]], exc: PyMongoError) -> BaseException | None:

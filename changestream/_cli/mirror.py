@@ -17,6 +17,7 @@ import re
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,20 @@ from .native_stderr import panics_held
 from .progress import StatusLine, WatchProgress
 
 __all__ = ["main"]
+
+
+_CHUNK = 10_000
+"""Documents per chunk of a re-snapshot (``--resnapshot-chunk``'s default)."""
+
+_ONE_COLLECTION: dict[str, Callable[[argparse.Namespace], bool]] = {
+    "--verify": lambda args: bool(args.verify),
+    "--history": lambda args: args.history is not None,
+    "--on-history-lost resnapshot": lambda args: args.on_history_lost == "resnapshot",
+    "--snapshot-readers": lambda args: args.snapshot_readers is not None,
+    "--resnapshot": lambda args: bool(args.resnapshot),
+    "--resnapshot-chunk": lambda args: args.resnapshot_chunk is not None,
+}
+"""Flags of a one-collection mirror only, refused without ``--coll`` (not silently ignored)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -125,13 +140,13 @@ def _parser() -> argparse.ArgumentParser:
         "streams (a signal commit in the table), then exit; a mirror started later takes it up",
     )
     parser.add_argument(
-        "--resnapshot-chunk", type=positive_int, default=10_000, metavar="N",
-        help="documents per chunk of a re-snapshot (default %(default)s)",
+        "--resnapshot-chunk", type=positive_int, metavar="N",
+        help=f"documents per chunk of a re-snapshot (default {_CHUNK})",
     )
     parser.add_argument(
-        "--snapshot-readers", type=positive_int, default=1, metavar="N",
+        "--snapshot-readers", type=positive_int, metavar="N",
         help="read a new table's first copy with N readers in parallel, over _id ranges, at "
-        "one cluster time (default %(default)s)",
+        "one cluster time (default 1)",
     )
     parser.add_argument(
         "--verify", action="store_true",
@@ -177,6 +192,15 @@ def main(argv: list[str]) -> int:
                      "leave out --coll")
     if args.coll is None and args.schema is not None:
         parser.error("--schema types one collection's documents: give --coll")
+    if args.coll is None:
+        for flag, given in _ONE_COLLECTION.items():
+            if given(args):
+                parser.error(f"{flag} works on one collection's table: give --coll (a whole "
+                             "database's mirror does not do it)")
+    if args.snapshot_readers is None:
+        args.snapshot_readers = 1
+    if args.resnapshot_chunk is None:
+        args.resnapshot_chunk = _CHUNK
     if args.coll is None and "://" in args.to:
         parser.error("--to: a whole database is mirrored into a local directory (one table "
                      "per collection); give --coll for an object store")
@@ -340,8 +364,11 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
             from .._parallel_copy import parallel_copy
 
             say(f"copying {namespace} into {args.to} with {args.snapshot_readers} readers")
-            parallel_copy(client[args.db][args.coll], sink, readers=args.snapshot_readers,
-                          batch=args.batch)
+            copied = parallel_copy(client[args.db][args.coll], sink,
+                                   readers=args.snapshot_readers, batch=args.batch)
+            if copied.too_old:
+                say("the server no longer keeps the copy's cluster time (SnapshotTooOld): the "
+                    "copy goes on with one reader at a new time")
             stored = resnapshot.load()
         if stored is None:
             say(f"mirroring {namespace} into {args.to}: snapshot first; Ctrl-C to stop")

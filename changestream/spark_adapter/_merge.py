@@ -317,7 +317,9 @@ def merge_into_tables(
     ``changestream mirror`` without ``--coll``) as version ``batch_id``: a batch
     Spark runs again is skipped by every table that holds it. ``include(name)``
     picks the collections (default: all). Rows without a collection
-    (``dropDatabase``) are left out. Also takes the batch as Arrow.
+    (``dropDatabase``) are left out. Also takes the batch as Arrow. Each table's commit
+    holds the token of the collection's last event in the batch, so ``changestream
+    mirror`` with the same app id can take the tables over.
     """
     return MergeIntoTables(path, app_id, include, sink_options)
 
@@ -352,4 +354,4 @@ class MergeIntoTables:
             part = changes.filter(pc.equal(changes.column("collection"), name))
             sink = self.sink(name)
             table, cleared = _merge_table(part, sink)
-            sink.write(table, int(batch_id), cleared=cleared)
+            sink.write(table, int(batch_id), _last_token(part), cleared=cleared)

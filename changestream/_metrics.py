@@ -130,10 +130,17 @@ class StatsReporter:
         callback: StatsCallback | None,
         interval: float,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        probes: bool = True,
     ) -> None:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
             raise ValueError(f"stats_interval must be a number of seconds > 0, not {interval!r}")
+        if not isinstance(probes, bool):
+            raise ValueError(f"server_probes must be True or False, not {probes!r}")
         self._callback = callback
+        self.probes = probes
+        """Read the deployment (oplog fill and oldest entry; ``serverStatus`` for the reports)
+        every :data:`~changestream._headroom.PROBE_EVERY` seconds (``server_probes``)."""
         self._interval = float(interval)
         self._clock = clock
         self._started = self._last_report = clock()
@@ -156,13 +163,23 @@ class StatsReporter:
         """The running stats timer (a task or a thread), ``None`` before it starts."""
         self.ended = False
         """The final report was made: the timer stops."""
+        self.ending = threading.Event()
+        """Set with :attr:`ended`: wakes the sync timer's wait, so it ends at once."""
         self._lock = threading.Lock()
         """The timer thread and the loop may both report (sync ``consume``)."""
 
     @property
-    def active(self) -> bool:
+    def reporting(self) -> bool:
         """A callback is set: reports are wanted."""
         return self._callback is not None
+
+    @property
+    def wanted(self) -> bool:
+        """The timer has work: reports, or (without a callback) the samples of the lag that the
+        time to history loss and its warning come from, while the oplog may be readable."""
+        if self._callback is not None:
+            return True
+        return self.probes and self.headroom.unavailable is None
 
     def due_in(self) -> float:
         """Seconds until the next report is due (0: now)."""
@@ -192,11 +209,18 @@ class StatsReporter:
         if self._callback is not None and self._clock() - self._last_report >= self._interval:
             self._report(handled, reopens, final=False)
 
+    def tick(self, handled: int, reopens: int) -> None:
+        """On each timer tick: report if ``interval`` seconds have passed; without a callback
+        only sample (the lag's trend, the headroom and history-loss warnings)."""
+        if self._clock() - self._last_report >= self._interval:
+            self._report(handled, reopens, final=False)
+
     def finish(self, handled: int, reopens: int) -> None:
         """The loop ended (returned or raised): the last report; the timer stops."""
         if self._callback is not None:
             self._report(handled, reopens, final=True)
         self.ended = True
+        self.ending.set()
 
     def snapshot(self, handled: int, reopens: int, *, final: bool = False) -> ConsumeStats:
         now = self._clock()
@@ -241,7 +265,8 @@ class StatsReporter:
             self._handled_at_last_report = handled
             if final:
                 self.ended = True
-            assert self._callback is not None
+            if self._callback is None:
+                return  # a sample: the snapshot updated the estimate and its warnings
             try:
                 self._callback(stats)
             except Exception:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from datetime import timedelta
@@ -10,10 +11,11 @@ from typing import Any
 
 import pytest
 from bson.timestamp import Timestamp
-from pymongo import MongoClient
+from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import OperationFailure
 
 import changestream
+import changestream.aio
 from changestream._metrics import ConsumeStats, StatsReporter
 from changestream._position import Position
 from changestream._server_metrics import HistoryLossEstimate, ServerMetricsProbe, server_metrics
@@ -286,3 +288,105 @@ def test_through_mongos_the_counters_are_mongos_own_and_the_headroom_is_absent(
     assert snap.server_docs_examined_per_returned is None  # mongod's cursor sums only
     assert snap.oplog_headroom is None and snap.history_lost_in is None
     assert "not readable through mongos" in caplog.text
+
+
+# -- the warning without on_stats (issue 32) ---------------------------------------------------------
+class OnWarning(logging.Handler):
+    """Calls ``then`` when consume logs the time-to-history-loss WARNING."""
+
+    def __init__(self, then: Any) -> None:
+        super().__init__(logging.WARNING)
+        self.then = then
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("history loss in about"):
+            self.messages.append(record.getMessage())
+            self.then()
+
+
+def fill_the_oplog(coll: Any) -> None:
+    for i in range(20):  # 200 KB into a 64 KiB oplog: full, truncating
+        coll.insert_many([{"i": i, "pad": "x" * 1000} for _ in range(10)])
+
+
+@pytest.mark.parametrize("version", ["8.3", "9.0", "9.1"])
+def test_consume_without_on_stats_warns_before_history_is_lost(version: str) -> None:
+    """No on_stats: the handler is stuck on its first change, the lag grows a second per
+    second on a full oplog; the WARNING comes while it is stuck (before the position falls
+    off), and consume ends without losing history."""
+    handled: list[Any] = []
+    stop = threading.Event()
+    warned = threading.Event()
+    catch = OnWarning(warned.set)
+    logger = logging.getLogger("changestream.consume")
+    with ReplicaSet(version, oplog_max_bytes=64 * 1024) as rs:
+        client: MongoClient[dict[str, Any]] = MongoClient(rs.uri)
+        logger.addHandler(catch)
+        try:
+            coll = client.db.coll
+            fill_the_oplog(coll)
+            with changestream.watch(coll, max_await_time_ms=50) as stream:
+                start = stream.resume_token
+            coll.insert_many([{"i": -1} for _ in range(5)])
+            store = MemoryTokenStore()
+            store.save(start)
+
+            def handle(change: Any) -> None:
+                handled.append(change)
+                warned.wait(20)  # stuck until warned (20 s: a bound, not the synchronisation)
+                stop.set()
+
+            result = changestream.consume(coll, handle, store, stop=stop, stats_interval=0.05,
+                                          watch_options={"max_await_time_ms": 50})
+        finally:
+            logger.removeHandler(catch)
+            client.close()
+    assert warned.is_set(), "no history-loss warning without on_stats"
+    assert len(catch.messages) == 1 and "replSetResizeOplog" in catch.messages[0]
+    assert len(handled) == 1 and result.handled == 1  # warned while stuck on the first change
+
+
+@pytest.mark.parametrize("version", ["8.3", "9.0", "9.1"])
+def test_aio_consume_without_on_stats_warns_before_history_is_lost(version: str) -> None:
+    """The async twin: the timer is a task of the loop, also without on_stats."""
+    handled: list[Any] = []
+    messages: list[str] = []
+
+    async def main(uri: str) -> int:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+        stop, warned = asyncio.Event(), asyncio.Event()
+        catch = OnWarning(warned.set)  # logged from the timer task, on this loop
+        logger = logging.getLogger("changestream.consume")
+        logger.addHandler(catch)
+        try:
+            coll = client.db.coll
+            for i in range(20):
+                await coll.insert_many([{"i": i, "pad": "x" * 1000} for _ in range(10)])
+            async with await changestream.aio.watch(coll, max_await_time_ms=50) as stream:
+                start = stream.resume_token
+            await coll.insert_many([{"i": -1} for _ in range(5)])
+            store = MemoryTokenStore()
+            store.save(start)
+
+            async def handle(change: Any) -> None:
+                handled.append(change)
+                try:  # stuck until warned (20 s: a bound, not the synchronisation)
+                    await asyncio.wait_for(warned.wait(), 20)
+                except asyncio.TimeoutError:
+                    pass
+                stop.set()
+
+            result = await changestream.aio.consume(
+                coll, handle, store, stop=stop, stats_interval=0.05,
+                watch_options={"max_await_time_ms": 50})
+        finally:
+            logger.removeHandler(catch)
+            messages.extend(catch.messages)
+            await client.close()
+        return result.handled
+
+    with ReplicaSet(version, oplog_max_bytes=64 * 1024) as rs:
+        count = asyncio.run(main(rs.uri))
+    assert len(messages) == 1, "no history-loss warning without on_stats"
+    assert len(handled) == 1 and count == 1  # warned while stuck on the first change

@@ -34,7 +34,7 @@ from .._metrics import StatsCallback, StatsReporter
 from ..errors import describe_error
 from ..stores import TokenStore
 from ._snapshot_watch import stream_opener
-from ._stats_timer import start_stats_timer
+from ._stats_timer import start_stats_timer, stop_stats_timer
 from ._stream import ChangeStream
 from ._sync_io import (
     ABANDONED,
@@ -68,6 +68,7 @@ def consume(
     stop: threading.Event | None = None,
     on_stats: StatsCallback | None = None,
     stats_interval: float = 10.0,
+    server_probes: bool = True,
     call_timeout: float = DEFAULT_CALL_TIMEOUT,
     stop_on_signals: bool = False,
     workers: int = 1,
@@ -113,7 +114,13 @@ def consume(
     ``on_stats(stats)`` receives a :class:`~changestream.ConsumeStats`
     (changes handled, events/s, lag, resumes, reopens, time of the last
     stored token) every ``stats_interval`` seconds and when the loop ends;
-    the exporters in :mod:`changestream.exporters` are such callbacks.
+    the exporters in :mod:`changestream.exporters` are such callbacks. With or
+    without it, every 60 s (``PROBE_EVERY``) a timer reads how full the oplog is and
+    its oldest entry (``$collStats`` and one ``find`` on ``local.oplog.rs``; with
+    ``on_stats`` also ``serverStatus``) and samples the lag every
+    ``stats_interval`` seconds, and logs a WARNING when the stored position is
+    estimated to fall off the oplog within the hour; ``server_probes=False``
+    turns these reads (and so the headroom, the estimate and their warnings) off.
 
     ``open_stream`` may also be a collection: then ``consume`` opens the
     stream itself (``pipeline`` and ``watch_options`` are ``watch()``'s), and
@@ -155,7 +162,8 @@ def consume(
             oversize=oversize, marks=True))
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,
-              stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout,
+              stats=StatsReporter(on_stats, stats_interval, probes=server_probes),
+              call_timeout=call_timeout,
               history=settings.history, calls=settings.calls, parallel=settings.lanes is not None)
     run.loaded(call_store(store.load))
     stop = stop if stop is not None else threading.Event()
@@ -255,28 +263,31 @@ def consume(
     def sleep(seconds: float) -> None:
         wait_for_stop(stop, seconds)
 
-    start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
+    start_stats_timer(run)  # reports (or samples for the history-loss warning) also while a poll waits
     try:
-        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop, run.call_timeout) as current:
-            while tenacity.Retrying(sleep=sleep, **run.retrying())(session):
-                pass
-    except Exception as exc:
-        _settle_quietly(pool, run, settings.drain_timeout)
-        _flush_quietly(run, save)
-        run.finished()
-        error = run.final_error(exc)
-        if error is exc:
+        try:
+            with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop, run.call_timeout) as current:
+                while tenacity.Retrying(sleep=sleep, **run.retrying())(session):
+                    pass
+        except Exception as exc:
+            _settle_quietly(pool, run, settings.drain_timeout)
+            _flush_quietly(run, save)
+            run.finished()
+            error = run.final_error(exc)
+            if error is exc:
+                raise
+            raise error from error.__cause__
+        except BaseException:
+            _settle_quietly(pool, run, settings.drain_timeout)
+            _flush_quietly(run, save)
+            run.finished()
             raise
-        raise error from error.__cause__
-    except BaseException:
         _settle_quietly(pool, run, settings.drain_timeout)
-        _flush_quietly(run, save)
-        run.finished()
-        raise
-    _settle_quietly(pool, run, settings.drain_timeout)
-    if run.pending:
-        save()
-    return run.result()
+        if run.pending:
+            save()
+        return run.result()
+    finally:
+        stop_stats_timer(run)  # after the final report; none outlives the loop
 
 
 def _settle_quietly(pool: ThreadWorkers | None, run: Run, drain_timeout: float) -> None:

@@ -45,7 +45,7 @@ from ._async_io import (
     wait_for_stop,
 )
 from ._snapshot_watch import stream_opener
-from ._stats_timer import start_stats_timer
+from ._stats_timer import start_stats_timer, stop_stats_timer
 from ._stream import AsyncChangeStream
 from ._workers import AsyncWorkers
 
@@ -68,6 +68,7 @@ async def consume(
     stop: asyncio.Event | None = None,  # sync: stop: threading.Event | None = None,
     on_stats: StatsCallback | None = None,
     stats_interval: float = 10.0,
+    server_probes: bool = True,
     call_timeout: float = DEFAULT_CALL_TIMEOUT,
     stop_on_signals: bool = False,
     workers: int = 1,
@@ -89,7 +90,7 @@ async def consume(
     set; cancelling the task stores the last handled token and re-raises.
     ``open_stream`` may also be an ``AsyncCollection`` (with ``pipeline``,
     ``watch_options`` and ``initial_snapshot`` as in the sync ``consume``).
-    ``call_timeout``, ``stop_on_signals`` and ``oversize`` work as there. ``workers=N`` runs up
+    ``call_timeout``, ``stop_on_signals``, ``server_probes`` and ``oversize`` work as there. ``workers=N`` runs up
     to N handler calls as tasks (a coroutine-function handler overlaps them;
     a plain function runs on the loop, one at a time); ``key``,
     ``max_in_flight``, ``drain_timeout``, ``on_error`` (``dead_letter`` may be a
@@ -132,7 +133,13 @@ async def consume(
     # ``on_stats(stats)`` receives a :class:`~changestream.ConsumeStats`
     # (changes handled, events/s, lag, resumes, reopens, time of the last
     # stored token) every ``stats_interval`` seconds and when the loop ends;
-    # the exporters in :mod:`changestream.exporters` are such callbacks.
+    # the exporters in :mod:`changestream.exporters` are such callbacks. With or
+    # without it, every 60 s (``PROBE_EVERY``) a timer reads how full the oplog is and
+    # its oldest entry (``$collStats`` and one ``find`` on ``local.oplog.rs``; with
+    # ``on_stats`` also ``serverStatus``) and samples the lag every
+    # ``stats_interval`` seconds, and logs a WARNING when the stored position is
+    # estimated to fall off the oplog within the hour; ``server_probes=False``
+    # turns these reads (and so the headroom, the estimate and their warnings) off.
     #
     # ``open_stream`` may also be a collection: then ``consume`` opens the
     # stream itself (``pipeline`` and ``watch_options`` are ``watch()``'s), and
@@ -175,7 +182,8 @@ async def consume(
             oversize=oversize, marks=True))
     run = Run(store, save_every=save_every, save_interval=save_interval, retry_for=retry_for,
               backoff_initial=backoff_initial, backoff_max=backoff_max,
-              stats=StatsReporter(on_stats, stats_interval), call_timeout=call_timeout,
+              stats=StatsReporter(on_stats, stats_interval, probes=server_probes),
+              call_timeout=call_timeout,
               history=settings.history, calls=settings.calls, parallel=settings.lanes is not None)
     run.loaded(await call_store(store.load))
     stop = stop if stop is not None else asyncio.Event()  # sync: stop = stop if stop is not None else threading.Event()
@@ -275,28 +283,31 @@ async def consume(
     async def sleep(seconds: float) -> None:
         await wait_for_stop(stop, seconds)
 
-    start_stats_timer(run)  # reports also while a poll or a reopen waits (an outage)
+    start_stats_timer(run)  # reports (or samples for the history-loss warning) also while a poll waits
     try:
-        with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop, run.call_timeout) as current:
-            while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):
-                pass
-    except Exception as exc:
-        await _settle_quietly(pool, run, settings.drain_timeout)
-        await _flush_quietly(run, save)
-        run.finished()
-        error = run.final_error(exc)
-        if error is exc:
+        try:
+            with signals_stop(stop_on_signals, stop_setter(stop)), stop_closes(stop, run.call_timeout) as current:
+                while await tenacity.AsyncRetrying(sleep=sleep, **run.retrying())(session):
+                    pass
+        except Exception as exc:
+            await _settle_quietly(pool, run, settings.drain_timeout)
+            await _flush_quietly(run, save)
+            run.finished()
+            error = run.final_error(exc)
+            if error is exc:
+                raise
+            raise error from error.__cause__
+        except BaseException:
+            await _settle_quietly(pool, run, settings.drain_timeout)
+            await _flush_quietly(run, save)
+            run.finished()
             raise
-        raise error from error.__cause__
-    except BaseException:
         await _settle_quietly(pool, run, settings.drain_timeout)
-        await _flush_quietly(run, save)
-        run.finished()
-        raise
-    await _settle_quietly(pool, run, settings.drain_timeout)
-    if run.pending:
-        await save()
-    return run.result()
+        if run.pending:
+            await save()
+        return run.result()
+    finally:
+        await stop_stats_timer(run)  # after the final report; none outlives the loop
 
 
 async def _settle_quietly(pool: AsyncWorkers | None, run: Run, drain_timeout: float) -> None:

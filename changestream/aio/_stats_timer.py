@@ -4,12 +4,20 @@ The loop itself reports after each poll, but during an outage no poll returns
 (server selection, backoff between reopens), and the reports are wanted most
 then: the lag keeps growing (:class:`changestream.Position`) and the reopen
 count moves. The timer runs beside the loop (a task of the event loop in
-asyncio, a daemon thread in the sync twin), calls the same
-:meth:`~changestream._metrics.StatsReporter.poll` and, every
+asyncio, a daemon thread in the sync twin), calls
+:meth:`~changestream._metrics.StatsReporter.tick` and, every
 :data:`~changestream._headroom.PROBE_EVERY` seconds, reads how full the oplog
-is and its oldest entry for the headroom, and the server's change-stream counters
-(``serverStatus``). It stops with the loop's final report
-(:meth:`StatsReporter.finish`).
+is and its oldest entry for the headroom, and (for the reports) the server's
+change-stream counters (``serverStatus``).
+
+It runs also without ``on_stats``: then it only samples the lag every
+``stats_interval`` seconds, so the time to history loss is estimated and its
+WARNING comes before the history is lost, in every ``consume`` (no
+``serverStatus``: nothing would read it). It ends once the oplog cannot be read
+here (said once, INFO) and nothing is reported, or never starts with
+``server_probes=False``. :func:`stop_stats_timer` ends it with the loop: the
+task is cancelled and awaited, the thread woken and joined, so none outlives
+``consume``.
 
 This asyncio module is the one source of both timers: ``tools/gen_sync.py``
 writes ``changestream/_sync/_stats_timer.py`` from it.
@@ -28,16 +36,16 @@ from .._headroom import OPLOG_QUERY, OPLOG_STATS, log, oplog_client
 from .._metrics import StatsReporter
 from .._server_metrics import SERVER_STATUS
 
-__all__ = ["start_stats_timer"]
+__all__ = ["start_stats_timer", "stop_stats_timer"]
 
 PROBE_TIMEOUT = 10.0
-"""Seconds one read of the oldest oplog entry may take."""
+"""Seconds one read of the oplog or of ``serverStatus`` may take."""
 
 
 def start_stats_timer(run: Run) -> None:
-    """Start reporting ``run``'s stats on their interval, until its final report."""
+    """Start reporting ``run``'s stats on their interval (or sampling them), until the loop ends."""
     stats = run.stats
-    if not stats.active or stats.timer is not None:
+    if not stats.wanted or stats.timer is not None:
         return
     stats.timer = asyncio.get_running_loop().create_task(_tick(run, stats))  # sync: stats.timer = threading.Thread(target=_tick, args=(run, stats), name="changestream-stats", daemon=True)
     # sync-only: begin
@@ -45,21 +53,47 @@ def start_stats_timer(run: Run) -> None:
     # sync-only: end
 
 
+async def stop_stats_timer(run: Run) -> None:
+    """End the timer (after the loop's final report): none outlives ``consume``.
+
+    A read in flight is abandoned (async: cancelled) or, in the sync twin, waited for (at
+    most :data:`PROBE_TIMEOUT`: a thread cannot be interrupted).
+    """
+    stats = run.stats
+    stats.ended = True
+    stats.ending.set()
+    timer = stats.timer
+    if timer is None:
+        return
+    # async-only: begin
+    timer.cancel()
+    await asyncio.wait([timer])  # (a cancel of consume itself still propagates)
+    # async-only: end
+    # sync-only: begin
+    # timer.join(PROBE_TIMEOUT + 1.0)
+    # sync-only: end
+
+
 async def _tick(run: Run, stats: StatsReporter) -> None:
-    """Sleep until the next report is due, report, repeat; stop once the loop has ended."""
+    """Sleep until the next report is due, report (or sample), repeat; stop once the loop has
+    ended or nothing is left to do."""
     while not stats.ended:
-        await asyncio.sleep(min(stats.due_in(), 1.0) or 0.05)  # sync: threading.Event().wait(min(stats.due_in(), 1.0) or 0.05)
+        await asyncio.sleep(min(stats.due_in(), 1.0) or 0.05)  # sync: stats.ending.wait(min(stats.due_in(), 1.0) or 0.05)
         if stats.ended:
             return
-        try:
-            await _probe_headroom(stats)
-        except Exception:  # the probe is best effort; the report matters more
-            log.debug("reading the oplog headroom failed", exc_info=True)
-        try:
-            await _probe_server(stats)
-        except Exception:  # best effort too
-            log.debug("reading serverStatus failed", exc_info=True)
-        stats.poll(run.progress.handled, max(run.opened - 1, 0))
+        if stats.probes:
+            try:
+                await _probe_headroom(stats)
+            except Exception:  # the probe is best effort; the report matters more
+                log.debug("reading the oplog headroom failed", exc_info=True)
+            if stats.reporting and not stats.ended:  # serverStatus only feeds the reports
+                try:
+                    await _probe_server(stats)
+                except Exception:  # best effort too
+                    log.debug("reading serverStatus failed", exc_info=True)
+        if not stats.wanted:
+            return  # no callback, and the oplog cannot be read here: nothing to estimate
+        stats.tick(run.progress.handled, max(run.opened - 1, 0))
 
 
 async def _probe_headroom(stats: StatsReporter) -> None:
@@ -79,7 +113,7 @@ async def _probe_headroom(stats: StatsReporter) -> None:
         probe.failed(exc, stats=True)
         return
     probe.read_fill(reply)
-    if probe.unavailable is not None:
+    if probe.unavailable is not None or stats.ended:
         return
     try:
         with pymongo.timeout(PROBE_TIMEOUT):

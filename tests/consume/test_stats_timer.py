@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Any
 
+import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
 import changestream
@@ -81,3 +83,135 @@ def test_async_consume_reports_while_a_poll_is_blocked(simulator: Any) -> None:
 
     asyncio.run(main())
     assert reports[-1][1].final
+
+
+# -- the timer's life: also without on_stats, never past consume (issue 32) ---------------------------
+def stats_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "changestream-stats" and t.is_alive()}
+
+
+def timer_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "") == "_tick"]
+
+
+@pytest.mark.parametrize("on_stats", [None, lambda stats: None], ids=["no_on_stats", "on_stats"])
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+def test_sync_consume_leaves_no_timer_thread(simulator: Any, on_stats: Any, ending: str) -> None:
+    client: MongoClient[dict[str, Any]] = MongoClient(simulator.uri)
+    coll = client.db.c
+    before = stats_threads()
+    during: list[set[threading.Thread]] = []
+    stop = threading.Event()
+
+    def handle(change: Any) -> None:
+        during.append(stats_threads() - before)
+        if ending == "raises":
+            raise RuntimeError("handler failed")
+        stop.set()
+
+    coll.insert_one({"setup": True})
+    store = MemoryTokenStore()
+    with changestream.watch(coll) as stream:
+        store.save(stream.resume_token)
+    coll.insert_one({"i": 1})
+    try:
+        changestream.consume(coll, handle, store, stop=stop, on_stats=on_stats,
+                             stats_interval=0.05)
+    except RuntimeError:
+        assert ending == "raises"
+    finally:
+        client.close()
+    assert len(during) == 1 and len(during[0]) == 1  # the timer ran, also without on_stats
+    assert not stats_threads() - before  # and ended with consume
+
+
+@pytest.mark.parametrize("on_stats", [None, lambda stats: None], ids=["no_on_stats", "on_stats"])
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+def test_async_consume_leaves_no_timer_task(simulator: Any, on_stats: Any, ending: str) -> None:
+    async def main() -> tuple[int, int]:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(simulator.uri)
+        coll = client.db.c
+        during: list[int] = []
+        stop = asyncio.Event()
+
+        async def handle(change: Any) -> None:
+            during.append(len(timer_tasks()))
+            if ending == "raises":
+                raise RuntimeError("handler failed")
+            stop.set()
+
+        await coll.insert_one({"setup": True})
+        store = MemoryTokenStore()
+        async with await changestream.aio.watch(coll) as stream:
+            store.save(stream.resume_token)
+        await coll.insert_one({"i": 1})
+        try:
+            await changestream.aio.consume(coll, handle, store, stop=stop, on_stats=on_stats,
+                                           stats_interval=0.05)
+        except RuntimeError:
+            assert ending == "raises"
+        finally:
+            await client.close()
+        return during[0], len(timer_tasks())
+
+    during, after = asyncio.run(main())
+    assert during == 1  # the timer ran, also without on_stats
+    assert after == 0  # and ended with consume
+
+
+def test_server_probes_false_starts_no_timer_without_on_stats(simulator: Any) -> None:
+    client: MongoClient[dict[str, Any]] = MongoClient(simulator.uri)
+    coll = client.db.c
+    before = stats_threads()
+    during: list[set[threading.Thread]] = []
+    stop = threading.Event()
+
+    def handle(change: Any) -> None:
+        during.append(stats_threads() - before)
+        stop.set()
+
+    store = MemoryTokenStore()
+    with changestream.watch(coll) as stream:
+        store.save(stream.resume_token)
+    coll.insert_one({"i": 1})
+    try:
+        changestream.consume(coll, handle, store, stop=stop, server_probes=False)
+        with pytest.raises(ValueError, match="server_probes must be True or False, not 'no'"):
+            changestream.consume(coll, handle, store, server_probes="no")  # type: ignore[arg-type]
+    finally:
+        client.close()
+    assert during == [set()]
+
+
+class ShardedStream:
+    """A stream through mongos: the oplog is not readable there."""
+
+    client = type("C", (), {"topology_description": type(
+        "D", (), {"topology_type_name": "Sharded"})()})()
+    resumes = 0
+    position = None
+
+
+def test_where_the_oplog_is_unreadable_the_timer_says_so_once_and_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No callback and no oplog to read (mongos, no privilege): one INFO line, and the timer
+    thread ends at once instead of waking every second for nothing."""
+    from changestream._metrics import StatsReporter
+    from changestream._sync._stats_timer import _tick
+
+    stats = StatsReporter(None, 0.05)
+    stats.on_stream(ShardedStream())
+    run = type("R", (), {"stats": stats, "opened": 1,
+                         "progress": type("P", (), {"handled": 0})()})()
+    with caplog.at_level(logging.INFO, logger="changestream"):
+        timer = threading.Thread(target=_tick, args=(run, stats), daemon=True)
+        timer.start()
+        timer.join(5)
+    assert not timer.is_alive()
+    lines = [r for r in caplog.records if "not readable through mongos" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO
+    assert not stats.wanted
+    with_callback = StatsReporter(lambda stats: None, 0.05)
+    with_callback.headroom.give_up("unreadable")
+    assert with_callback.wanted  # the reports still come

@@ -8,6 +8,11 @@ once when the loop ends. The exporters
 (:class:`changestream.exporters.prometheus.PrometheusExporter`,
 :class:`changestream.exporters.opentelemetry.OpenTelemetryExporter`) are such
 callbacks. A failing callback is logged and never stops the loop.
+
+Without ``on_stats`` the same timer still runs (unless ``server_probes=False``): it
+samples the lag every ``stats_interval`` seconds and reads the oplog every
+:data:`~changestream._headroom.PROBE_EVERY` seconds, so the headroom and
+time-to-history-loss WARNINGs come in every ``consume``; nothing is reported.
 """
 
 from __future__ import annotations

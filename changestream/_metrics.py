@@ -10,9 +10,10 @@ once when the loop ends. The exporters
 callbacks. A failing callback is logged and never stops the loop.
 
 Without ``on_stats`` the same timer still runs (unless ``server_probes=False``): it
-samples the lag every ``stats_interval`` seconds and reads the oplog every
-:data:`~changestream._headroom.PROBE_EVERY` seconds, so the headroom and
-time-to-history-loss WARNINGs come in every ``consume``; nothing is reported.
+samples the lag every ``stats_interval`` seconds and, while the lag grows, reads the
+oplog every :data:`~changestream._headroom.PROBE_EVERY` seconds, so the
+time-to-history-loss WARNING (and the headroom's) comes in every ``consume``;
+nothing is reported.
 """
 
 from __future__ import annotations
@@ -185,6 +186,15 @@ class StatsReporter:
         if self._callback is not None:
             return True
         return self.probes and self.headroom.unavailable is None
+
+    @property
+    def reading_oplog(self) -> bool:
+        """Read the oplog (when due)? With a callback, always: the headroom is reported.
+        Without, only while the lag grows: only then can history loss near, and a consumer
+        that keeps up costs no read."""
+        if not self.probes:
+            return False
+        return self._callback is not None or self.history.growing
 
     def due_in(self) -> float:
         """Seconds until the next report is due (0: now)."""

@@ -158,6 +158,12 @@ class HistoryLossEstimate:
             return None
         return sum((t - mean_t) * (lag - mean_l) for t, lag in points) / spread
 
+    @property
+    def growing(self) -> bool:
+        """The lag grows (by :data:`MIN_GROWTH` or more): an estimate needs the headroom."""
+        growth = self.growth()
+        return growth is not None and growth >= MIN_GROWTH
+
     def update(self, now: float, lag: timedelta | None,
                headroom: timedelta | None) -> timedelta | None:
         """One report: its time (monotonic s), lag and headroom; the estimate, warning once

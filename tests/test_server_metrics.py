@@ -389,3 +389,22 @@ def test_aio_consume_without_on_stats_warns_before_history_is_lost(version: str)
         count = asyncio.run(main(rs.uri))
     assert len(messages) == 1, "no history-loss warning without on_stats"
     assert len(handled) == 1 and count == 1  # warned while stuck on the first change
+
+
+def test_without_on_stats_the_oplog_is_read_only_while_the_lag_grows() -> None:
+    """The cost of the warning without a callback: a consumer that keeps up reads no oplog;
+    one falling behind does (every PROBE_EVERY s); with a callback the headroom is reported,
+    so always; server_probes=False never."""
+    quiet = StatsReporter(None, 10.0)
+    assert quiet.wanted and not quiet.reading_oplog
+    for t in range(6):  # flat lag
+        quiet.history.update(t * 10.0, timedelta(seconds=2), None)
+    assert not quiet.reading_oplog
+    behind = StatsReporter(None, 10.0)
+    for t in range(3):  # a second more lag every 10 s
+        behind.history.update(t * 10.0, timedelta(seconds=t), None)
+    assert behind.reading_oplog
+    assert StatsReporter(lambda stats: None, 10.0).reading_oplog
+    off = StatsReporter(lambda stats: None, 10.0, probes=False)
+    assert not off.reading_oplog and off.wanted  # the reports still come
+    assert not StatsReporter(None, 10.0, probes=False).wanted  # no timer at all

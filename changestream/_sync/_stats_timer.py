@@ -15,9 +15,10 @@ is and its oldest entry for the headroom, and (for the reports) the server's
 change-stream counters (``serverStatus``).
 
 It runs also without ``on_stats``: then it only samples the lag every
-``stats_interval`` seconds, so the time to history loss is estimated and its
-WARNING comes before the history is lost, in every ``consume`` (no
-``serverStatus``: nothing would read it). It ends once the oplog cannot be read
+``stats_interval`` seconds and, while the lag grows, reads the oplog, so the time
+to history loss is estimated and its WARNING comes before the history is lost, in
+every ``consume`` (no ``serverStatus``: nothing would read it; no oplog read for a
+consumer that keeps up). It ends once the oplog cannot be read
 here (said once, INFO) and nothing is reported, or never starts with
 ``server_probes=False``. :func:`stop_stats_timer` ends it with the loop: the
 task is cancelled and awaited, the thread woken and joined, so none outlives
@@ -79,25 +80,26 @@ def _tick(run: Run, stats: StatsReporter) -> None:
                 _probe_headroom(stats)
             except Exception:  # the probe is best effort; the report matters more
                 log.debug("reading the oplog headroom failed", exc_info=True)
-            if stats.reporting and not stats.ended:  # serverStatus only feeds the reports
-                try:
-                    _probe_server(stats)
-                except Exception:  # best effort too
-                    log.debug("reading serverStatus failed", exc_info=True)
+        if stats.probes and stats.reporting and not stats.ended:  # only the reports read it
+            try:
+                _probe_server(stats)
+            except Exception:  # best effort too
+                log.debug("reading serverStatus failed", exc_info=True)
         if not stats.wanted:
             return  # no callback, and the oplog cannot be read here: nothing to estimate
         stats.tick(run.progress.handled, max(run.opened - 1, 0))
 
 
 def _probe_headroom(stats: StatsReporter) -> None:
-    """Read the oldest oplog entry if it is time to (see :mod:`changestream._headroom`)."""
+    """Read how full the oplog is and its oldest entry if it is time to (see
+    :mod:`changestream._headroom`; without a callback only while the lag grows)."""
     probe = stats.headroom
     if not probe.due():
         return
-    client, why_not = oplog_client(stats.stream)
+    client, why_not = oplog_client(stats.stream)  # (no I/O: the topology the client knows)
     if why_not is not None:
         probe.give_up(why_not)
-    if client is None:
+    if client is None or not stats.reading_oplog:
         return
     try:  # how full first: the oldest entry of an oplog that is not full is no risk
         with pymongo.timeout(PROBE_TIMEOUT):

@@ -134,12 +134,13 @@ async def consume(
     # (changes handled, events/s, lag, resumes, reopens, time of the last
     # stored token) every ``stats_interval`` seconds and when the loop ends;
     # the exporters in :mod:`changestream.exporters` are such callbacks. With or
-    # without it, every 60 s (``PROBE_EVERY``) a timer reads how full the oplog is and
-    # its oldest entry (``$collStats`` and one ``find`` on ``local.oplog.rs``; with
-    # ``on_stats`` also ``serverStatus``) and samples the lag every
-    # ``stats_interval`` seconds, and logs a WARNING when the stored position is
-    # estimated to fall off the oplog within the hour; ``server_probes=False``
-    # turns these reads (and so the headroom, the estimate and their warnings) off.
+    # without it, a timer samples the lag every ``stats_interval`` seconds and
+    # every 60 s (``PROBE_EVERY``) reads how full the oplog is and its oldest entry
+    # (``$collStats`` and one ``find`` on ``local.oplog.rs``; without ``on_stats``
+    # only while the lag grows, with it also ``serverStatus``), and logs a WARNING
+    # when the stored position is estimated to fall off the oplog within the hour;
+    # ``server_probes=False`` turns these reads (and so the headroom, the estimate
+    # and their warnings) off.
     #
     # ``open_stream`` may also be a collection: then ``consume`` opens the
     # stream itself (``pipeline`` and ``watch_options`` are ``watch()``'s), and

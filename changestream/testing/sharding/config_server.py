@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bson.binary import Binary
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
@@ -341,7 +342,7 @@ class ClusterState:
             "config",
             {"update": "collections", "updates": [{
                 "q": {"_id": sharded.ns},
-                "u": {"_id": sharded.ns, "uuid": sharded.uuid, "key": sharded.key,
+                "u": {"_id": sharded.ns, "uuid": _binary(sharded.uuid), "key": sharded.key,
                       "unique": sharded.unique},
                 "upsert": True,
             }]},
@@ -351,12 +352,13 @@ class ClusterState:
     def record_chunks(self, sharded: ShardedCollection) -> None:
         fields = sharded.fields
         docs = [
-            {"_id": ObjectId(), "uuid": sharded.uuid, "min": dict(zip(fields, c.min, strict=True)),
+            {"_id": ObjectId(), "uuid": _binary(sharded.uuid),
+             "min": dict(zip(fields, c.min, strict=True)),
              "max": dict(zip(fields, c.max, strict=True)), "shard": c.shard}
             for c in sharded.chunks
         ]  # fmt: skip
         self._config_shard.command(
-            "config", {"delete": "chunks", "deletes": [{"q": {"uuid": sharded.uuid}, "limit": 0}]}
+            "config", {"delete": "chunks", "deletes": [{"q": {"uuid": _binary(sharded.uuid)}, "limit": 0}]}
         )
         self._config_shard.command("config", {"insert": "chunks", "documents": docs})
 
@@ -606,3 +608,9 @@ def _ensure_copy(deployment: Deployment, template: CollectionState) -> Collectio
                     state.add_index(dict(spec))
         state.shard_key = template.shard_key
         return state
+
+
+def _binary(value: uuid.UUID) -> Binary:
+    """A collection UUID as the config server stores it (BSON binary subtype 4), so a query
+    from a client (which sends that) matches it."""
+    return Binary.from_uuid(value)

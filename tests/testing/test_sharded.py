@@ -648,3 +648,55 @@ def test_split_errors_as_mongos_reports_them(client: pymongo.MongoClient[Any]) -
     with pytest.raises(OperationFailure) as caught:
         admin.command("split", "splits.unsharded", middle={"x": 1})
     assert caught.value.code == 118
+
+
+# -- snapshot reads and migrations -----------------------------------------------------------
+
+
+def _snapshot_ids(client: pymongo.MongoClient[Any], db: str, coll: str,
+                  at: Any = None) -> list[Any]:
+    concern: dict[str, Any] = {"level": "snapshot"}
+    if at is not None:
+        concern["atClusterTime"] = at
+    reply = client[db].command({"aggregate": coll, "pipeline": [{"$sort": {"_id": 1}}],
+                                "cursor": {"batchSize": 10_000}, "readConcern": concern})
+    return [doc["_id"] for doc in reply["cursor"]["firstBatch"]]
+
+
+def test_a_snapshot_read_right_after_a_migration_sees_the_moved_chunk() -> None:
+    """mongod logs a migration's copies and deletes (``fromMigrate``) at their own times, so
+    a snapshot read after moveChunk sees the chunk on its new shard. The simulator's
+    migration wrote no oplog entry: until the recipient's next write, a read saw the chunk
+    gone from the donor (which had written since) and not yet on the recipient."""
+    with ShardedCluster("8.0", shards=2, mongoses=1, noop_interval=0) as cluster, \
+            pymongo.MongoClient(cluster.uri) as client:
+        admin, ns = client.admin, "moved.c"
+        admin.command("shardCollection", ns, key={"_id": 1})
+        client.moved.c.insert_many([{"_id": i} for i in range(100)])
+        admin.command("split", ns, middle={"_id": 50})
+        donor = client.config.chunks.find_one({"min._id": 50})["shard"]
+        recipient = next(name for name in cluster.shard_names if name != donor)
+        admin.command("moveChunk", ns, find={"_id": 50}, to=recipient)
+        client.moved.c.insert_one({"_id": -1})  # a write on the donor only
+        assert _snapshot_ids(client, "moved", "c") == list(range(-1, 100))
+
+
+def test_a_snapshot_read_at_a_time_before_a_migration_reads_the_chunk_where_it_was(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    """mongos routes a snapshot read by the chunks at its cluster time: the only chunk moved
+    to another shard since is still read (the recipient alone had none of it then)."""
+    admin, ns = client.admin, "before.c"
+    admin.command("shardCollection", ns, key={"_id": 1})
+    client.before.c.insert_many([{"_id": i} for i in range(20)])
+    reply = client.before.command({"aggregate": "c", "pipeline": [{"$limit": 1}],
+                                   "cursor": {}, "readConcern": {"level": "snapshot"}})
+    at = reply["cursor"]["atClusterTime"]
+    sharded = cluster.state.table.sharded(ns)
+    assert sharded is not None and len(sharded.chunks) == 1
+    other = next(name for name in cluster.shard_names if name != sharded.chunks[0].shard)
+    admin.command("moveChunk", ns, find={"_id": 0}, to=other)
+    assert _snapshot_ids(client, "before", "c", at) == list(range(20))
+    found = client.before.command({"find": "c", "filter": {"_id": 7},
+                                   "readConcern": {"level": "snapshot", "atClusterTime": at}})
+    assert found["cursor"]["firstBatch"] == [{"_id": 7}]

@@ -462,6 +462,7 @@ class ClusterState:
                     src_state.remove(id_key(doc["_id"]))
                     with contextlib.suppress(Exception):
                         dst_state.insert(doc)
+            _moved_at(self.clock.tick(), src, dst)
 
     def move_primary(self, db: str, to: str) -> None:
         old = self.table.primary_of(db)
@@ -480,6 +481,7 @@ class ClusterState:
                         with contextlib.suppress(Exception):
                             copy.insert(doc)
                     src.catalog.detach(db, state.name)
+                _moved_at(self.clock.tick(), src, dst)
             with self.table.lock:
                 self.table.databases[db] = to
                 self.table.note_placement("movePrimary", db)
@@ -592,6 +594,14 @@ def _both(a: Deployment, b: Deployment) -> Iterator[None]:
     first, second = sorted((a, b), key=id)
     with first.lock, second.lock:
         yield
+
+
+def _moved_at(at: Timestamp, *deployments: Deployment) -> None:
+    """Documents moved between ``deployments`` (their locks held) are where they went from
+    ``at`` on, for snapshot reads: one time for all, so a read never sees a document on
+    both shards or on neither."""
+    for deployment in deployments:
+        deployment.mark_unlogged_writes(at)
 
 
 def _ensure_copy(deployment: Deployment, template: CollectionState) -> CollectionState:

@@ -15,13 +15,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pymongo import AsyncMongoClient, MongoClient, monitoring
-from snapshot_support import Sink, Writer, collection_state, make_collection
+from pymongo import AsyncMongoClient, MongoClient
+from snapshot_support import (
+    Alternate,
+    GetMores,
+    Sink,
+    Writer,
+    collection_state,
+    make_collection,
+)
 
 import changestream
 from changestream.testing import ShardedCluster
@@ -29,54 +36,6 @@ from changestream.testing import ShardedCluster
 WATCH = {"full_document": "required", "max_await_time_ms": 50}
 DOCS = 3500
 """Four batches of ``snapshot_then_watch``'s default 1000: three getMores."""
-
-
-class Alternate:
-    """A ``server_selector`` choosing the mongoses in turn: a command that selects a server
-    (rather than going to the one holding its cursor) lands on the other mongos."""
-
-    def __init__(self) -> None:
-        self._turn = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, servers: list[Any]) -> list[Any]:
-        if len(servers) < 2:
-            return servers
-        with self._lock:
-            self._turn += 1
-            turn = self._turn
-        ordered = sorted(servers, key=lambda s: s.address)
-        return [ordered[turn % len(ordered)]]
-
-
-class GetMores(monitoring.CommandListener):
-    """Which mongos each cursor came from, and where each getMore went."""
-
-    def __init__(self) -> None:
-        self.opened: dict[int, Any] = {}
-        self.get_mores: list[tuple[int, Any]] = []
-        self._lock = threading.Lock()
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if event.command_name == "getMore":
-            with self._lock:
-                self.get_mores.append((int(event.command["getMore"]), event.connection_id))
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        cursor = event.reply.get("cursor") if event.command_name != "getMore" else None
-        if isinstance(cursor, Mapping) and cursor.get("id"):
-            with self._lock:
-                self.opened[int(cursor["id"])] = event.connection_id
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-    def check(self) -> int:
-        """Every getMore went where its cursor was opened; how many there were."""
-        with self._lock:
-            for cursor_id, address in self.get_mores:
-                assert self.opened.get(cursor_id) == address, f"getMore of {cursor_id} moved"
-            return len(self.get_mores)
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +183,29 @@ def test_parallel_copy_resnapshot_and_verify_through_two_mongoses(
         assert verification.ok, verification
         assert listener.check() > before  # verify's own getMore
         assert_mirrors(path, coll, "changestream")
+
+
+def test_read_snapshot_through_two_mongoses(cluster: ShardedCluster) -> None:
+    """The public ``read_snapshot`` (what Spark's executors read their ranges with): every
+    getMore on the mongos of its cursor, the documents as at its cluster time; stopped
+    early, its cursor is killed on that mongos."""
+    _sharded(cluster, "rs", DOCS)
+    listener = GetMores()
+    with _client(cluster, listener) as client:
+        coll = client.db.rs
+        at = client.db.command({"find": "rs", "limit": 1, "singleBatch": True,
+                                "readConcern": {"level": "snapshot"}})["cursor"]["atClusterTime"]
+        coll.delete_many({"_id": {"$lt": 100}})  # after ``at``: still read
+        pipeline = [{"$match": {"_id": {"$gte": 10}}}, {"$sort": {"_id": 1}}]
+        batches = list(changestream.read_snapshot(coll, pipeline, at=at, batch_size=500))
+        assert [doc["_id"] for batch in batches for doc in batch] == list(range(10, DOCS))
+        assert listener.check() >= 6
+        early = changestream.read_snapshot(coll, at=at, batch_size=100)
+        assert len(next(early)) == 100
+        early.close()
+        wait_for(lambda: not any(cluster.mongos(i).deployment.cursors.ids() for i in range(2)),
+                 "the abandoned cursor to be killed")
+        with pytest.raises(ValueError, match="batch_size"):
+            changestream.read_snapshot(coll, batch_size=0)
+        with pytest.raises(TypeError, match="pymongo Collection"):
+            changestream.read_snapshot(client.db, [])  # type: ignore[arg-type]

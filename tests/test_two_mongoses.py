@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from snapshot_support import (
 )
 
 import changestream
+from changestream._snapshot import SnapshotBatches
 from changestream.testing import ShardedCluster
 
 WATCH = {"full_document": "required", "max_await_time_ms": 50}
@@ -135,14 +136,32 @@ def test_async_snapshot_then_watch_through_two_mongoses(cluster: ShardedCluster)
     assert listener.check() >= 3
 
 
+class _QuarterBatches(SnapshotBatches):
+    """A re-snapshot chunk's read in four batches (it asks for the whole chunk in one, which
+    the simulator's mongos then never continues with a getMore), counting its getMores."""
+
+    get_mores = 0
+
+    def __init__(self, read: Callable[[dict[str, Any]], Mapping[str, Any]], coll: str,
+                 pipeline: Any, *, at: Any = None, batch_size: int = 10_000) -> None:
+        def counted(command: dict[str, Any]) -> Mapping[str, Any]:
+            if "getMore" in command:
+                _QuarterBatches.get_mores += 1
+            return read(command)
+
+        super().__init__(counted, coll, pipeline, at=at, batch_size=max(1, batch_size // 4))
+
+
 def test_parallel_copy_resnapshot_and_verify_through_two_mongoses(
-    cluster: ShardedCluster, tmp_path: Path
+    cluster: ShardedCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The parallel copy's ranges, a re-snapshot's chunks and ``verify`` (12,000 documents: two
-    batches at its default 10,000) each read several batches through both mongoses."""
+    """The parallel copy's ranges, a re-snapshot's chunks (read in four batches each) and
+    ``verify`` (12,000 documents: two batches at its default 10,000) each read several
+    batches through both mongoses."""
     pytest.importorskip("deltalake", reason="the delta extra is not installed")
     from delta_support import assert_mirrors, table_state
 
+    from changestream import _delta_resnapshot
     from changestream._delta_resnapshot import DeltaResnapshot
     from changestream._parallel_copy import parallel_copy
     from changestream.delta import DeltaSink
@@ -158,6 +177,8 @@ def test_parallel_copy_resnapshot_and_verify_through_two_mongoses(
         assert result.documents == n
         copied = listener.check()
         assert copied >= n // 1000 - result.ranges
+        monkeypatch.setattr(_delta_resnapshot, "SnapshotBatches", _QuarterBatches)
+        _QuarterBatches.get_mores = 0
         mirror = DeltaResnapshot(sink, coll, chunk_size=1000, poll_seconds=0)
         stop = threading.Event()
         runner = threading.Thread(target=changestream.consume, args=(coll, mirror, mirror), kwargs={
@@ -177,7 +198,8 @@ def test_parallel_copy_resnapshot_and_verify_through_two_mongoses(
             stop.set()
             runner.join(60)
         assert mirror.progress.chunks >= 10
-        assert listener.check() > copied  # the re-snapshot's full chunks ask a getMore each
+        assert _QuarterBatches.get_mores >= 3 * 10  # three per full chunk, each on its mongos
+        assert listener.check() > copied
         before = listener.check()
         verification = DeltaSink(str(path), full_document="updateLookup").verify(coll)
         assert verification.ok, verification

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # what the public names are; at run time each is imported on 
     from ._metrics import ConsumeStats
     from ._position import Position
     from ._snapshot import SnapshotError
+    from ._snapshot_read import read_snapshot
     from ._sync._api import Client, Collection, Database, watch
     from ._sync._consume import consume
     from ._sync._hub import Hub, Subscription
@@ -83,6 +84,7 @@ _HOMES: dict[str, str] = {
     "OnError": "._consumer.handler_errors",
     "Position": "._position",
     "SnapshotError": "._snapshot",
+    "read_snapshot": "._snapshot_read",
     "SnapshotThenWatch": "._sync._snapshot_watch",
     "snapshot_then_watch": "._sync._snapshot_watch",
     "ChangeStream": "._sync._stream",
@@ -185,6 +187,7 @@ __all__ = [
     "describe_error",
     "merge_ready",
     "one_line",
+    "read_snapshot",
     "snapshot_then_watch",
     "spark_adapter",
     "token_cluster_time",

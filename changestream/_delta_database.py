@@ -48,7 +48,7 @@ from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
 from ._position import reply_cluster_time
-from ._pymongo import plain_command_spec
+from ._pymongo import SyncCursorReader
 from ._snapshot import (
     DeliverRecord,
     RunCommand,
@@ -380,6 +380,7 @@ class DatabaseTables:
         run = SnapshotRun(self.database.name, table.name, [], position,
                           copy_batch_size=min(self.copy_batch_size, 1000))
         session = self.database.client.start_session(causal_consistency=False)
+        read = SyncCursorReader(self.database, session, collection.codec_options)
         count = 0
         try:
             while not self._closing:
@@ -393,9 +394,7 @@ class DatabaseTables:
                     continue
                 if isinstance(action, RunCommand):
                     try:
-                        reply = self.database.command(
-                            plain_command_spec(action.command.body), session=session,
-                            codec_options=collection.codec_options)
+                        reply = read(action.command.body)  # getMores on the cursor's server
                     except OperationFailure as exc:
                         if not run.on_error(exc.code, str(exc)):
                             raise
@@ -408,6 +407,8 @@ class DatabaseTables:
             if count:
                 table.sink.save(run.token)  # stopping: what was copied, with its position
         finally:
+            with contextlib.suppress(Exception):
+                read.close()
             with contextlib.suppress(Exception):
                 session.end_session()
 

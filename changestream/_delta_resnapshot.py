@@ -47,6 +47,7 @@ from pymongo.errors import PyMongoError
 
 from ._delta_layout import KEY, OP, SEQ, UPSERT, latest
 from ._merge import CANONICAL, RELAXED, key_json
+from ._pymongo import SyncCursorReader
 from ._snapshot import SNAPSHOT_MARK, SnapshotBatches, bson_order_key, range_filter
 from ._token import token_cluster_time
 from .stores import StoredToken
@@ -280,16 +281,13 @@ class DeltaResnapshot:
         database = self.collection.database
         documents: dict[str, Mapping[str, Any]] = {}
         with database.client.start_session() as session:
-
-            def read(command: dict[str, Any]) -> Mapping[str, Any]:
-                reply: Mapping[str, Any] = database.command(command, session=session)
-                return reply
-
+            read = SyncCursorReader(database, session)  # getMores on the server of the cursor
             batches = SnapshotBatches(read, self.collection.name, pipeline,
                                       batch_size=self.chunk_size)
             for batch in batches:
                 for doc in batch:
                     documents[key_json(doc["_id"], self._json)] = doc
+            read.close()
         last = len(documents) < self.chunk_size
         upper = None if last else list(documents.values())[-1]["_id"]
         self._chunk = _Chunk(batches.at, documents, upper, last)

@@ -297,6 +297,7 @@ def verify_table(
 
     from ._delta_rows import DeltaSinkError, source_table
     from ._merge import key_json
+    from ._pymongo import SyncCursorReader
 
     if not isinstance(collection, Collection):
         raise TypeError(f"verify() needs a pymongo Collection, not {type(collection).__name__}")
@@ -312,9 +313,7 @@ def verify_table(
         table = table_hashes(read_current(), powers)
     database = collection.database
     session = database.client.start_session(causal_consistency=False)
-
-    def read(command: dict[str, Any]) -> Mapping[str, Any]:
-        return database.command(command, session=session, codec_options=collection.codec_options)
+    read = SyncCursorReader(database, session, collection.codec_options)  # pinned getMores
 
     own = None if drift is None else copy.copy(drift)
 
@@ -334,6 +333,7 @@ def verify_table(
                 f"verify") from exc
         raise
     finally:
+        read.close()
         session.end_session()
     return compare(table, side, at=at, started=started, examples=examples)
 

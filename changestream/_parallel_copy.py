@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure, PyMongoError
 
+from ._pymongo import SyncCursorReader
 from ._snapshot import (
     SNAPSHOT_TOO_OLD,
     SnapshotBatches,
@@ -216,14 +217,10 @@ def _read_range(collection: Any, at: Timestamp, bounds: tuple[Any, bool, Any, bo
     pipeline.append({"$sort": {"_id": 1}})
     database = collection.database
     with database.client.start_session() as session:
-
-        def read(command: dict[str, Any]) -> Mapping[str, Any]:
-            reply: Mapping[str, Any] = database.command(command, session=session)
-            return reply
-
+        read = SyncCursorReader(database, session)  # getMores on the server of the cursor
         batches = iter(SnapshotBatches(read, collection.name, pipeline, at=at,
                                        batch_size=batch))
-        with contextlib.closing(batches):  # a stop kills the cursor
+        with contextlib.closing(read), contextlib.closing(batches):  # a stop kills the cursor
             for docs in batches:
                 yield docs
                 if stop.is_set():

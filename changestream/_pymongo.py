@@ -51,6 +51,11 @@ released when the cursor is exhausted or killed, or when a command on it fails
 network error). Whether to send killCursors after such an error is the
 machine's rule (:attr:`ReplyInfo.load_balanced`).
 
+Plain cursors (a snapshot copy's ``aggregate``/``find``, then ``getMore``): the same
+transport, through :class:`SyncCursorReader` / :class:`AsyncCursorReader`, which remember
+the server each open cursor came from and send its getMore and killCursors there (with
+two mongoses in the URI, ``Database.command`` would send the getMore to either).
+
 CSOT and getMore: the change-streams CSOT rule is ``maxTimeMS = min(
 maxAwaitTimeMS, remaining - minRTT)`` and *no* ``maxTimeMS`` without
 ``maxAwaitTimeMS``. ``Connection.command`` would overwrite it with
@@ -70,7 +75,7 @@ from typing import Any, cast
 
 import bson
 import pymongo
-from bson.codec_options import CodecOptions
+from bson.codec_options import DEFAULT_CODEC_OPTIONS, CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.son import SON
 from pymongo import _csot, helpers_shared
@@ -93,8 +98,10 @@ from ._diagnosis import authentication_failed
 from ._machine import Command, ErrorInfo, KillCursors, ReplyInfo, RunAggregate, RunGetMore
 
 __all__ = [
+    "AsyncCursorReader",
     "AsyncTransport",
     "CommandResult",
+    "SyncCursorReader",
     "SyncTransport",
     "csot_context_active",
     "error_info",
@@ -538,3 +545,85 @@ class AsyncTransport(_Transport):
         session = self._end_owned_session()
         if session is not None:
             await session.end_session()
+
+
+class _CursorRoutes:
+    """Where each command of plain cursors goes; shared by both cursor readers (no I/O).
+
+    A command that opens a cursor (``aggregate``, ``find``, ``listCollections``, ...)
+    selects a server as ``Database.command`` does (primary; any mongos); the reply's
+    cursor id is remembered with the server it came from, and that cursor's
+    ``getMore`` and ``killCursors`` go to that server only.
+    """
+
+    def __init__(self, database: str) -> None:
+        self._database = database
+        self._addresses: dict[int, Any] = {}
+
+    def command(self, body: Mapping[str, Any]) -> Command:
+        """The transport's command for ``body`` (a getMore or killCursors of a cursor opened
+        here goes to its server; any other command selects one)."""
+        name = next(iter(body), None)
+        if name == "getMore":
+            address = self._addresses.get(int(body["getMore"]))
+            if address is not None:
+                return RunGetMore(dict(body), self._database, address)
+        elif name == "killCursors":
+            cursors: list[Any] = list(body.get("cursors") or [])
+            address = self._addresses.get(int(cursors[0])) if len(cursors) == 1 else None
+            if address is not None:
+                return KillCursors(dict(body), self._database, address)
+        return RunAggregate(dict(body), self._database, ReadPreference.PRIMARY, None, False)
+
+    def reply(self, command: Command, result: CommandResult) -> Mapping[str, Any]:
+        """The reply (its cursor's server remembered while it lives), or the error raised."""
+        if isinstance(command, RunGetMore):
+            self._addresses.pop(int(command.command["getMore"]), None)
+        elif isinstance(command, KillCursors):
+            self._addresses.pop(int(command.command["cursors"][0]), None)
+        if isinstance(result, ErrorInfo):
+            raise result.exception
+        reply, info = result
+        cursor = reply.get("cursor")
+        cursor_id = cursor.get("id") if isinstance(cursor, Mapping) else None
+        if cursor_id and not isinstance(command, KillCursors):
+            self._addresses[int(cursor_id)] = info.address
+        return reply
+
+
+class SyncCursorReader:
+    """``reader(command) -> reply`` in ``session``, each cursor's getMore and killCursors on
+    the server that opened it (a snapshot copy's ``read``; see the module docstring).
+
+    Replies are decoded with ``codec_options`` (``Database.command``'s default unless
+    given); a server error raises as from ``Database.command``. :meth:`close` releases
+    a load-balanced pin (the session is the caller's).
+    """
+
+    def __init__(self, database: Any, session: ClientSession,
+                 codec_options: CodecOptions[Any] = DEFAULT_CODEC_OPTIONS) -> None:
+        self._transport = SyncTransport(database.client, session, codec_options)
+        self._routes = _CursorRoutes(database.name)
+
+    def __call__(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        command = self._routes.command(body)
+        return self._routes.reply(command, self._transport.run(command))
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+class AsyncCursorReader:
+    """:class:`SyncCursorReader` for an ``AsyncDatabase``, awaited."""
+
+    def __init__(self, database: Any, session: AsyncClientSession,
+                 codec_options: CodecOptions[Any] = DEFAULT_CODEC_OPTIONS) -> None:
+        self._transport = AsyncTransport(database.client, session, codec_options)
+        self._routes = _CursorRoutes(database.name)
+
+    async def __call__(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        command = self._routes.command(body)
+        return self._routes.reply(command, await self._transport.run(command))
+
+    async def close(self) -> None:
+        await self._transport.close()

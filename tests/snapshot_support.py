@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bson.timestamp import Timestamp
+from pymongo import monitoring
 from pymongo.collection import Collection
 
 
@@ -99,3 +101,51 @@ def make_collection(db: Any, name: str, n: int) -> Collection[dict[str, Any]]:
     if n:
         coll.insert_many([{"_id": i, "v": 0} for i in range(n)])
     return coll
+
+
+class Alternate:
+    """A ``server_selector`` choosing the mongoses in turn: a command that selects a server
+    (rather than going to the one holding its cursor) lands on the other mongos."""
+
+    def __init__(self) -> None:
+        self._turn = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, servers: list[Any]) -> list[Any]:
+        if len(servers) < 2:
+            return servers
+        with self._lock:
+            self._turn += 1
+            turn = self._turn
+        ordered = sorted(servers, key=lambda s: s.address)
+        return [ordered[turn % len(ordered)]]
+
+
+class GetMores(monitoring.CommandListener):
+    """Which mongos each cursor came from, and where each getMore went."""
+
+    def __init__(self) -> None:
+        self.opened: dict[int, Any] = {}
+        self.get_mores: list[tuple[int, Any]] = []
+        self._lock = threading.Lock()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "getMore":
+            with self._lock:
+                self.get_mores.append((int(event.command["getMore"]), event.connection_id))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        cursor = event.reply.get("cursor") if event.command_name != "getMore" else None
+        if isinstance(cursor, Mapping) and cursor.get("id"):
+            with self._lock:
+                self.opened[int(cursor["id"])] = event.connection_id
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+    def check(self) -> int:
+        """Every getMore went where its cursor was opened; how many there were."""
+        with self._lock:
+            for cursor_id, address in self.get_mores:
+                assert self.opened.get(cursor_id) == address, f"getMore of {cursor_id} moved"
+            return len(self.get_mores)

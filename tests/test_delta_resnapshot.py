@@ -452,3 +452,53 @@ def test_parallel_copy_and_resnapshot_through_mongos(tmp_path: Path) -> None:
             runner.join(60)
         assert mirror.progress.chunks >= 8
         assert_mirrors(path, coll, "changestream")
+
+
+def test_parallel_copy_follows_the_chunks_of_a_range_sharded_collection(tmp_path: Path) -> None:
+    """``_id`` range-sharded into six chunks over two shards (``split``, ``moveChunk``): the
+    ranges are the chunks, and four readers under concurrent writes, then ``mirror
+    --snapshot-readers 4``, leave the table equal to the collection, each key once."""
+    from delta_support import plain_state
+
+    from changestream._parallel_copy import parallel_copy, split_points
+    from changestream.testing import ShardedCluster
+
+    with ShardedCluster("8.0", shards=2, mongoses=1, noop_interval=0.1) as cluster, \
+            MongoClient(cluster.uri) as mongo:
+        admin = mongo.admin
+        admin.command("shardCollection", "s.r", key={"_id": 1})
+        coll = mongo.s.r
+        coll.insert_many([{"_id": i, "v": i} for i in range(6000)])
+        admin.command("split", "s.r", middle={"_id": 3000})
+        for find in (0, 3000, 0, 3000):  # the median of the chunk holding it, twice per half
+            admin.command("split", "s.r", find={"_id": find})
+        bounds = [c["min"]["_id"] for c in mongo.config.chunks.find({})]
+        bounds = sorted(b for b in bounds if isinstance(b, int))
+        assert len(bounds) == 5
+        for i, low in enumerate(bounds):
+            admin.command("moveChunk", "s.r", find={"_id": low}, to=cluster.shard_names[i % 2])
+        shards = {c["shard"] for c in mongo.config.chunks.find({})}
+        assert shards == set(cluster.shard_names)
+        assert split_points(coll, 16) == bounds  # the ranges follow the chunks
+        target = tmp_path / "t"
+        stop_writes = threading.Event()
+        writer = churn(coll, 6000, stop_writes, seed=5)
+        try:
+            sink = DeltaSink(str(target), full_document="updateLookup")
+            result = parallel_copy(coll, sink, readers=4, batch=500)
+        finally:
+            stop_writes.set()
+            writer.join()
+        assert result.ranges == len(bounds) + 1
+        assert len(table_state(target)) == result.documents  # no key twice among the ranges
+        at_t = mongo.s.command({"aggregate": "r", "pipeline": [{"$project": {"_id": 1}}],
+                                "cursor": {"batchSize": 100_000},
+                                "readConcern": {"level": "snapshot", "atClusterTime": result.at}})
+        assert set(table_state(target)) == {d["_id"] for d in at_t["cursor"]["firstBatch"]}
+        args = [sys.executable, "-m", "changestream", "mirror", cluster.uri, "--db", "s",
+                "--coll", "r", "--to", str(target), "--no-status", "--until-idle", "0.3",
+                "--snapshot-readers", "4", "--app-id", "changestream"]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert plain_state(target) == {doc["_id"]: doc for doc in coll.find()}
+        assert_mirrors(target, coll, "changestream")

@@ -74,6 +74,7 @@ NAMES: dict[str, str] = {
     "AsyncCollection": "Collection",
     "AsyncClientSession": "ClientSession",
     "AsyncTransport": "SyncTransport",
+    "AsyncCursorReader": "SyncCursorReader",
     "AsyncRetrying": "Retrying",
     "AsyncExitStack": "ExitStack",
     "AsyncIterator": "Iterator",

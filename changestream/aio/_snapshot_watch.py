@@ -1,7 +1,7 @@
 """``snapshot_then_watch``: the shell over :class:`changestream._snapshot.SnapshotRun`.
 
-It runs the commands the run asks for (in one session, so getMores find
-their cursor), hands out its records, then opens ``watch`` where the run says
+It runs the commands the run asks for (in one session, each getMore on the
+server that opened its cursor, so getMores find it), hands out its records, then opens ``watch`` where the run says
 and hands out the stream's changes. All decisions are the run's.
 
 This asyncio module is the one source of both shells: ``tools/gen_sync.py``
@@ -19,7 +19,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import OperationFailure
 
-from .._pymongo import plain_command_spec
+from .._pymongo import AsyncCursorReader
 from .._snapshot import (
     DEFAULT_COPY_BATCH,
     OVERSIZE_CHOICES,
@@ -95,6 +95,8 @@ class AsyncSnapshotThenWatch:
             copy_batch_size=copy_batch_size, marks=marks,
         )
         self._session = collection.database.client.start_session(causal_consistency=False)
+        self._read = AsyncCursorReader(collection.database, self._session,
+                                       collection.codec_options)
         self._stream: AsyncChangeStream[Any] | None = None
         self._closed = False
 
@@ -167,17 +169,13 @@ class AsyncSnapshotThenWatch:
         record = run.buffered()
         if record is not None:
             return record
-        database = self._collection.database
         while True:
             action = run.next_action()
             if isinstance(action, DeliverRecord):
                 return action.record
             if isinstance(action, RunCommand):
                 try:
-                    reply = await database.command(
-                        plain_command_spec(action.command.body), session=self._session,
-                        codec_options=self._collection.codec_options,
-                    )
+                    reply = await self._read(action.command.body)
                 except OperationFailure as exc:
                     if not run.on_error(exc.code, str(exc)):
                         raise
@@ -212,7 +210,7 @@ class AsyncSnapshotThenWatch:
         kill = self._run.kill_command()
         if kill is not None:
             with contextlib.suppress(Exception):
-                await self._collection.database.command(kill.body, session=self._session)
+                await self._read(kill.body)
         await self._end_session()
         if self._stream is not None:
             await self._stream.close()
@@ -227,6 +225,8 @@ class AsyncSnapshotThenWatch:
             await stream.close()
 
     async def _end_session(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._read.close()
         with contextlib.suppress(Exception):
             await self._session.end_session()
 

@@ -5,7 +5,8 @@ streaming source's ``startup_mode=snapshot``. The driver picks the read time
 ``T`` (or takes ``at_cluster_time``), counts the documents at ``T`` and picks
 ``snapshot_partitions - 1`` split ``_id``s at equal ranks; each executor reads
 its range ``[lower, upper)`` at ``T`` with ``readConcern: {level: "snapshot",
-atClusterTime: T}``. The rows are the insert-shaped records of
+atClusterTime: T}`` (:func:`changestream.read_snapshot`: each getMore on the mongos that
+opened the cursor, whatever the URI lists). The rows are the insert-shaped records of
 :mod:`changestream._snapshot` (``operation_type = "insert"``, ``cluster_time
 = T``), converted like events. A range read twice at ``T`` gives the same
 rows, so a replayed micro-batch is identical: exactly once with an idempotent
@@ -14,6 +15,7 @@ sink, as long as ``T`` stays inside the server's history window.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -26,6 +28,7 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 from pyspark.sql.datasource import InputPartition
 
+from .. import read_snapshot
 from .._snapshot import SnapshotPosition, copy_pipeline, snapshot_concern
 from ..errors import ChangeStreamError
 from ._config import SourceConfig
@@ -150,31 +153,18 @@ def read_snapshot_range(
         has_upper=part.has_upper, lower_inclusive=True,
     )
     client: MongoClient[RawBSONDocument] = MongoClient(config.uri, document_class=RawBSONDocument)
-    with client, client.start_session(causal_consistency=False) as session:
-        db = client[config.database]
-        command: dict[str, Any] = {
-            "aggregate": coll, "pipeline": pipeline, "cursor": {"batchSize": config.batch_size},
-            "readConcern": snapshot_concern(part.at),
-        }
+    with client:
+        batches = read_snapshot(client[config.database][coll], pipeline, at=part.at,
+                                batch_size=config.batch_size)  # getMores on the cursor's mongos
         pending: list[Any] = []
         try:
-            reply = db.command(command, session=session)
-            cursor = reply["cursor"]
-            batch = cursor["firstBatch"]
-            while True:
-                pending.extend(raw_bytes(doc) for doc in batch)
-                while len(pending) >= config.arrow_batch_rows:
-                    yield converter.convert(pending[: config.arrow_batch_rows], share_gil=False)
-                    pending = pending[config.arrow_batch_rows :]
-                cid = cursor["id"]
-                if not cid:
-                    break
-                reply = db.command(
-                    {"getMore": cid, "collection": coll, "batchSize": config.batch_size},
-                    session=session,
-                )
-                cursor = reply["cursor"]
-                batch = cursor["nextBatch"]
+            with contextlib.closing(batches):  # a range abandoned early kills its cursor
+                for batch in batches:
+                    pending.extend(raw_bytes(doc) for doc in batch)
+                    while len(pending) >= config.arrow_batch_rows:
+                        yield converter.convert(pending[: config.arrow_batch_rows],
+                                                share_gil=False)
+                        pending = pending[config.arrow_batch_rows :]
         except OperationFailure as exc:
             raise _snapshot_error(exc, part.at) from exc
         if pending:

@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The shells: written once for asyncio (aio/), their sync twins generated.
     ("shells", (
         "changestream.aio._*", "changestream._sync", "changestream._sync.*",
+        "changestream._snapshot_read",
     )),
     # The public face users import.
     ("api", ("changestream", "changestream.aio")),

@@ -9,6 +9,7 @@ from typing import Any
 import pymongo
 import pytest
 from bson.int64 import Int64
+from bson.max_key import MaxKey
 from pymongo.errors import OperationFailure
 
 from changestream.testing import ShardedCluster
@@ -587,3 +588,115 @@ def test_the_first_batchs_token_never_passes_events_still_buffered(
             if change is not None:
                 seen.append(change["documentKey"]["_id"])
     assert sorted(seen) == list(range(6)), seen
+
+
+# -- split ------------------------------------------------------------------------------------
+
+
+def test_split_at_middle_find_and_bounds_as_mongos_does(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    """``find`` and ``bounds`` split a chunk at its median (the shard's splitVector with
+    force), ``middle`` where it says; config.chunks lists the halves and moveChunk moves one."""
+    admin, ns = client.admin, "splits.c"
+    admin.command("shardCollection", ns, key={"x": 1})
+    client.splits.c.insert_many([{"x": x} for x in range(100)])
+    admin.command("split", ns, middle={"x": 50})
+    admin.command("split", ns, find={"x": 10})  # the chunk [MinKey, 50): 50 documents
+    admin.command("split", ns, bounds=[{"x": 50}, {"x": MaxKey()}])
+    owner = cluster.state.table.sharded(ns)
+    assert owner is not None
+    assert [(c.min[0], c.max[0]) for c in owner.chunks][1:3] == [(25, 50), (50, 75)]
+    chunks = client.config.chunks.find({"uuid": client.config.collections.find_one(
+        {"_id": ns})["uuid"]})
+    assert sorted(c["min"]["x"] for c in chunks if isinstance(c["min"]["x"], int)) == [25, 50, 75]
+    other = cluster.shard_names[1] if owner.chunks[0].shard == cluster.shard_names[0] \
+        else cluster.shard_names[0]
+    admin.command("moveChunk", ns, bounds=[{"x": 25}, {"x": 50}], to=other)
+    assert sorted(d["x"] for d in _docs_on(cluster, cluster.shard_names.index(other),
+                                           "splits", "c")) == list(range(25, 50))
+    assert client.splits.c.count_documents({}) == 100
+    moved = client.config.chunks.find_one({"min": {"x": 25}})
+    assert moved["shard"] == other and moved["max"] == {"x": 50}
+
+
+def test_split_errors_as_mongos_reports_them(client: pymongo.MongoClient[Any]) -> None:
+    admin, ns = client.admin, "splits.e"
+    admin.command("shardCollection", ns, key={"x": 1})
+    client.splits.e.insert_many([{"x": 1}, {"x": 1}])
+    admin.command("split", ns, middle={"x": 5})
+    cases = [
+        ({"middle": {"x": 5}}, "new split key {'x': 5} is a boundary key of existing chunk"),
+        ({"middle": {"y": 5}}, "new split key {'y': 5} is not valid for shard key pattern"),
+        ({}, "need to specify find/bounds or middle"),
+        ({"find": {"x": 1}, "middle": {"x": 2}}, "cannot specify find and middle together"),
+        ({"find": {"x": 1}, "bounds": [{"x": 1}, {"x": 2}]},
+         "cannot specify bounds and find at the same time"),
+        ({"bounds": [{"x": 1}]}, "upper bound not specified"),
+        ({"bounds": [{"x": 1}, {"x": 5}]}, "no chunk found with the shard key bounds"),
+        ({"find": {"y": 1}}, "no shard key found in chunk query"),
+    ]
+    for args, message in cases:
+        with pytest.raises(OperationFailure) as caught:
+            admin.command("split", ns, **args)
+        assert message in str(caught.value), args
+        assert caught.value.code is None and "codeName" not in caught.value.details  # errmsg only
+    with pytest.raises(OperationFailure) as caught:  # one key value: indivisible
+        admin.command("split", ns, find={"x": -3})
+    assert caught.value.code == 106
+    assert "Unable to find median in chunk because chunk is indivisible" in str(caught.value)
+    with pytest.raises(OperationFailure) as caught:
+        admin.command("split", "splits.unsharded", middle={"x": 1})
+    assert caught.value.code == 118
+
+
+# -- snapshot reads and migrations -----------------------------------------------------------
+
+
+def _snapshot_ids(client: pymongo.MongoClient[Any], db: str, coll: str,
+                  at: Any = None) -> list[Any]:
+    concern: dict[str, Any] = {"level": "snapshot"}
+    if at is not None:
+        concern["atClusterTime"] = at
+    reply = client[db].command({"aggregate": coll, "pipeline": [{"$sort": {"_id": 1}}],
+                                "cursor": {"batchSize": 10_000}, "readConcern": concern})
+    return [doc["_id"] for doc in reply["cursor"]["firstBatch"]]
+
+
+def test_a_snapshot_read_right_after_a_migration_sees_the_moved_chunk() -> None:
+    """mongod logs a migration's copies and deletes (``fromMigrate``) at their own times, so
+    a snapshot read after moveChunk sees the chunk on its new shard. The simulator's
+    migration wrote no oplog entry: until the recipient's next write, a read saw the chunk
+    gone from the donor (which had written since) and not yet on the recipient."""
+    with ShardedCluster("8.0", shards=2, mongoses=1, noop_interval=0) as cluster, \
+            pymongo.MongoClient(cluster.uri) as client:
+        admin, ns = client.admin, "moved.c"
+        admin.command("shardCollection", ns, key={"_id": 1})
+        client.moved.c.insert_many([{"_id": i} for i in range(100)])
+        admin.command("split", ns, middle={"_id": 50})
+        donor = client.config.chunks.find_one({"min._id": 50})["shard"]
+        recipient = next(name for name in cluster.shard_names if name != donor)
+        admin.command("moveChunk", ns, find={"_id": 50}, to=recipient)
+        client.moved.c.insert_one({"_id": -1})  # a write on the donor only
+        assert _snapshot_ids(client, "moved", "c") == list(range(-1, 100))
+
+
+def test_a_snapshot_read_at_a_time_before_a_migration_reads_the_chunk_where_it_was(
+    cluster: ShardedCluster, client: pymongo.MongoClient[Any]
+) -> None:
+    """mongos routes a snapshot read by the chunks at its cluster time: the only chunk moved
+    to another shard since is still read (the recipient alone had none of it then)."""
+    admin, ns = client.admin, "before.c"
+    admin.command("shardCollection", ns, key={"_id": 1})
+    client.before.c.insert_many([{"_id": i} for i in range(20)])
+    reply = client.before.command({"aggregate": "c", "pipeline": [{"$limit": 1}],
+                                   "cursor": {}, "readConcern": {"level": "snapshot"}})
+    at = reply["cursor"]["atClusterTime"]
+    sharded = cluster.state.table.sharded(ns)
+    assert sharded is not None and len(sharded.chunks) == 1
+    other = next(name for name in cluster.shard_names if name != sharded.chunks[0].shard)
+    admin.command("moveChunk", ns, find={"_id": 0}, to=other)
+    assert _snapshot_ids(client, "before", "c", at) == list(range(20))
+    found = client.before.command({"find": "c", "filter": {"_id": 7},
+                                   "readConcern": {"level": "snapshot", "atClusterTime": at}})
+    assert found["cursor"]["firstBatch"] == [{"_id": 7}]

@@ -52,6 +52,7 @@ CODE_NAMES: dict[int, str] = {
     89: "NetworkTimeout",
     91: "ShutdownInProgress",
     96: "OperationFailed",
+    106: "CannotSplit",
     100: "UnsatisfiableWriteConcern",
     112: "WriteConflict",
     115: "CommandNotSupported",
@@ -199,3 +200,15 @@ def change_stream_labels(
         code == 63 and profile.major_minor <= STALE_SHARD_VERSION_MAX
     )
     return ["ResumableChangeStreamError"] if resumable else []
+
+
+class ErrmsgError(CommandError):
+    """A failure of one of mongod's ``ErrmsgCommandDeprecated`` commands (mongos's ``split``):
+    ``{ok: 0, errmsg}`` and no code (``CommandHelpers::appendSimpleCommandStatus``)."""
+
+    def __init__(self, errmsg: str) -> None:
+        super().__init__(0, errmsg, labels=[])
+
+    def to_reply(self) -> dict[str, Any]:
+        return {"ok": 0.0, "errmsg": self.errmsg}
+

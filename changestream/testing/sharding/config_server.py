@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bson.binary import Binary
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
@@ -341,7 +342,7 @@ class ClusterState:
             "config",
             {"update": "collections", "updates": [{
                 "q": {"_id": sharded.ns},
-                "u": {"_id": sharded.ns, "uuid": sharded.uuid, "key": sharded.key,
+                "u": {"_id": sharded.ns, "uuid": _binary(sharded.uuid), "key": sharded.key,
                       "unique": sharded.unique},
                 "upsert": True,
             }]},
@@ -351,12 +352,13 @@ class ClusterState:
     def record_chunks(self, sharded: ShardedCollection) -> None:
         fields = sharded.fields
         docs = [
-            {"_id": ObjectId(), "uuid": sharded.uuid, "min": dict(zip(fields, c.min, strict=True)),
+            {"_id": ObjectId(), "uuid": _binary(sharded.uuid),
+             "min": dict(zip(fields, c.min, strict=True)),
              "max": dict(zip(fields, c.max, strict=True)), "shard": c.shard}
             for c in sharded.chunks
         ]  # fmt: skip
         self._config_shard.command(
-            "config", {"delete": "chunks", "deletes": [{"q": {"uuid": sharded.uuid}, "limit": 0}]}
+            "config", {"delete": "chunks", "deletes": [{"q": {"uuid": _binary(sharded.uuid)}, "limit": 0}]}
         )
         self._config_shard.command("config", {"insert": "chunks", "documents": docs})
 
@@ -460,6 +462,7 @@ class ClusterState:
                     src_state.remove(id_key(doc["_id"]))
                     with contextlib.suppress(Exception):
                         dst_state.insert(doc)
+            _moved_at(self.clock.tick(), src, dst)
 
     def move_primary(self, db: str, to: str) -> None:
         old = self.table.primary_of(db)
@@ -478,6 +481,7 @@ class ClusterState:
                         with contextlib.suppress(Exception):
                             copy.insert(doc)
                     src.catalog.detach(db, state.name)
+                _moved_at(self.clock.tick(), src, dst)
             with self.table.lock:
                 self.table.databases[db] = to
                 self.table.note_placement("movePrimary", db)
@@ -592,6 +596,14 @@ def _both(a: Deployment, b: Deployment) -> Iterator[None]:
         yield
 
 
+def _moved_at(at: Timestamp, *deployments: Deployment) -> None:
+    """Documents moved between ``deployments`` (their locks held) are where they went from
+    ``at`` on, for snapshot reads: one time for all, so a read never sees a document on
+    both shards or on neither."""
+    for deployment in deployments:
+        deployment.mark_unlogged_writes(at)
+
+
 def _ensure_copy(deployment: Deployment, template: CollectionState) -> CollectionState:
     """The collection on another shard: same UUID, options, indexes and shard key."""
     with deployment.lock:
@@ -606,3 +618,9 @@ def _ensure_copy(deployment: Deployment, template: CollectionState) -> Collectio
                     state.add_index(dict(spec))
         state.shard_key = template.shard_key
         return state
+
+
+def _binary(value: uuid.UUID) -> Binary:
+    """A collection UUID as the config server stores it (BSON binary subtype 4), so a query
+    from a client (which sends that) matches it."""
+    return Binary.from_uuid(value)

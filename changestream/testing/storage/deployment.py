@@ -236,6 +236,17 @@ class Deployment:
             self.oplog.append(entry)
         return entry
 
+    def mark_unlogged_writes(self, at: Timestamp) -> None:
+        """Writes made here without an oplog entry are visible to snapshot reads from ``at`` on.
+
+        A chunk migration's copies and deletes, which mongod logs ``fromMigrate`` (hidden
+        from change streams) at their own times; without a mark they stayed invisible to
+        every read at a time before this deployment's next oplog entry. The caller holds
+        :attr:`lock` and passes one new cluster time for every deployment the migration
+        touched, so a read sees the documents on exactly one of them at any time.
+        """
+        self.history.mark(at)
+
     def last_applied(self) -> Timestamp:
         """The optime of the latest write (the read timestamp of a new read)."""
         return self.oplog.last_ts or self.clock.current()

@@ -6,14 +6,21 @@ in the config server's collections, as the config server does.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from ...commands.admin import get_parameter as mongod_get_parameter
 from ...commands.fcv import requested_fcv
 from ...core.context import CommandContext
-from ...core.errors import CommandError
+from ...core.errors import CommandError, ErrmsgError
 from ..config_server import set_cluster_fcv
-from ..routing import Chunk, compare_keys, key_document, parse_key_document
+from ..routing import (
+    Chunk,
+    ShardedCollection,
+    compare_keys,
+    key_document,
+    parse_key_document,
+)
 from .spec import router_command
 
 if TYPE_CHECKING:
@@ -79,24 +86,96 @@ def shard_collection(router: Router, ctx: CommandContext) -> dict[str, Any]:
     return out
 
 
+def _split_field(ctx: CommandContext, name: str, kind: type) -> Any:
+    """``find``/``middle`` (a document) or ``bounds`` (an array); empty when absent
+    (``FieldParser::extract``: a wrong type fails the command)."""
+    value = ctx.body.get(name)
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        expected = "object" if kind is dict else "array"
+        raise ErrmsgError(f"wrong type for '{name}' field, expected {expected}, found {value!r}")
+    return value
+
+
+def _is_shard_key(sharded: ShardedCollection, doc: Any) -> bool:
+    return isinstance(doc, dict) and list(doc) == list(sharded.fields)
+
+
+def _median(router: Router, sharded: ShardedCollection, chunk: Chunk) -> tuple[Any, ...]:
+    """The shard's ``splitVector`` with ``force``: the key of the chunk's middle document in
+    key order (CannotSplit, 106, when the chunk holds a single key value or nothing)."""
+    db, coll = sharded.ns.split(".", 1)
+    deployment = router.shard(chunk.shard).deployment
+    with deployment.lock:
+        state = deployment.catalog.get(db, coll)
+        docs = [] if state is None else list(state.iter_stored())
+    keys = sorted((key for key in map(sharded.key_of, docs)
+                   if compare_keys(chunk.min, key) <= 0 and compare_keys(key, chunk.max) < 0),
+                  key=functools.cmp_to_key(compare_keys))
+    for key in keys[len(keys) // 2:]:
+        if compare_keys(key, keys[0]) != 0:  # never the range's first key (split_vector.cpp)
+            return key
+    raise CommandError(106, "Unable to find median in chunk because chunk is indivisible.")
+
+
+def _range(sharded: ShardedCollection, chunk: Chunk) -> str:
+    return f"[{key_document(sharded, chunk.min)},{key_document(sharded, chunk.max)})"
+
+
 @router_command("split", admin_only=True, locks=False)
 def split(router: Router, ctx: CommandContext) -> dict[str, Any]:
+    """mongos's ``split`` (``cluster_split_cmd.cpp``): the chunk holding ``middle`` splits
+    there; the chunk holding ``find``, or bounded by ``bounds``, at its median (the shard's
+    ``splitVector`` with ``force``). Its own checks fail as ``{ok: 0, errmsg}`` without a code
+    (an ``ErrmsgCommandDeprecated``); ``config.chunks`` then lists both halves."""
     db, coll = _ns_arg(ctx)
     with router.cluster.ddl_lock:
         sharded = router.table.sharded(f"{db}.{coll}")
         if sharded is None:
             raise CommandError(118, f"ns {db}.{coll} is not sharded")
-        if "middle" in ctx.body:
-            point = parse_key_document(sharded, ctx.body["middle"], "middle")
+        find = _split_field(ctx, "find", dict)
+        bounds = _split_field(ctx, "bounds", list)
+        middle = _split_field(ctx, "middle", dict)
+        if bounds and len(bounds) < 2:
+            raise ErrmsgError("upper bound not specified")
+        problem = (
+            "cannot specify bounds and find at the same time" if find and bounds
+            else "need to specify find/bounds or middle" if not (find or bounds or middle)
+            else "cannot specify find and middle together" if find and middle
+            else "cannot specify bounds and middle together" if bounds and middle
+            else None
+        )  # fmt: skip
+        if problem is not None:
+            raise ErrmsgError(problem)
+        point: tuple[Any, ...] | None = None
+        if find:
+            key = sharded.exact_key(find)
+            if key is None:
+                raise ErrmsgError(f"no shard key found in chunk query {find}")
+            chunk = sharded.chunk_for(key)
+        elif bounds:
+            if not (_is_shard_key(sharded, bounds[0]) and _is_shard_key(sharded, bounds[1])):
+                raise ErrmsgError(
+                    f"shard key bounds [{bounds[0]},{bounds[1]}) are not valid for shard key "
+                    f"pattern {sharded.key}")
+            low, high = tuple(bounds[0].values()), tuple(bounds[1].values())
+            chunk = sharded.chunk_for(low)
+            if compare_keys(chunk.min, low) != 0 or compare_keys(chunk.max, high) != 0:
+                raise ErrmsgError(f"no chunk found with the shard key bounds [{bounds[0]}, "
+                                  f"{bounds[1]})")
         else:
-            raise CommandError(2, "the simulator's split needs 'middle'")
-        with router.table.lock:
+            if not _is_shard_key(sharded, middle):
+                raise ErrmsgError(f"new split key {middle} is not valid for shard key pattern "
+                                  f"{sharded.key}")
+            point = tuple(middle.values())
             chunk = sharded.chunk_for(point)
-            if compare_keys(chunk.min, point) == 0:
-                raise CommandError(
-                    2,
-                    f"cannot split on initial or final chunk's key {key_document(sharded, point)}",
-                )
+            if compare_keys(chunk.min, point) == 0 or compare_keys(chunk.max, point) == 0:
+                raise ErrmsgError(f"new split key {middle} is a boundary key of existing chunk "
+                                  f"{_range(sharded, chunk)}")
+        if point is None:
+            point = _median(router, sharded, chunk)
+        with router.table.lock:
             index = sharded.chunks.index(chunk)
             sharded.chunks[index : index + 1] = [
                 Chunk(chunk.min, point, chunk.shard), Chunk(point, chunk.max, chunk.shard)

@@ -19,10 +19,12 @@ from ...core.errors import CommandError
 from ...storage.order import compare_values, values_equal
 from ...storage.query import path_values
 from ..merge import MergedChangeStream
+from ..routing import ShardedCollection
 from ..shards import Shard
 from .forwarding import (
     DROP,
     FIND_BATCH,
+    SnapshotTarget,
     buffered_reply,
     collection_name,
     drain,
@@ -69,8 +71,7 @@ def find(router: Router, ctx: CommandContext) -> dict[str, Any]:
         return _forward_read(router, ctx, target)
     reject_transactions(ctx)
     body = ctx.body
-    targets = router.targets(sharded, body.get("filter"))
-    snapshot = snapshot_target(router, ctx, targets)
+    targets, snapshot = _read_targets(router, ctx, sharded, body.get("filter"))
     skip = int(body.get("skip") or 0)
     limit = int(body.get("limit") or 0)
     single = body.get("singleBatch") is True
@@ -94,6 +95,23 @@ def find(router: Router, ctx: CommandContext) -> dict[str, Any]:
         return cursor_reply(0, ns, batch, first=True)
     size = int(batch_size) if batch_size is not None else 101
     return buffered_reply(ctx, ns, docs, size, snapshot)
+
+
+def _read_targets(
+    router: Router, ctx: CommandContext, sharded: ShardedCollection, query: Any
+) -> tuple[list[Shard], SnapshotTarget | None]:
+    """The shards a read of a sharded collection visits, and its snapshot (if it is one).
+
+    mongos routes a snapshot read by the chunks as they were at its cluster time, so a
+    chunk moved since is still read where it was. The simulator keeps no routing history,
+    but its migrations move documents at one cluster time (no orphans), so every shard
+    read at that time holds each document of that time exactly once: a snapshot read
+    visits them all (the current owners could miss a chunk that left a shard since).
+    """
+    snapshot = snapshot_target(router, ctx, router.all_shards())
+    if snapshot is not None:
+        return list(snapshot.shards), snapshot
+    return router.targets(sharded, query), None
 
 
 def _forward_read(router: Router, ctx: CommandContext, shard: Shard) -> dict[str, Any]:
@@ -163,8 +181,7 @@ def aggregate(router: Router, ctx: CommandContext) -> dict[str, Any]:
         if shard is None:
             shard = router.all_shards()[0]
         return _forward_read(router, ctx, shard)
-    targets = router.targets(sharded, None)
-    snapshot = snapshot_target(router, ctx, targets)
+    targets, snapshot = _read_targets(router, ctx, sharded, None)
     # the leading $match stages run on the shards (as mongos splits a pipeline), the rest here
     pushed = 0
     while pushed < len(pipeline) and _is_match(pipeline[pushed]):

@@ -19,6 +19,8 @@ Python process calls ``initialOffset`` (twice: memoised), ``latestOffset``,
 
 from __future__ import annotations
 
+import gc
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -66,6 +68,35 @@ __all__ = [
     "TokenRange",
     "read_range",
 ]
+
+
+_WORKER_MAINS = frozenset({"pyspark.daemon", "pyspark.worker"})
+"""``__main__`` of a PySpark Python worker process (forked by the daemon, or started alone)."""
+
+_frozen = False
+
+
+def settle_worker() -> None:
+    """Once per PySpark Python worker: move what is alive now (the imported modules) out of
+    the cyclic garbage collector's reach.
+
+    PySpark's daemon runs ``gc.collect()`` after every task of a reused worker, and a full
+    collection walks every tracked object: with pyarrow, pandas, PyMongo and this package
+    imported, ~90,000 objects and 55-90 ms of CPU per task, about as much as converting
+    the task's 12,500 events (``docs/spark.md``, "Throughput"). ``gc.freeze()`` after one
+    last full collection leaves those long-lived objects out of every later one; objects
+    made by later tasks are collected as before. Only in a Spark worker process: a driver
+    or a test calling :meth:`ChangeStreamReader.read` keeps its collector as it is.
+    """
+    global _frozen
+    if _frozen:
+        return
+    _frozen = True
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if getattr(spec, "name", None) in _WORKER_MAINS:
+        gc.collect()
+        gc.freeze()
 
 
 class TokenRange(InputPartition):
@@ -164,6 +195,7 @@ class SnapshotBatchReader(DataSourceReader):
         return [plan.partition(i) for i in range(plan.ranges)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        settle_worker()
         if not isinstance(partition, SnapshotRange):
             raise TypeError(f"expected a SnapshotRange partition, not {type(partition).__name__}")
         return read_snapshot_range(self._config, self._converter, partition)
@@ -334,6 +366,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- executor side -------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        settle_worker()
         if isinstance(partition, SnapshotRange):
             return read_snapshot_range(self._config, self._converter, partition)
         if not isinstance(partition, TokenRange):

@@ -383,3 +383,32 @@ def test_reader_cuts_the_same_batch_when_asked_twice_and_loses_nothing(
     # A range planned earlier, asked for again after the buffer moved on: read from the server.
     assert _keys(_rows(reader, initial, first)) == [0, 1, 2]
     reader.stop()
+
+
+_SETTLE = """
+import gc, sys, types
+from changestream.spark_adapter._source import settle_worker
+sys.modules["__main__"].__spec__ = types.SimpleNamespace(name={main!r})
+settle_worker()
+settle_worker()  # once per process
+print(gc.get_freeze_count(), len(gc.get_objects()))
+"""
+
+
+@pytest.mark.parametrize("main", ["pyspark.daemon", "pyspark.worker", "pytest"])
+def test_a_spark_worker_keeps_its_imports_out_of_each_task_s_collection(main: str) -> None:
+    # PySpark's daemon runs gc.collect() after every task of a reused worker: with pyarrow,
+    # PyMongo and this package imported that walked ~90,000 objects (55-90 ms a task).
+    # After the first read() of a worker they are frozen; any other process is left alone.
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _SETTLE.format(main=main)],
+        capture_output=True, text=True, check=True, env=os.environ,
+    ).stdout.split()
+    frozen, tracked = int(out[0]), int(out[1])
+    if main == "pytest":
+        assert frozen == 0 and tracked > 20_000
+    else:
+        assert frozen > 20_000 and tracked < 1_000

@@ -73,9 +73,6 @@ __all__ = [
 _WORKER_MAINS = frozenset({"pyspark.daemon", "pyspark.worker"})
 """``__main__`` of a PySpark Python worker process (forked by the daemon, or started alone)."""
 
-_frozen = False
-
-
 def settle_worker() -> None:
     """Once per PySpark Python worker: move what is alive now (the imported modules) out of
     the cyclic garbage collector's reach.
@@ -88,10 +85,8 @@ def settle_worker() -> None:
     made by later tasks are collected as before. Only in a Spark worker process: a driver
     or a test calling :meth:`ChangeStreamReader.read` keeps its collector as it is.
     """
-    global _frozen
-    if _frozen:
-        return
-    _frozen = True
+    if gc.get_freeze_count():
+        return  # frozen already (by an earlier task of this worker): nothing to keep
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if getattr(spec, "name", None) in _WORKER_MAINS:

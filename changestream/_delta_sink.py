@@ -45,6 +45,7 @@ from ._delta_layout import (
     merge_small,
     with_seq,
 )
+from ._delta_merger import SmallFileMerger
 from ._delta_recopy import START, boundary, interrupted, stale_deletes
 from ._delta_resnapshot import request_snapshot
 from ._delta_rows import (
@@ -198,6 +199,8 @@ class DeltaSink:
                                         full_document=full_document,
                                         json_options=self._json_options,
                                         storage_options=storage_options)
+        self._merger = SmallFileMerger(self._merge_small, self.compactions.append)
+        """A first load's small files, merged on a worker thread (``_delta_merger``)."""
         self.commit_metadata: dict[str, str] = {}
         """Extra entries of every batch commit's metadata (a re-snapshot's progress rides
         in the commit that applies its chunk: ``_delta_resnapshot``)."""
@@ -368,7 +371,7 @@ class DeltaSink:
             self._staged = staged + self._staged  # a retried save commits them
             raise
         if first_load:  # after the commit: a failed merge or compaction loses no batch
-            self._merge_small()
+            self._merger.after_commit()
         elif written is not None:
             self._maybe_compact(written)
 
@@ -669,6 +672,7 @@ class DeltaSink:
             self.load()
         if self._resnapshot_from is not None:
             return None
+        self._merger.wait()  # one rewrite of base files at a time
         result: Compaction | None = None
         for attempt in self._retrying():
             with attempt:
@@ -696,13 +700,15 @@ class DeltaSink:
         """
         return request_snapshot(self.path, self._storage_options)
 
-    def _merge_small(self) -> None:
-        """Merge the first load's small files once enough of them sit side by side."""
+    def _merge_small(self) -> Compaction | None:
+        """Merge the first load's small files once enough of them sit side by side (on the
+        merger's thread: a table object of its own)."""
+        result = None
         for attempt in self._retrying():
             with attempt:
-                table = self.table()
-                if table is None:
-                    return
+                if not DeltaTable.is_deltatable(self.path, self._storage_options):
+                    return None
+                table = DeltaTable(self.path, storage_options=self._storage_options)
                 properties = CommitProperties(custom_metadata={
                     _META_APP: self.app_id, _META_COMPACTION: "small base files"})
                 result = merge_small(
@@ -710,8 +716,7 @@ class DeltaSink:
                     min_files=_SMALL_RUN, unit_rows=self.unit_rows,
                     target_file_size=self.target_file_size,
                     storage_options=self._storage_options)
-        if result is not None:
-            self.compactions.append(result)
+        return result
 
     # -- verifying ---------------------------------------------------------------------------
     def verify(self, collection: Any, *, examples: int = 5) -> Verification:
@@ -740,4 +745,5 @@ class DeltaSink:
 
         ``changestream mirror --until-idle`` calls it before it exits.
         """
+        self._merger.close()
         return self.compact()

@@ -706,6 +706,7 @@ def test_a_first_load_merges_its_small_files_and_keeps_the_log(tmp_path: Path) -
         if n == 5:  # another writer's log rows, in the key range of the files merged next
             DeltaSink(tmp_path / "t", app_id="b").write(
                 [other.event("update", "k0001", "b"), other.event("insert", "k0005x", "b")], 0)
+    sink._merger.wait()  # merges run beside the load, one at a time
     merges = [c for c in sink.compactions if c.log_rows == 0]
     assert merges and all(m.files_removed >= 16 for m in merges)
     files = deltalake.DeltaTable(str(tmp_path / "t")).file_uris()
@@ -713,4 +714,42 @@ def test_a_first_load_merges_its_small_files_and_keeps_the_log(tmp_path: Path) -
     assert table_state(tmp_path / "t") == {**changes.state, **other.state}
     sink.finish()
     assert plain_state(tmp_path / "t") == {**changes.state, **other.state}
+    assert committed_versions(tmp_path / "t", "a") == list(range(40))
+
+
+def test_a_failed_small_file_merge_loses_nothing_and_the_next_merges_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Merges run on a worker thread beside the load; one that fails is logged, the small
+    files stay (the table's content is unchanged) and a later pass merges them."""
+    import threading
+
+    import changestream._delta_sink as sink_module
+
+    real = sink_module.merge_small
+    threads: list[str] = []
+    failures = [1]
+
+    def failing_once(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        if failures[0]:
+            failures[0] -= 1
+            raise OSError("disk hiccup")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sink_module, "merge_small", failing_once)
+    changes = Changes()
+    sink = DeltaSink(tmp_path / "t", app_id="a")
+    sink.unit_rows = 200  # files under 100 rows are small; runs of at most 200 rows
+    keys = [f"k{n:04d}" for n in range(400)]
+    with caplog.at_level("WARNING", logger="changestream.delta"):
+        for start in range(0, 400, 10):
+            apply(sink, changes.snapshot(keys[start:start + 10]))
+        sink._merger.wait()
+    assert "disk hiccup" in caplog.text
+    assert threads and all(name.startswith("changestream-delta-merge") for name in threads)
+    assert [c for c in sink.compactions if c.log_rows == 0]  # later passes merged
+    assert table_state(tmp_path / "t") == changes.state
+    sink.finish()
+    assert plain_state(tmp_path / "t") == changes.state
     assert committed_versions(tmp_path / "t", "a") == list(range(40))

@@ -45,7 +45,7 @@ from bson.timestamp import Timestamp
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pymongo.errors import PyMongoError
 
-from ._delta_layout import KEY, OP, SEQ, UPSERT, latest
+from ._delta_layout import KEY, OP, REOPEN_EVERY, SEQ, UPSERT, latest
 from ._merge import CANONICAL, RELAXED, key_json
 from ._snapshot import SNAPSHOT_MARK, SnapshotBatches, bson_order_key, range_filter
 from ._token import token_cluster_time
@@ -129,12 +129,15 @@ class _Sink(Protocol):
     path: str
     app_id: str
     json_mode: str
+    storage_options: dict[str, str] | None
     commit_metadata: dict[str, str]
     position_commit: Mapping[str, Any] | None
 
     def __call__(self, change: Mapping[str, Any]) -> None: ...
     def load(self) -> StoredToken | None: ...
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None: ...
+    def save_behind(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None: ...
+    def flush(self) -> None: ...
     def table(self) -> DeltaTable | None: ...
 
 
@@ -181,6 +184,9 @@ class DeltaResnapshot:
         self._polled_at: float | None = None
         self._polled_version: int | None = None
         """The table's version at the last poll: the next reads only the commits after it."""
+        self._polled_table: tuple[DeltaTable, int] | None = None
+        """The poll's own table object and the version it was opened at: a poll never waits
+        for the sink's commit under way (:meth:`save_behind`)."""
         self._asked = False
 
     def progress_text(self) -> str:
@@ -203,6 +209,16 @@ class DeltaResnapshot:
         return stored
 
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        self._save(token, batch_id, behind=False)
+
+    def save_behind(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        """``consume``'s save: the sink commits behind while no re-snapshot runs."""
+        self._save(token, batch_id, behind=True)
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def _save(self, token: Mapping[str, Any], batch_id: int | None, *, behind: bool) -> None:
         if token.get("_data") == SNAPSHOT_MARK:
             # the first copy, or a recopy after a lost history: a re-snapshot waits for it; a
             # chunk read before it is stale (its window would take every copied key) and the
@@ -218,7 +234,10 @@ class DeltaResnapshot:
             staged = True
         self.sink.commit_metadata[STATE] = self.progress.text()
         try:
-            self.sink.save(token, batch_id=batch_id)
+            if behind and not staged and not self.progress.active:
+                self.sink.save_behind(token, batch_id=batch_id)
+            else:  # a chunk's commit: the next chunk is read after it (its low watermark)
+                self.sink.save(token, batch_id=batch_id)
         except BaseException:
             self.progress = before
             self.sink.commit_metadata[STATE] = before.text()
@@ -228,6 +247,7 @@ class DeltaResnapshot:
             self._window.clear()
         self._poll()
         if self.progress.active and self._chunk is None:
+            self.sink.flush()  # a request just seen: the batch behind is committed first
             self._read_chunk()  # the low watermark: the position just committed
 
     def request(self) -> int:
@@ -245,7 +265,7 @@ class DeltaResnapshot:
                 and now - self._polled_at < self.poll_seconds:
             return
         self._polled_at, self._asked = now, False
-        table = self.sink.table()
+        table = self._poll_table()
         if table is None:
             return
         version, since = table.version(), self._polled_version
@@ -263,6 +283,18 @@ class DeltaResnapshot:
         self.progress = ResnapshotProgress(
             request=newest, active=True, total=max(1, -(-count // self.chunk_size)))
         self._chunk, self._table_keys = None, None  # a new request restarts a running one
+
+    def _poll_table(self) -> DeltaTable | None:
+        if self._polled_table is not None:
+            table, opened = self._polled_table
+            table.update_incremental()
+            if table.version() - opened < REOPEN_EVERY:
+                return table
+        if not DeltaTable.is_deltatable(self.sink.path, self.sink.storage_options):
+            return None
+        table = DeltaTable(self.sink.path, storage_options=self.sink.storage_options)
+        self._polled_table = (table, table.version())
+        return table
 
     def _committed_progress(self) -> ResnapshotProgress:
         """The progress in this app id's last commit with a token, which the sink's

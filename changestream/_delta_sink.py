@@ -31,6 +31,7 @@ except ImportError as exc:  # one clear error instead of a missing module deep i
 import tenacity
 from bson import json_util
 
+from ._delta_behind import WriteBehind
 from ._delta_drift import Drift, RescuedCounts
 from ._delta_history import HistoryTable, as_of
 from ._delta_layout import (
@@ -92,8 +93,7 @@ _SMALL_RUN = 16
 """Neighbouring small base files (a first load's) merged into one file at a time."""
 
 
-
-class DeltaSink:
+class DeltaSink(WriteBehind):
     """Keeps a Delta table equal to a collection, exactly once; also its own token store.
 
     ``path`` is the table's location (a directory, or a URI with
@@ -162,7 +162,8 @@ class DeltaSink:
         self._table_schema = table_schema(
             self.schema if self._drift is None else self._drift.schema)
         self.full_document = full_document
-        self._storage_options = storage_options
+        self.storage_options = storage_options
+        """The object store's options (``None``: a local path)."""
         self.idle_commit_seconds = idle_commit_seconds
         self.log_fraction = log_fraction
         self.max_log_rows = max_log_rows
@@ -208,14 +209,15 @@ class DeltaSink:
     # -- the table ---------------------------------------------------------------------------
     def table(self) -> DeltaTable | None:
         """The table at its latest version (``None``: it does not exist yet)."""
+        self._wait_behind()  # a commit under way uses the table (its error: at the next save)
         if self._table is not None:
             self._table.update_incremental()
             if self._table.version() - self._opened_at < REOPEN_EVERY:
                 return self._table
             self._table = None  # past a checkpoint: reopened from it, below
-        if not DeltaTable.is_deltatable(self.path, self._storage_options):
+        if not DeltaTable.is_deltatable(self.path, self.storage_options):
             return None
-        table = DeltaTable(self.path, storage_options=self._storage_options)
+        table = DeltaTable(self.path, storage_options=self.storage_options)
         self._check_schema(table)
         self._table, self._opened_at = table, table.version()
         if self._seen_version is _UNKNOWN:
@@ -246,11 +248,11 @@ class DeltaSink:
     def _create(self) -> DeltaTable:
         try:
             DeltaTable.create(
-                self.path, self._table_schema, storage_options=self._storage_options,
+                self.path, self._table_schema, storage_options=self.storage_options,
                 commit_properties=CommitProperties(custom_metadata={_META_APP: self.app_id}),
             )
         except Exception:  # another writer created it first: use theirs
-            if not DeltaTable.is_deltatable(self.path, self._storage_options):
+            if not DeltaTable.is_deltatable(self.path, self.storage_options):
                 raise
         table = self.table()
         assert table is not None
@@ -299,6 +301,7 @@ class DeltaSink:
         A token that is not a resume token (a damaged commit) raises
         :class:`changestream.stores.TokenStoreError` naming the table.
         """
+        self._settle()
         table = self.table()
         if table is None:
             self._position, self.position_commit = None, None
@@ -334,6 +337,7 @@ class DeltaSink:
 
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
         """Commit the staged changes with ``token`` (version ``batch_id``, or the next one)."""
+        self._settle()
         if self._staged_table is not None:
             table, cleared = self._staged_table
             written = self._commit(table, batch_id, token, cleared=cleared)
@@ -361,9 +365,7 @@ class DeltaSink:
                 written = self._commit(self._base_rows(staged), batch_id, token, base=True,
                                        changes=staged)
             else:
-                batch = merge_columns(staged, full_document=self.full_document,
-                                      json_options=self._json_options)
-                written = self._commit(batch, batch_id, token, changes=staged)
+                written = self._commit_changes(staged, token, batch_id)
         except BaseException:
             self._staged = staged + self._staged  # a retried save commits them
             raise
@@ -457,10 +459,12 @@ class DeltaSink:
         self._maybe_compact()
 
     def _commit_changes(self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any],
-                        batch_id: int | None = None, *, resnapshot: str | None = None) -> None:
+                        batch_id: int | None = None, *, resnapshot: str | None = None,
+                        extra: Mapping[str, str] | None = None) -> DeltaTable | None:
         batch = merge_columns(changes, full_document=self.full_document,
                               json_options=self._json_options) if changes else None
-        self._commit(batch, batch_id, token, changes=changes, resnapshot=resnapshot)
+        return self._commit(batch, batch_id, token, changes=changes, resnapshot=resnapshot,
+                            extra=extra)
 
     def _base_rows(self, staged: Sequence[Mapping[str, Any]]) -> pa.Table:
         """Snapshot records as a merge table: one upsert per key, no collapse needed."""
@@ -477,6 +481,7 @@ class DeltaSink:
         ``foreach_batch``'s path: its ``func`` stages, then it saves the batch's
         token and id in this sink (the store), so both land in one commit.
         """
+        self._settle()
         if self._staged:
             raise RuntimeError("changes staged by the handler are not saved yet; use one of "
                                "the two ways per sink")
@@ -543,6 +548,7 @@ class DeltaSink:
         base: bool = False,
         changes: Sequence[Mapping[str, Any]] | None = None,
         resnapshot: str | None = None,
+        extra: Mapping[str, str] | None = None,
     ) -> DeltaTable | None:
         """One commit of the batch's rows, its version and token; retried on conflicts.
 
@@ -572,7 +578,7 @@ class DeltaSink:
             source = batch
         if drift is not None and drift.evolve:
             self._table_schema = table_schema(drift.schema)  # new fields, new columns
-        metadata = {**self.commit_metadata, _META_APP: self.app_id}
+        metadata = {**(self.commit_metadata if extra is None else extra), _META_APP: self.app_id}
         text = None if token is None else json_util.dumps(
             ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON)
         if text is not None:
@@ -614,7 +620,7 @@ class DeltaSink:
                                 else None,
                                 commit_properties=properties,
                                 writer_properties=_BASE_WRITER if base else _LOG_WRITER,
-                                storage_options=self._storage_options)
+                                storage_options=self.storage_options)
                 if number is not None:
                     self._seen_version = number
         self.commits += 1
@@ -665,6 +671,7 @@ class DeltaSink:
         by itself when the log is large enough; ``None``: there was no log, or a
         resnapshot is under way (its end needs the rows' numbers; it compacts after).
         """
+        self._settle()
         if self._position is _UNKNOWN:
             self.load()
         if self._resnapshot_from is not None:
@@ -679,7 +686,7 @@ class DeltaSink:
                     custom_metadata={_META_APP: self.app_id, _META_COMPACTION: "log into base"})
                 result = compact(table, self._table_schema, properties,
                                  target_file_size=self.target_file_size,
-                                 storage_options=self._storage_options,
+                                 storage_options=self.storage_options,
                                  unit_rows=self.unit_rows)
         if result is not None:
             self.compactions.append(result)
@@ -694,7 +701,7 @@ class DeltaSink:
         ranges between watermarks (``docs/mirror.md``, "Re-snapshot while
         streaming"). Returns the signal's table version.
         """
-        return request_snapshot(self.path, self._storage_options)
+        return request_snapshot(self.path, self.storage_options)
 
     def _merge_small(self) -> None:
         """Merge the first load's small files once enough of them sit side by side."""
@@ -709,7 +716,7 @@ class DeltaSink:
                     table, self._table_schema, properties, small_rows=self.unit_rows // 2,
                     min_files=_SMALL_RUN, unit_rows=self.unit_rows,
                     target_file_size=self.target_file_size,
-                    storage_options=self._storage_options)
+                    storage_options=self.storage_options)
         if result is not None:
             self.compactions.append(result)
 

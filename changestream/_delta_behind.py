@@ -110,8 +110,14 @@ class WriteBehind:
         job = self._behind
         if job is None or job.mine:
             return
-        self._behind = None
-        job.wait()
+        # one caller at a time takes the job over (another thread calling load(), say); the
+        # job stays this sink's until it is over, so no second commit starts meanwhile
+        with self.__dict__.setdefault("_settling", threading.Lock()):
+            job = self._behind
+            if job is None:
+                return
+            job.wait()
+            self._behind = None
         if job.error is not None:
             if not job.committed:
                 self._staged = job.staged + self._staged

@@ -216,6 +216,7 @@ class DeltaResnapshot:
         self._save(token, batch_id, behind=True)
 
     def flush(self) -> None:
+        """Wait for the sink's commit under way (``consume`` calls it before it returns)."""
         self.sink.flush()
 
     def _save(self, token: Mapping[str, Any], batch_id: int | None, *, behind: bool) -> None:

@@ -58,6 +58,7 @@ from ._delta_rows import (
     json_options_for,
     misfit,
     source_table,
+    staged_change,
     table_schema,
 )
 from ._delta_schema import arrow_schema
@@ -159,11 +160,9 @@ class DeltaSink(WriteBehind):
                 raise ValueError("on_mismatch='rescue' and evolve=True need a schema (without "
                                  "one every document is stored whole as JSON)")
             self._drift = Drift(self.schema, on_mismatch, evolve, cell, misfit)
-        self._table_schema = table_schema(
-            self.schema if self._drift is None else self._drift.schema)
+        self._table_schema = table_schema(self.schema if self._drift is None else self._drift.schema)
         self.full_document = full_document
         self.storage_options = storage_options
-        """The object store's options (``None``: a local path)."""
         self.idle_commit_seconds = idle_commit_seconds
         self.log_fraction = log_fraction
         self.max_log_rows = max_log_rows
@@ -473,7 +472,8 @@ class DeltaSink(WriteBehind):
     # -- the handler -------------------------------------------------------------------------
     def __call__(self, change: Mapping[str, Any]) -> None:
         """Stage one change (the next :meth:`save` commits it): ``consume``'s handler."""
-        self._staged.append(change)
+        self._staged.append(change if self.schema is not None or self.history is not None
+                            else staged_change(change, self._json_options))
 
     def stage(self, table: pa.Table, *, cleared: bool = False) -> None:
         """Stage a whole merge table (:func:`merge_table`'s columns); the next :meth:`save` commits it.

@@ -25,10 +25,12 @@ from changestream.testing import ReplicaSet
 
 deltalake = pytest.importorskip("deltalake", reason="needs the 'delta' extra (deltalake)")
 
-from delta_support import assert_mirrors, committed_versions  # noqa: E402
+from delta_support import assert_mirrors, committed_versions, table_state  # noqa: E402
 
 import changestream._delta_sink as delta_sink  # noqa: E402
 from changestream._delta_resnapshot import DeltaResnapshot  # noqa: E402
+from changestream._delta_rows import staged_change  # noqa: E402
+from changestream._merge import RELAXED  # noqa: E402
 from changestream.delta import DeltaSink  # noqa: E402
 from changestream.stores import BackgroundTokenStore  # noqa: E402
 
@@ -181,4 +183,35 @@ def test_a_save_after_a_failed_commit_behind_commits_both_batches(
     stored = DeltaSink(tmp_path / "t", app_id="a").load()
     assert stored is not None and stored.token == changes[5]["_id"]
     assert_mirrors(tmp_path / "t", coll, "a")
+    client.close()
+
+
+def test_a_staged_change_keeps_what_the_merge_reads_and_the_table_is_the_same(
+    rs: ReplicaSet, names: tuple[str, str], tmp_path: Path,
+) -> None:
+    """The handler keeps a document change slim (the document as its JSON text: fewer
+    objects for the garbage collector while the batch waits); the rows are those of the
+    whole changes, deletes and updates whose document was gone included."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(rs.uri)
+    coll = client[names[0]][names[1]]
+    with changestream.watch(coll, max_await_time_ms=50, full_document="updateLookup") as stream:
+        coll.insert_many([{"_id": i, "n": {"deep": [i, {"x": i}]}} for i in range(4)])
+        coll.update_one({"_id": 1}, {"$set": {"v": 2}})
+        coll.replace_one({"_id": 2}, {"r": True})
+        coll.delete_one({"_id": 3})
+        changes = [stream.next() for _ in range(7)]
+    gone = {**changes[4], "fullDocument": None}  # its document was deleted before the lookup
+    slim = staged_change(gone, RELAXED)
+    assert set(slim) == {"_id", "operationType", "ns", "documentKey", "fullDocument"}
+    assert slim["fullDocument"] is None
+    assert staged_change(changes[0], RELAXED)["fullDocument"] == '{"_id": 0, "n": {"deep": [0, {"x": 0}]}}'
+    handled = DeltaSink(tmp_path / "handled", app_id="a", full_document="updateLookup")
+    for change in changes:
+        handled(change)
+    handled.save(changes[-1]["_id"])
+    whole = DeltaSink(tmp_path / "whole", app_id="a", full_document="updateLookup")
+    assert whole.write(changes, 0, changes[-1]["_id"])
+    assert table_state(tmp_path / "handled") == table_state(tmp_path / "whole") == {
+        doc["_id"]: doc for doc in coll.find()}
+    assert changes[4]["fullDocument"] is not None  # the caller's events are left as they were
     client.close()

@@ -45,7 +45,7 @@ from bson.timestamp import Timestamp
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pymongo.errors import PyMongoError
 
-from ._delta_layout import KEY, OP, REOPEN_EVERY, SEQ, UPSERT, latest
+from ._delta_layout import KEY, OP, SEQ, UPSERT, latest
 from ._merge import CANONICAL, RELAXED, key_json
 from ._snapshot import SNAPSHOT_MARK, SnapshotBatches, bson_order_key, range_filter
 from ._token import token_cluster_time
@@ -129,7 +129,6 @@ class _Sink(Protocol):
     path: str
     app_id: str
     json_mode: str
-    storage_options: dict[str, str] | None
     commit_metadata: dict[str, str]
     position_commit: Mapping[str, Any] | None
 
@@ -184,9 +183,6 @@ class DeltaResnapshot:
         self._polled_at: float | None = None
         self._polled_version: int | None = None
         """The table's version at the last poll: the next reads only the commits after it."""
-        self._polled_table: tuple[DeltaTable, int] | None = None
-        """The poll's own table object and the version it was opened at: a poll never waits
-        for the sink's commit under way (:meth:`save_behind`)."""
         self._asked = False
 
     def progress_text(self) -> str:
@@ -228,6 +224,9 @@ class DeltaResnapshot:
             self._window.clear()
             self.sink.save(token, batch_id=batch_id)
             return
+        if self._poll_due():  # before the save: the batch behind is committed first (the wait
+            self.sink.flush()  # save_behind makes anyway), so the poll never waits on the fetch
+            self._poll()
         before = dataclasses.replace(self.progress)
         staged = False
         if self._chunk is not None and _past(token, self._chunk.at):
@@ -246,9 +245,7 @@ class DeltaResnapshot:
         if staged:
             self._chunk = None
             self._window.clear()
-        self._poll()
-        if self.progress.active and self._chunk is None:
-            self.sink.flush()  # a request just seen: the batch behind is committed first
+        if self.progress.active and self._chunk is None:  # (then this save was not behind)
             self._read_chunk()  # the low watermark: the position just committed
 
     def request(self) -> int:
@@ -260,13 +257,13 @@ class DeltaResnapshot:
         return request_snapshot(self.sink.path)
 
     # -- requests ------------------------------------------------------------------------
+    def _poll_due(self) -> bool:
+        return self._asked or self._polled_at is None \
+            or time.monotonic() - self._polled_at >= self.poll_seconds
+
     def _poll(self) -> None:
-        now = time.monotonic()
-        if not self._asked and self._polled_at is not None \
-                and now - self._polled_at < self.poll_seconds:
-            return
-        self._polled_at, self._asked = now, False
-        table = self._poll_table()
+        self._polled_at, self._asked = time.monotonic(), False
+        table = self.sink.table()
         if table is None:
             return
         version, since = table.version(), self._polled_version
@@ -284,18 +281,6 @@ class DeltaResnapshot:
         self.progress = ResnapshotProgress(
             request=newest, active=True, total=max(1, -(-count // self.chunk_size)))
         self._chunk, self._table_keys = None, None  # a new request restarts a running one
-
-    def _poll_table(self) -> DeltaTable | None:
-        if self._polled_table is not None:
-            table, opened = self._polled_table
-            table.update_incremental()
-            if table.version() - opened < REOPEN_EVERY:
-                return table
-        if not DeltaTable.is_deltatable(self.sink.path, self.sink.storage_options):
-            return None
-        table = DeltaTable(self.sink.path, storage_options=self.sink.storage_options)
-        self._polled_table = (table, table.version())
-        return table
 
     def _committed_progress(self) -> ResnapshotProgress:
         """The progress in this app id's last commit with a token, which the sink's

@@ -136,6 +136,8 @@ class _Sink(Protocol):
     def __call__(self, change: Mapping[str, Any]) -> None: ...
     def load(self) -> StoredToken | None: ...
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None: ...
+    def save_behind(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None: ...
+    def flush(self) -> None: ...
     def table(self) -> DeltaTable | None: ...
 
 
@@ -204,6 +206,17 @@ class DeltaResnapshot:
         return stored
 
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        self._save(token, batch_id, behind=False)
+
+    def save_behind(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        """``consume``'s save: the sink commits behind while no re-snapshot runs."""
+        self._save(token, batch_id, behind=True)
+
+    def flush(self) -> None:
+        """Wait for the sink's commit under way (``consume`` calls it before it returns)."""
+        self.sink.flush()
+
+    def _save(self, token: Mapping[str, Any], batch_id: int | None, *, behind: bool) -> None:
         if token.get("_data") == SNAPSHOT_MARK:
             # the first copy, or a recopy after a lost history: a re-snapshot waits for it; a
             # chunk read before it is stale (its window would take every copied key) and the
@@ -212,6 +225,9 @@ class DeltaResnapshot:
             self._window.clear()
             self.sink.save(token, batch_id=batch_id)
             return
+        if self._poll_due():  # before the save: the batch behind is committed first (the wait
+            self.sink.flush()  # save_behind makes anyway), so the poll never waits on the fetch
+            self._poll()
         before = dataclasses.replace(self.progress)
         staged = False
         if self._chunk is not None and _past(token, self._chunk.at):
@@ -219,7 +235,10 @@ class DeltaResnapshot:
             staged = True
         self.sink.commit_metadata[STATE] = self.progress.text()
         try:
-            self.sink.save(token, batch_id=batch_id)
+            if behind and not staged and not self.progress.active:
+                self.sink.save_behind(token, batch_id=batch_id)
+            else:  # a chunk's commit: the next chunk is read after it (its low watermark)
+                self.sink.save(token, batch_id=batch_id)
         except BaseException:
             self.progress = before
             self.sink.commit_metadata[STATE] = before.text()
@@ -227,8 +246,7 @@ class DeltaResnapshot:
         if staged:
             self._chunk = None
             self._window.clear()
-        self._poll()
-        if self.progress.active and self._chunk is None:
+        if self.progress.active and self._chunk is None:  # (then this save was not behind)
             self._read_chunk()  # the low watermark: the position just committed
 
     def request(self) -> int:
@@ -240,12 +258,12 @@ class DeltaResnapshot:
         return request_snapshot(self.sink.path)
 
     # -- requests ------------------------------------------------------------------------
+    def _poll_due(self) -> bool:
+        return self._asked or self._polled_at is None \
+            or time.monotonic() - self._polled_at >= self.poll_seconds
+
     def _poll(self) -> None:
-        now = time.monotonic()
-        if not self._asked and self._polled_at is not None \
-                and now - self._polled_at < self.poll_seconds:
-            return
-        self._polled_at, self._asked = now, False
+        self._polled_at, self._asked = time.monotonic(), False
         table = self.sink.table()
         if table is None:
             return

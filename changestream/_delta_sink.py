@@ -9,6 +9,7 @@ writers retried or refused, and compaction triggered (``_delta_layout``).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -31,6 +32,7 @@ except ImportError as exc:  # one clear error instead of a missing module deep i
 import tenacity
 from bson import json_util
 
+from ._delta_behind import WriteBehind
 from ._delta_drift import Drift, RescuedCounts
 from ._delta_history import HistoryTable, as_of
 from ._delta_layout import (
@@ -54,10 +56,12 @@ from ._delta_rows import (
     DeltaSinkError,
     base_rows,
     cell,
+    check_table_columns,
     commit_retries,
     json_options_for,
     misfit,
     source_table,
+    staged_change,
     table_schema,
 )
 from ._delta_schema import arrow_schema
@@ -93,8 +97,7 @@ _SMALL_RUN = 16
 """Neighbouring small base files (a first load's) merged into one file at a time."""
 
 
-
-class DeltaSink:
+class DeltaSink(WriteBehind):
     """Keeps a Delta table equal to a collection, exactly once; also its own token store.
 
     ``path`` is the table's location (a directory, or a URI with
@@ -160,10 +163,9 @@ class DeltaSink:
                 raise ValueError("on_mismatch='rescue' and evolve=True need a schema (without "
                                  "one every document is stored whole as JSON)")
             self._drift = Drift(self.schema, on_mismatch, evolve, cell, misfit)
-        self._table_schema = table_schema(
-            self.schema if self._drift is None else self._drift.schema)
+        self._table_schema = table_schema(self.schema if self._drift is None else self._drift.schema)
         self.full_document = full_document
-        self._storage_options = storage_options
+        self.storage_options = storage_options
         self.idle_commit_seconds = idle_commit_seconds
         self.log_fraction = log_fraction
         self.max_log_rows = max_log_rows
@@ -199,6 +201,7 @@ class DeltaSink:
                                         full_document=full_document,
                                         json_options=self._json_options,
                                         storage_options=storage_options)
+        self._settling = threading.Lock()  # the write-behind's (``_delta_behind``)
         self._merger = SmallFileMerger(self._merge_small, self.compactions.append)
         """A first load's small files, merged on a worker thread (``_delta_merger``)."""
         self.commit_metadata: dict[str, str] = {}
@@ -211,14 +214,15 @@ class DeltaSink:
     # -- the table ---------------------------------------------------------------------------
     def table(self) -> DeltaTable | None:
         """The table at its latest version (``None``: it does not exist yet)."""
+        self._wait_behind()  # a commit under way uses the table (its error: at the next save)
         if self._table is not None:
             self._table.update_incremental()
             if self._table.version() - self._opened_at < REOPEN_EVERY:
                 return self._table
             self._table = None  # past a checkpoint: reopened from it, below
-        if not DeltaTable.is_deltatable(self.path, self._storage_options):
+        if not DeltaTable.is_deltatable(self.path, self.storage_options):
             return None
-        table = DeltaTable(self.path, storage_options=self._storage_options)
+        table = DeltaTable(self.path, storage_options=self.storage_options)
         self._check_schema(table)
         self._table, self._opened_at = table, table.version()
         if self._seen_version is _UNKNOWN:
@@ -226,34 +230,19 @@ class DeltaSink:
         return table
 
     def _check_schema(self, table: DeltaTable) -> None:
-        have = pa.schema(table.schema().to_arrow())
-        names = [field.name for field in have]
-        want = self._table_schema.names
-        if names == want:
-            return
-        if self._drift is not None and names[:3] == want[:3] and self._drift.adopt(
-                pa.schema(list(have)[3:])):  # columns evolved by an earlier run
-            self._table_schema = table_schema(self._drift.schema)
-            return
-        if SEQ not in names and names == [n for n in want if n not in (SEQ, OP)]:
-            raise DeltaSinkError(
-                f"the Delta table at {self.path} has the layout of an earlier changestream (one "
-                f"merged row per key, columns {names}); this sink appends a change log "
-                f"(columns {want}): mirror into a new path"
-            )
-        raise DeltaSinkError(
-            f"the Delta table at {self.path} has the columns {names}, this sink writes {want}: "
-            "give another path, or the schema the table was made with"
-        )
+        adopted = check_table_columns(self.path, pa.schema(table.schema().to_arrow()),
+                                      self._table_schema, self._drift)
+        if adopted is not None:
+            self._table_schema = adopted
 
     def _create(self) -> DeltaTable:
         try:
             DeltaTable.create(
-                self.path, self._table_schema, storage_options=self._storage_options,
+                self.path, self._table_schema, storage_options=self.storage_options,
                 commit_properties=CommitProperties(custom_metadata={_META_APP: self.app_id}),
             )
         except Exception:  # another writer created it first: use theirs
-            if not DeltaTable.is_deltatable(self.path, self._storage_options):
+            if not DeltaTable.is_deltatable(self.path, self.storage_options):
                 raise
         table = self.table()
         assert table is not None
@@ -302,6 +291,7 @@ class DeltaSink:
         A token that is not a resume token (a damaged commit) raises
         :class:`changestream.stores.TokenStoreError` naming the table.
         """
+        self._settle()
         table = self.table()
         if table is None:
             self._position, self.position_commit = None, None
@@ -337,6 +327,7 @@ class DeltaSink:
 
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
         """Commit the staged changes with ``token`` (version ``batch_id``, or the next one)."""
+        self._settle()
         if self._staged_table is not None:
             table, cleared = self._staged_table
             written = self._commit(table, batch_id, token, cleared=cleared)
@@ -364,9 +355,7 @@ class DeltaSink:
                 written = self._commit(self._base_rows(staged), batch_id, token, base=True,
                                        changes=staged)
             else:
-                batch = merge_columns(staged, full_document=self.full_document,
-                                      json_options=self._json_options)
-                written = self._commit(batch, batch_id, token, changes=staged)
+                written = self._commit_changes(staged, token, batch_id)
         except BaseException:
             self._staged = staged + self._staged  # a retried save commits them
             raise
@@ -460,10 +449,12 @@ class DeltaSink:
         self._maybe_compact()
 
     def _commit_changes(self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any],
-                        batch_id: int | None = None, *, resnapshot: str | None = None) -> None:
+                        batch_id: int | None = None, *, resnapshot: str | None = None,
+                        extra: Mapping[str, str] | None = None) -> DeltaTable | None:
         batch = merge_columns(changes, full_document=self.full_document,
                               json_options=self._json_options) if changes else None
-        self._commit(batch, batch_id, token, changes=changes, resnapshot=resnapshot)
+        return self._commit(batch, batch_id, token, changes=changes, resnapshot=resnapshot,
+                            extra=extra)
 
     def _base_rows(self, staged: Sequence[Mapping[str, Any]]) -> pa.Table:
         """Snapshot records as a merge table: one upsert per key, no collapse needed."""
@@ -472,7 +463,8 @@ class DeltaSink:
     # -- the handler -------------------------------------------------------------------------
     def __call__(self, change: Mapping[str, Any]) -> None:
         """Stage one change (the next :meth:`save` commits it): ``consume``'s handler."""
-        self._staged.append(change)
+        self._staged.append(change if self.schema is not None or self.history is not None
+                            else staged_change(change, self._json_options))
 
     def stage(self, table: pa.Table, *, cleared: bool = False) -> None:
         """Stage a whole merge table (:func:`merge_table`'s columns); the next :meth:`save` commits it.
@@ -480,6 +472,7 @@ class DeltaSink:
         ``foreach_batch``'s path: its ``func`` stages, then it saves the batch's
         token and id in this sink (the store), so both land in one commit.
         """
+        self._settle()
         if self._staged:
             raise RuntimeError("changes staged by the handler are not saved yet; use one of "
                                "the two ways per sink")
@@ -546,6 +539,7 @@ class DeltaSink:
         base: bool = False,
         changes: Sequence[Mapping[str, Any]] | None = None,
         resnapshot: str | None = None,
+        extra: Mapping[str, str] | None = None,
     ) -> DeltaTable | None:
         """One commit of the batch's rows, its version and token; retried on conflicts.
 
@@ -575,7 +569,7 @@ class DeltaSink:
             source = batch
         if drift is not None and drift.evolve:
             self._table_schema = table_schema(drift.schema)  # new fields, new columns
-        metadata = {**self.commit_metadata, _META_APP: self.app_id}
+        metadata = {**(self.commit_metadata if extra is None else extra), _META_APP: self.app_id}
         text = None if token is None else json_util.dumps(
             ResumeToken.of(token, check=False).document(), json_options=_TOKEN_JSON)
         if text is not None:
@@ -617,7 +611,7 @@ class DeltaSink:
                                 else None,
                                 commit_properties=properties,
                                 writer_properties=_BASE_WRITER if base else _LOG_WRITER,
-                                storage_options=self._storage_options)
+                                storage_options=self.storage_options)
                 if number is not None:
                     self._seen_version = number
         self.commits += 1
@@ -668,6 +662,7 @@ class DeltaSink:
         by itself when the log is large enough; ``None``: there was no log, or a
         resnapshot is under way (its end needs the rows' numbers; it compacts after).
         """
+        self._settle()
         if self._position is _UNKNOWN:
             self.load()
         if self._resnapshot_from is not None:
@@ -683,7 +678,7 @@ class DeltaSink:
                     custom_metadata={_META_APP: self.app_id, _META_COMPACTION: "log into base"})
                 result = compact(table, self._table_schema, properties,
                                  target_file_size=self.target_file_size,
-                                 storage_options=self._storage_options,
+                                 storage_options=self.storage_options,
                                  unit_rows=self.unit_rows)
         if result is not None:
             self.compactions.append(result)
@@ -698,7 +693,7 @@ class DeltaSink:
         ranges between watermarks (``docs/mirror.md``, "Re-snapshot while
         streaming"). Returns the signal's table version.
         """
-        return request_snapshot(self.path, self._storage_options)
+        return request_snapshot(self.path, self.storage_options)
 
     def _merge_small(self) -> Compaction | None:
         """Merge the first load's small files once enough of them sit side by side (on the
@@ -706,16 +701,16 @@ class DeltaSink:
         result = None
         for attempt in self._retrying():
             with attempt:
-                if not DeltaTable.is_deltatable(self.path, self._storage_options):
+                if not DeltaTable.is_deltatable(self.path, self.storage_options):
                     return None
-                table = DeltaTable(self.path, storage_options=self._storage_options)
+                table = DeltaTable(self.path, storage_options=self.storage_options)
                 properties = CommitProperties(custom_metadata={
                     _META_APP: self.app_id, _META_COMPACTION: "small base files"})
                 result = merge_small(
                     table, self._table_schema, properties, small_rows=self.unit_rows // 2,
                     min_files=_SMALL_RUN, unit_rows=self.unit_rows,
                     target_file_size=self.target_file_size,
-                    storage_options=self._storage_options)
+                    storage_options=self.storage_options)
         return result
 
     # -- verifying ---------------------------------------------------------------------------

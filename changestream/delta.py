@@ -13,7 +13,9 @@ own, so no batch pays for the table's size.
 
 It is both halves of :func:`changestream.consume`: the handler (``sink`` is
 callable; it stages each change) and the token store (``save`` commits the
-staged changes with the token; ``load`` reads the token back from the table).
+staged changes with the token; ``load`` reads the token back from the table;
+``consume`` calls ``save_behind``, which commits the batch on a thread of the
+sink's own while the next one is fetched, and ``flush`` before it returns).
 ``foreach_batch`` uses it the same way; the Spark data source's
 ``foreachBatch`` calls :meth:`DeltaSink.write` with Spark's batch id.
 Needs the ``delta`` extra (``pip install 'changestream[delta]'``).

@@ -40,6 +40,7 @@ from .errors import ChangeStreamError
 __all__ = [
     "AsyncMongoTokenStore",
     "AsyncTokenStore",
+    "BackgroundTokenStore",
     "FileTokenStore",
     "MemoryTokenStore",
     "MongoTokenStore",
@@ -83,6 +84,33 @@ class AsyncTokenStore(Protocol):
     async def load(self) -> StoredToken | None: ...
 
     async def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None: ...
+
+
+@runtime_checkable
+class BackgroundTokenStore(Protocol):
+    """A store that can make a save durable while the consumer fetches the next batch.
+
+    :func:`changestream.consume` calls :meth:`save_behind` instead of ``save``
+    on such a store, and :meth:`flush` before it returns or raises, so what it
+    reports as stored at its end is durable. :class:`changestream.delta.DeltaSink`
+    is one: a batch's conversion and commit overlap the next fetch.
+    """
+
+    def load(self) -> StoredToken | None: ...
+
+    def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None: ...
+
+    def save_behind(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        """Start saving ``token``; it is durable once the next call of the store returns.
+
+        A failure is raised by the store's next call; a token is never durable before
+        everything handled up to it is (a restart resumes from the last durable one).
+        """
+        ...
+
+    def flush(self) -> None:
+        """Wait until the last :meth:`save_behind` is durable; raise its failure."""
+        ...
 
 
 class TokenStoreError(ChangeStreamError):

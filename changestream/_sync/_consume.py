@@ -32,7 +32,10 @@ from .._consumer.run import GAP, HANDLE, MARK, NOTHING, SAVE, ConsumeResult, Run
 from .._lanes import KeyFunction
 from .._metrics import StatsCallback, StatsReporter
 from ..errors import describe_error
-from ..stores import TokenStore
+from ..stores import (
+    BackgroundTokenStore,
+    TokenStore,
+)
 from ._snapshot_watch import stream_opener
 from ._stats_timer import start_stats_timer, stop_stats_timer
 from ._stream import ChangeStream
@@ -172,13 +175,26 @@ def consume(
     pool = None if settings.lanes is None else ThreadWorkers(handler, run.calls, settings.lanes,
                                                             settings.key)
 
+    # a store that commits behind (a Delta sink): the next batch is fetched meanwhile
+    behind = store if isinstance(store, BackgroundTokenStore) else None
+
     def save() -> None:
         try:
-            call_store(store.save, run.token)
+            call_store(store.save if behind is None else behind.save_behind, run.token)
         except Exception as exc:
             run.store_error = exc
             raise
         run.saved()
+
+    def flush() -> None:
+        """What was saved is durable (a store committing behind), before the run ends."""
+        if behind is None:
+            return
+        try:
+            call_store(behind.flush)
+        except Exception as exc:
+            run.store_error = exc
+            raise
 
     def session() -> bool:
         """Run one stream; ``True``: it failed transiently after progress, open a new one."""
@@ -272,7 +288,7 @@ def consume(
                     pass
         except Exception as exc:
             _settle_quietly(pool, run, settings.drain_timeout)
-            _flush_quietly(run, save)
+            _flush_quietly(run, save, flush)
             run.finished()
             error = run.final_error(exc)
             if error is exc:
@@ -280,12 +296,13 @@ def consume(
             raise error from error.__cause__
         except BaseException:
             _settle_quietly(pool, run, settings.drain_timeout)
-            _flush_quietly(run, save)
+            _flush_quietly(run, save, flush)
             run.finished()
             raise
         _settle_quietly(pool, run, settings.drain_timeout)
         if run.pending:
             save()
+        flush()
         return run.result()
     finally:
         stop_stats_timer(run)  # after the final report; none outlives the loop
@@ -304,15 +321,17 @@ def _settle_quietly(pool: ThreadWorkers | None, run: Run, drain_timeout: float) 
         pool.close()
 
 
-def _flush_quietly(run: Run, save: Callable[[], None]) -> None:
+def _flush_quietly(run: Run, save: Callable[[], None], flush: Callable[[], None]) -> None:
     """Store the last handled token on the way out; the original error matters more.
 
     Not after the store itself failed (a full disk, a lost table): trying it again on the
     way out only repeats that failure (delta-rs even panics in its writer threads); the
     run ends with the store's error and the next run resumes from what was stored.
     """
-    if run.pending and run.store_error is None:
+    if run.store_error is None:
         try:
-            save()
+            if run.pending:
+                save()
+            flush()  # a save committing behind: durable, or its failure logged
         except Exception as exc:
             log.warning("could not store the last handled resume token: %s", describe_error(exc))

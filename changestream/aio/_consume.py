@@ -32,7 +32,11 @@ from .._consumer.run import GAP, HANDLE, MARK, NOTHING, SAVE, ConsumeResult, Run
 from .._lanes import KeyFunction
 from .._metrics import StatsCallback, StatsReporter
 from ..errors import describe_error
-from ..stores import AsyncTokenStore, TokenStore  # sync: from ..stores import TokenStore
+from ..stores import (
+    AsyncTokenStore,  # async-only
+    BackgroundTokenStore,
+    TokenStore,
+)
 from ._async_io import (
     ABANDONED,
     bounded,
@@ -192,13 +196,26 @@ async def consume(
     pool = None if settings.lanes is None else AsyncWorkers(handler, run.calls, settings.lanes,
                                                             settings.key)
 
+    # a store that commits behind (a Delta sink): the next batch is fetched meanwhile
+    behind = store if isinstance(store, BackgroundTokenStore) else None
+
     async def save() -> None:
         try:
-            await call_store(store.save, run.token)
+            await call_store(store.save if behind is None else behind.save_behind, run.token)
         except Exception as exc:
             run.store_error = exc
             raise
         run.saved()
+
+    async def flush() -> None:
+        """What was saved is durable (a store committing behind), before the run ends."""
+        if behind is None:
+            return
+        try:
+            await call_store(behind.flush)
+        except Exception as exc:
+            run.store_error = exc
+            raise
 
     async def session() -> bool:
         """Run one stream; ``True``: it failed transiently after progress, open a new one."""
@@ -292,7 +309,7 @@ async def consume(
                     pass
         except Exception as exc:
             await _settle_quietly(pool, run, settings.drain_timeout)
-            await _flush_quietly(run, save)
+            await _flush_quietly(run, save, flush)
             run.finished()
             error = run.final_error(exc)
             if error is exc:
@@ -300,12 +317,13 @@ async def consume(
             raise error from error.__cause__
         except BaseException:
             await _settle_quietly(pool, run, settings.drain_timeout)
-            await _flush_quietly(run, save)
+            await _flush_quietly(run, save, flush)
             run.finished()
             raise
         await _settle_quietly(pool, run, settings.drain_timeout)
         if run.pending:
             await save()
+        await flush()
         return run.result()
     finally:
         await stop_stats_timer(run)  # after the final report; none outlives the loop
@@ -324,15 +342,17 @@ async def _settle_quietly(pool: AsyncWorkers | None, run: Run, drain_timeout: fl
         await pool.close()
 
 
-async def _flush_quietly(run: Run, save: Callable[[], Awaitable[None]]) -> None:  # sync: def _flush_quietly(run: Run, save: Callable[[], None]) -> None:
+async def _flush_quietly(run: Run, save: Callable[[], Awaitable[None]], flush: Callable[[], Awaitable[None]]) -> None:  # sync: def _flush_quietly(run: Run, save: Callable[[], None], flush: Callable[[], None]) -> None:
     """Store the last handled token on the way out; the original error matters more.
 
     Not after the store itself failed (a full disk, a lost table): trying it again on the
     way out only repeats that failure (delta-rs even panics in its writer threads); the
     run ends with the store's error and the next run resumes from what was stored.
     """
-    if run.pending and run.store_error is None:
+    if run.store_error is None:
         try:
-            await save()
+            if run.pending:
+                await save()
+            await flush()  # a save committing behind: durable, or its failure logged
         except Exception as exc:
             log.warning("could not store the last handled resume token: %s", describe_error(exc))

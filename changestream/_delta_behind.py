@@ -1,0 +1,132 @@
+"""A batch committed on a thread of its own while the stream fetches the next (write-behind).
+
+``consume`` with a :class:`~changestream.delta.DeltaSink` as its store calls
+:meth:`~changestream.delta.DeltaSink.save_behind` instead of ``save``: the
+batch's conversion, its commit and any compaction after it run here while
+the loop fetches and stages the next batch, and the sink's next call waits
+for it first. Exactly-once is unchanged: the token rides in the batch's own
+commit, so it is durable exactly when the batch is. A failure is raised by
+the sink's next call (``save_behind``, ``save``, ``flush``, ``load``, ...);
+the failed batch's changes go back in front of the staged ones (unless its
+commit was made and only the compaction after it failed), so a retried save
+commits them: nothing is lost, and no token past the failed batch is stored.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._delta_recopy import boundary
+
+__all__ = ["Behind", "WriteBehind"]
+
+
+class Behind:
+    """One batch's commit under way on its own thread (started at once)."""
+
+    def __init__(self, staged: Sequence[Mapping[str, Any]],
+                 work: Callable[[Behind], None]) -> None:
+        self.staged = list(staged)
+        """The batch's changes: staged again if its commit fails."""
+        self.committed = False
+        """The batch's commit is made (``work`` sets it; a compaction after it may still fail)."""
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,),
+                                        name="changestream-delta-commit")
+        self._thread.start()
+
+    def _run(self, work: Callable[[Behind], None]) -> None:
+        try:
+            work(self)
+        except BaseException as exc:  # raised on the caller's thread, by its next call
+            self.error = exc
+
+    @property
+    def mine(self) -> bool:
+        """Is the caller this job's own thread (the commit reading the table it writes)?"""
+        return threading.current_thread() is self._thread
+
+    def wait(self) -> None:
+        """Until the job is over (at once on its own thread)."""
+        if not self.mine:
+            self._thread.join()
+
+
+class WriteBehind:
+    """:class:`~changestream.delta.DeltaSink`'s write-behind: :meth:`save_behind`, :meth:`flush`."""
+
+    _behind: Behind | None = None
+    """The batch :meth:`save_behind` is committing."""
+    _settling: threading.Lock
+    """Held by the one caller that takes the batch behind over (the sink makes it)."""
+    _staged: list[Mapping[str, Any]]
+    _staged_table: Any
+    commit_metadata: dict[str, str]
+
+    if TYPE_CHECKING:  # the sink's own steps
+        def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None: ...
+        def _first_load(self, staged: Sequence[Mapping[str, Any]]) -> bool: ...
+        def _maybe_compact(self, table: Any = None) -> None: ...
+        def _commit_changes(self, changes: Sequence[Mapping[str, Any]],
+                            token: Mapping[str, Any], batch_id: int | None = None, *,
+                            resnapshot: str | None = None,
+                            extra: Mapping[str, str] | None = None) -> Any: ...
+
+    def save_behind(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
+        """:meth:`save`, its commit made on a thread of its own while the caller goes on.
+
+        ``consume``'s save (:class:`changestream.stores.BackgroundTokenStore`): the
+        batch's conversion, commit and compaction overlap the fetch of the next batch.
+        The next call of this sink waits for it; its failure is raised there (the
+        batch's changes staged again: a retried save commits them), and
+        :meth:`flush` waits for it. The token is durable with its batch, as with
+        :meth:`save`. A first load, a re-snapshot's bounds, an idle position and a
+        staged table are committed before this returns, as :meth:`save` does.
+        """
+        self._settle()
+        staged = self._staged
+        if not staged or self._staged_table is not None or any(
+                boundary(change) for change in staged) or self._first_load(staged):
+            self.save(token, batch_id=batch_id)
+            return
+        metadata = dict(self.commit_metadata)  # as it is now: the caller may change it next
+
+        def work(job: Behind) -> None:
+            written = self._commit_changes(job.staged, token, batch_id, extra=metadata)
+            job.committed = True
+            if written is not None:
+                self._maybe_compact(written)
+
+        self._staged = []
+        self._behind = Behind(staged, work)
+
+    def flush(self) -> None:
+        """Wait for the commit :meth:`save_behind` left under way; raise its failure."""
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait for the batch committed behind; its failure raised here, its changes staged
+        again in front of the newer ones (unless only the compaction after it failed)."""
+        job = self._behind
+        if job is None or job.mine:
+            return
+        # one caller at a time takes the job over (another thread calling load(), say); the
+        # job stays this sink's until it is over, so no second commit starts meanwhile
+        with self._settling:
+            job = self._behind
+            if job is None:
+                return
+            job.wait()
+            self._behind = None
+        if job.error is not None:
+            if not job.committed:
+                self._staged = job.staged + self._staged
+            raise job.error
+
+    def _wait_behind(self) -> None:
+        """Until the batch committed behind is done, its error left for :meth:`_settle`."""
+        job = self._behind
+        if job is not None:
+            job.wait()

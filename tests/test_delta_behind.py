@@ -1,0 +1,217 @@
+"""The Delta sink commits a batch while ``consume`` fetches the next (write-behind).
+
+``consume`` (sync and async) calls the sink's ``save_behind``: batch N's commit
+runs on a thread of its own while the handler already receives batch N+1. A
+commit that fails there is raised by the sink's next call: the run ends with it,
+no token past the failed batch is stored, and the next run loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+from pymongo import AsyncMongoClient
+
+import changestream
+import changestream.aio
+from changestream.testing import ReplicaSet
+
+deltalake = pytest.importorskip("deltalake", reason="needs the 'delta' extra (deltalake)")
+
+from delta_support import assert_mirrors, committed_versions, table_state  # noqa: E402
+
+import changestream._delta_sink as delta_sink  # noqa: E402
+from changestream._delta_resnapshot import DeltaResnapshot  # noqa: E402
+from changestream._delta_rows import staged_change  # noqa: E402
+from changestream._merge import RELAXED  # noqa: E402
+from changestream.delta import DeltaSink  # noqa: E402
+from changestream.stores import BackgroundTokenStore  # noqa: E402
+
+BATCH = 10
+CHANGES = 35
+
+
+@pytest.fixture(scope="module")
+def rs() -> Iterator[ReplicaSet]:
+    with ReplicaSet("8.0") as replica_set:
+        yield replica_set
+
+
+@pytest.fixture
+def names(rs: ReplicaSet) -> Iterator[tuple[str, str]]:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(rs.uri)
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    yield name, "c"
+    client.drop_database(name)
+    client.close()
+
+
+class DiskFull(OSError):
+    pass
+
+
+class Commits:
+    """``write_deltalake`` of the sink's batch commits, watched: the first waits until the
+    handler holds a change of the next batch; the ``fail``-th fails (a full disk)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: int | None) -> None:
+        self.real: Callable[..., Any] = delta_sink.write_deltalake
+        self.next_batch_seen = threading.Event()
+        self.threads: list[str] = []
+        self.fail = fail
+        monkeypatch.setattr(delta_sink, "write_deltalake", self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.threads.append(threading.current_thread().name)
+        if len(self.threads) == 1 and not self.next_batch_seen.wait(30):
+            raise AssertionError("the next batch was not fetched while this one committed")
+        if len(self.threads) == self.fail:
+            raise DiskFull(28, "No space left on device")
+        return self.real(*args, **kwargs)
+
+
+def run_consume(uri: str, names: tuple[str, str], store: Any, commits: Commits | None,
+                seen: list[Any], start: Any, mode: str) -> None:
+    """``consume`` with ``store`` as handler and store, in batches of ``BATCH``, until the
+    last change; ``seen``: the tokens of the changes handled."""
+    options: dict[str, Any] = {"max_await_time_ms": 50}
+    if start is not None:  # the first run: nothing stored yet
+        options["start_at_operation_time"] = start
+
+    def handler(stop: Any) -> Callable[[Any], None]:
+        def handle(change: Any) -> None:
+            store(change)
+            seen.append(change["_id"])
+            if commits is not None and len(seen) == BATCH + 3:  # inside the next batch
+                commits.next_batch_seen.set()
+            if change["documentKey"]["_id"] == CHANGES - 1:
+                stop.set()
+
+        return handle
+
+    if mode == "sync":
+        stop = threading.Event()
+        with pymongo.MongoClient(uri) as client:
+            changestream.consume(client[names[0]][names[1]], handler(stop), store, stop=stop,
+                                 save_every=BATCH, watch_options=options)
+        return
+
+    async def main() -> None:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+        stop = asyncio.Event()
+        try:
+            await changestream.aio.consume(client[names[0]][names[1]], handler(stop), store,
+                                           stop=stop, save_every=BATCH, watch_options=options)
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["sink", "mirror's-resnapshot-wrapper"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_commit_failing_behind_the_next_fetch_loses_nothing_and_stores_no_later_token(
+    rs: ReplicaSet, names: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    mode: str, wrapped: bool,
+) -> None:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(rs.uri)
+    coll = client[names[0]][names[1]]
+    start = client.admin.command("ping")["operationTime"]
+    for i in range(CHANGES):
+        coll.insert_one({"_id": i, "v": "x" * i})
+    path = tmp_path / "t"
+
+    def store_for(sink: DeltaSink) -> Any:
+        return DeltaResnapshot(sink, coll) if wrapped else sink
+
+    sink = DeltaSink(path, app_id="a")
+    store = store_for(sink)
+    assert isinstance(store, BackgroundTokenStore)
+    commits = Commits(monkeypatch, fail=2)  # batch 1 commits, batch 2 fails
+    seen: list[Any] = []
+    with pytest.raises(DiskFull):
+        run_consume(rs.uri, names, store, commits, seen, start, mode)
+    # batch 1 was committed on the sink's own thread while the handler had batch 2's changes
+    assert commits.threads[:2] == ["changestream-delta-commit"] * 2
+    assert len(seen) > BATCH + 3
+    # nothing past batch 1 is stored: the table holds batch 1 and its token only
+    assert committed_versions(path, "a") == [0]
+    reopened = DeltaSink(path, app_id="a")
+    stored = reopened.load()
+    assert stored is not None and stored.token == seen[BATCH - 1]
+    monkeypatch.undo()
+    # the next run resumes after batch 1 and loses nothing
+    again: list[Any] = []
+    run_consume(rs.uri, names, store_for(reopened), None, again, None, mode)
+    assert again[0] == seen[BATCH]
+    assert_mirrors(path, coll, "a")
+    client.close()
+
+
+def test_a_save_after_a_failed_commit_behind_commits_both_batches(
+    rs: ReplicaSet, names: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The failure is raised by the next call, the failed batch's changes staged again in
+    front: a retried save commits them with the newer ones, as one batch."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(rs.uri)
+    coll = client[names[0]][names[1]]
+    with changestream.watch(coll, max_await_time_ms=50) as stream:
+        for i in range(6):
+            coll.insert_one({"_id": i})
+        changes = [stream.next() for _ in range(6)]
+    sink = DeltaSink(tmp_path / "t", app_id="a")
+    commits = Commits(monkeypatch, fail=1)
+    commits.next_batch_seen.set()
+    for change in changes[:3]:
+        sink(change)
+    sink.save_behind(changes[2]["_id"])
+    for change in changes[3:]:
+        sink(change)
+    with pytest.raises(DiskFull):
+        sink.save_behind(changes[5]["_id"])
+    assert sink.load() is None  # nothing committed, no token stored
+    sink.save(changes[5]["_id"])
+    sink.flush()  # nothing under way: returns at once
+    assert committed_versions(tmp_path / "t", "a") == [0]
+    stored = DeltaSink(tmp_path / "t", app_id="a").load()
+    assert stored is not None and stored.token == changes[5]["_id"]
+    assert_mirrors(tmp_path / "t", coll, "a")
+    client.close()
+
+
+def test_a_staged_change_keeps_what_the_merge_reads_and_the_table_is_the_same(
+    rs: ReplicaSet, names: tuple[str, str], tmp_path: Path,
+) -> None:
+    """The handler keeps a document change slim (the document as its JSON text: fewer
+    objects for the garbage collector while the batch waits); the rows are those of the
+    whole changes, deletes and updates whose document was gone included."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(rs.uri)
+    coll = client[names[0]][names[1]]
+    with changestream.watch(coll, max_await_time_ms=50, full_document="updateLookup") as stream:
+        coll.insert_many([{"_id": i, "n": {"deep": [i, {"x": i}]}} for i in range(4)])
+        coll.update_one({"_id": 1}, {"$set": {"v": 2}})
+        coll.replace_one({"_id": 2}, {"r": True})
+        coll.delete_one({"_id": 3})
+        changes = [stream.next() for _ in range(7)]
+    gone = {**changes[4], "fullDocument": None}  # its document was deleted before the lookup
+    slim = staged_change(gone, RELAXED)
+    assert set(slim) == {"_id", "operationType", "ns", "documentKey", "fullDocument"}
+    assert slim["fullDocument"] is None
+    assert staged_change(changes[0], RELAXED)["fullDocument"] == '{"_id": 0, "n": {"deep": [0, {"x": 0}]}}'
+    handled = DeltaSink(tmp_path / "handled", app_id="a", full_document="updateLookup")
+    for change in changes:
+        handled(change)
+    handled.save(changes[-1]["_id"])
+    whole = DeltaSink(tmp_path / "whole", app_id="a", full_document="updateLookup")
+    assert whole.write(changes, 0, changes[-1]["_id"])
+    assert table_state(tmp_path / "handled") == table_state(tmp_path / "whole") == {
+        doc["_id"]: doc for doc in coll.find()}
+    assert changes[4]["fullDocument"] is not None  # the caller's events are left as they were
+    client.close()

@@ -17,6 +17,7 @@ copies send) run without the general matcher.
 
 from __future__ import annotations
 
+import heapq
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -189,7 +190,11 @@ def aggregate_source(
         elif name == "$sort" and isinstance(spec, dict) and list(spec) == ["_id"]:
             if spec["_id"] not in (1, -1) or isinstance(spec["_id"], bool):
                 break
-            docs = sort_by_id(docs, descending=spec["_id"] == -1)
+            limit = stages[i + 1][1] if i + 1 < len(stages) and stages[i + 1][0] == "$limit" \
+                else None
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+                limit = None  # not a plain positive $limit: the stage runs (and checks) it
+            docs = sort_by_id(docs, descending=spec["_id"] == -1, limit=limit)
         else:
             break
         i += 1
@@ -429,12 +434,19 @@ def _sign(n: int) -> int:
     return (n > 0) - (n < 0)
 
 
-def sort_by_id(docs: list[dict[str, Any]], *, descending: bool = False) -> list[dict[str, Any]]:
-    """``docs`` in ``_id`` order (native keys when the ids are of one ordered kind)."""
+def sort_by_id(docs: list[dict[str, Any]], *, descending: bool = False,
+               limit: int | None = None) -> list[dict[str, Any]]:
+    """``docs`` in ``_id`` order (native keys when the ids are of one ordered kind); with
+    ``limit``, only the first ``limit`` of them (a top-k, as mongod walks the ``_id`` index
+    and stops: a range copy's ``$sort`` + ``$limit`` no longer sorts the whole remainder)."""
     kinds = {_native_kind(d["_id"]) for d in docs}
-    if len(kinds) <= 1 and None not in kinds:
-        return sorted(docs, key=operator.itemgetter("_id"), reverse=descending)
-    return sorted(docs, key=lambda d: sort_key(d["_id"]), reverse=descending)
+    key: Callable[[dict[str, Any]], Any] = (
+        operator.itemgetter("_id") if len(kinds) <= 1 and None not in kinds
+        else (lambda d: sort_key(d["_id"])))
+    if limit is not None and limit < len(docs):
+        pick = heapq.nlargest if descending else heapq.nsmallest
+        return pick(limit, docs, key=key)
+    return sorted(docs, key=key, reverse=descending)
 
 
 # -- the cursor --------------------------------------------------------------------------------

@@ -29,14 +29,15 @@ _log = logging.getLogger("changestream.delta")
 
 
 class SmallFileMerger:
-    """Runs ``merge`` (one pass of small-file merging; ``None``: nothing merged) on a thread."""
+    """Runs ``merge`` (one pass of small-file merging; ``None``: nothing merged) on a thread,
+    pass after pass until nothing is due."""
 
     def __init__(self, merge: Callable[[], Compaction | None],
                  done: Callable[[Compaction], None]) -> None:
         self._merge = merge
         self._done = done
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._running: concurrent.futures.Future[Compaction | None] | None = None
+        self._running: concurrent.futures.Future[list[Compaction]] | None = None
 
     def after_commit(self) -> None:
         """A first-load commit landed: start a merge unless one is running."""
@@ -47,7 +48,15 @@ class SmallFileMerger:
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="changestream-delta-merge")
-        self._running = self._pool.submit(self._merge)
+        self._running = self._pool.submit(self._passes)
+
+    def _passes(self) -> list[Compaction]:
+        """Merge passes until nothing is due (files the load committed during a pass are
+        merged by the next one, so the merges never fall behind the load)."""
+        done: list[Compaction] = []
+        while (result := self._merge()) is not None:
+            done.append(result)
+        return done
 
     def wait(self) -> None:
         """Join the running merge (its failure is logged: the small files stay, and are
@@ -71,6 +80,5 @@ class SmallFileMerger:
             _log.warning("merging a first load's small files failed (they stay as they are "
                          "and are merged later): %s", error)
             return
-        result = future.result()
-        if result is not None:
+        for result in future.result():
             self._done(result)

@@ -175,7 +175,7 @@ class DatabaseTables:
         self._last_token: Mapping[str, Any] | None = None
         self._previous: Mapping[str, Any] | None = None
         self._queue: list[tuple[_Table, dict[str, Any]]] = []
-        self._queue_ready = threading.Condition()
+        self._queue_lock = threading.Lock()
         self._copier: threading.Thread | None = None
         self._copy_error: BaseException | None = None
         self._closing = False
@@ -344,33 +344,32 @@ class DatabaseTables:
         self._copies_started = True
         table.copying, table.held = True, []
         table.done.clear()
-        with self._queue_ready:
+        with self._queue_lock:
             self._queue.append((table, position))
-            self._queue_ready.notify()
-        if self._copier is None:
-            self._copier = threading.Thread(target=self._copy_loop, daemon=True,
-                                            name=f"changestream-copy-{self.database.name}")
-            self._copier.start()
+            if self._copier is None:  # it left when its queue ran empty: one starts again
+                self._copier = threading.Thread(target=self._copy_loop, daemon=True,
+                                                name=f"changestream-copy-{self.database.name}")
+                self._copier.start()
 
     def _copy_loop(self) -> None:
+        """Copy what is queued, then end: no idle thread outlives a mirror never closed."""
         while True:
-            with self._queue_ready:
-                while not self._queue and not self._closing:
-                    self._queue_ready.wait()
+            with self._queue_lock:
                 if not self._queue:
+                    self._copier = None
                     return
                 table, position = self._queue[0]
             try:
                 self._run_copy(table, position)
             except BaseException as exc:  # the main thread raises it at its next call
-                with self._queue_ready:
+                with self._queue_lock:
                     self._copy_error = exc
                     failed, self._queue = self._queue, []
                     self._copier = None
                 for waiting, _ in failed:
                     waiting.done.set()
                 return
-            with self._queue_ready:
+            with self._queue_lock:
                 self._queue.pop(0)
             table.done.set()
 
@@ -457,11 +456,11 @@ class DatabaseTables:
 
     def close(self) -> None:
         """Stop the copy thread after its current batch (what it copied stays committed)."""
-        self._closing = True
-        with self._queue_ready:
-            self._queue_ready.notify_all()
-        if self._copier is not None:
-            self._copier.join()
+        with self._queue_lock:
+            self._closing = True
+            copier = self._copier
+        if copier is not None:
+            copier.join()
 
     def _now(self) -> Timestamp:
         """The cluster time now: a copy at it holds every change the stream has handled."""

@@ -64,6 +64,9 @@ class EventCache:
         """A heap of (seq, shape, cost) per cached entry: the oldest is evicted first."""
         self._readers = 0
         self._idle_timer: threading.Timer | None = None
+        self._timer_thread: threading.Timer | None = None
+        """The last idle timer started, cancelled or not: close() joins it (it may still be
+        expiring after :attr:`_idle_timer` was cleared)."""
         self._closed = False
 
     # -- readers -----------------------------------------------------------------------------------
@@ -87,6 +90,8 @@ class EventCache:
                 return
             timer = self._idle_timer = threading.Timer(self.idle_seconds, self._expire)
             timer.daemon = True
+            timer.name = "sim-event-cache-idle"
+            self._timer_thread = timer
             # started under the lock: close() (another thread) then joins a started timer,
             # never one it cannot join yet that would start after the deployment stopped
             timer.start()
@@ -105,10 +110,12 @@ class EventCache:
         with self._lock:
             self._closed = True
             timer, self._idle_timer = self._idle_timer, None
+            thread, self._timer_thread = self._timer_thread, None
             self._clear_locked()
         if timer is not None:
             timer.cancel()
-            timer.join()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     @property
     def readers(self) -> int:

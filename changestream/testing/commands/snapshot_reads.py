@@ -140,11 +140,13 @@ def collection_at(
     return None  # 7.0+ looks the namespace up as of the read time: it did not exist yet
 
 
-def documents_at(state: CollectionState | None, read: SnapshotRead, deployment: Deployment) -> list[dict[str, Any]]:
-    """The stored documents of ``state`` at the read time (read-only objects)."""
+def documents_at(state: CollectionState | None, read: SnapshotRead, deployment: Deployment,
+                 keep: Callable[[Any], bool] | None = None) -> list[dict[str, Any]]:
+    """The stored documents of ``state`` at the read time (read-only objects); with ``keep``,
+    those whose ``_id`` it accepts."""
     if state is None:
         return []
-    return deployment.history.versions_at(state.uuid, state.stored_items(), read.point)
+    return deployment.history.versions_at(state.uuid, state.stored_by_key(), read.point, keep)
 
 
 def find_documents(
@@ -152,21 +154,17 @@ def find_documents(
 ) -> tuple[list[dict[str, Any]], CollectionState | None]:
     """``find``'s matching documents at the read time (stored objects: read-only)."""
     state = collection_at(ctx, read, coll)
-    docs = documents_at(state, read, ctx.deployment)
     if not query:
-        return docs, state
+        return documents_at(state, read, ctx.deployment), state
     exact, value = id_equality(query)
     if exact:
         key = id_key(value)
-        return [d for d in docs if id_key(d["_id"]) == key], state
-    fast = _id_range_filter(query, docs)
-    if fast is not None:
-        return fast, state
-    on_id = id_predicate(query)
+        return documents_at(state, read, ctx.deployment, lambda v: id_key(v) == key), state
+    on_id = id_filter(query)
     if on_id is not None:
-        return [d for d in docs if on_id(d["_id"])], state
+        return documents_at(state, read, ctx.deployment, on_id), state
     match = compile_query(query)
-    return [d for d in docs if match(d)], state
+    return [d for d in documents_at(state, read, ctx.deployment) if match(d)], state
 
 
 def aggregate_source(
@@ -175,18 +173,16 @@ def aggregate_source(
     """The documents after the leading ``_id`` stages (stored objects: read-only), and the
     stages left to run."""
     state = collection_at(ctx, read, coll)
-    docs = documents_at(state, read, ctx.deployment)
-    i = 0
+    first = id_filter(stages[0][1]) if stages and stages[0][0] == "$match" else None
+    docs = documents_at(state, read, ctx.deployment, first)
+    i = 1 if first is not None else 0
     while i < len(stages):
         name, spec = stages[i]
         if name == "$match" and isinstance(spec, dict):
-            fast = _id_range_filter(spec, docs)
-            if fast is None:
-                on_id = id_predicate(spec)
-                if on_id is None:
-                    break
-                fast = [d for d in docs if on_id(d["_id"])]
-            docs = fast
+            on_id = id_filter(spec)
+            if on_id is None:
+                break
+            docs = [d for d in docs if on_id(d["_id"])]
         elif name == "$sort" and isinstance(spec, dict) and list(spec) == ["_id"]:
             if spec["_id"] not in (1, -1) or isinstance(spec["_id"], bool):
                 break
@@ -348,28 +344,99 @@ def _native_kind(value: Any) -> type | None:
     return None
 
 
-def _id_range_filter(
-    query: dict[str, Any], docs: list[dict[str, Any]]
-) -> list[dict[str, Any]] | None:
-    """``{_id: {$gt/$gte/$lt/$lte: v}}`` applied with native comparisons, or None.
+def id_filter(query: Any) -> Callable[[Any], bool] | None:
+    """A test on ``_id`` for filters made only of ``_id`` comparisons, ``$type``, ``$or`` and
+    ``$and`` (what range copies send), with mongod's type bracketing; None for other filters.
 
-    Only when every bound and every ``_id`` are of one natively ordered kind
-    (numbers, strings or ObjectIds), where BSON order and type bracketing
-    agree with Python's.
+    An ``_id`` of the bounds' own kind (numbers, strings or ObjectIds, where Python's order
+    is BSON's) is compared natively; any other takes the general, bracketed test. A range
+    copy's ``{$or: [{_id: {$gt: v}}, {_id: {$type: [...]}}]}`` then costs one native
+    comparison per document.
     """
-    if list(query) != ["_id"] or not isinstance(query["_id"], dict) or not query["_id"]:
+    general = id_predicate(query)
+    if general is None:
         return None
-    cond = query["_id"]
+    kinds: set[type | None] = set()
+    _bound_kinds(query, kinds)
+    if len(kinds) != 1 or None in kinds:
+        return general
+    kind = kinds.pop()
+    assert kind is not None
+    native = _native_clause(query, kind)
+    if native is None:
+        return general
+    if native is True or native is False:
+        constant = native
+        return lambda v: constant if type(v) is kind else general(v)
+    test = native
+    return lambda v: test(v) if type(v) is kind else general(v)
+
+
+def _bound_kinds(query: Any, kinds: set[type | None]) -> None:
+    if not isinstance(query, dict):
+        return
+    for name, value in query.items():
+        if name in ("$or", "$and") and isinstance(value, list):
+            for part in value:
+                _bound_kinds(part, kinds)
+        elif name == "_id" and isinstance(value, dict):
+            kinds.update(_native_kind(b) for op, b in value.items() if op in _OPS)
+
+
+_KIND_RANK = {int: canonical_type(0), str: canonical_type(""), ObjectId: canonical_type(ObjectId(b"\0" * 12))}
+_Native = Callable[[Any], bool] | bool
+
+
+def _native_clause(query: Any, kind: type) -> _Native | None:
+    """``query`` for ``_id`` values of ``kind`` alone: a native test, a constant, or None."""
+    if not isinstance(query, dict) or not query:
+        return None
+    parts: list[_Native] = []
+    for name, value in query.items():
+        if name in ("$or", "$and") and isinstance(value, list) and value:
+            subs = [_native_clause(q, kind) for q in value]
+            if any(sub is None for sub in subs):
+                return None
+            parts.append(_combine([sub for sub in subs if sub is not None], name == "$or"))
+        elif name == "_id" and isinstance(value, dict) and value:
+            part = _native_condition(value, kind)
+            if part is None:
+                return None
+            parts.append(part)
+        else:
+            return None
+    return _combine(parts, False)
+
+
+def _native_condition(cond: dict[str, Any], kind: type) -> _Native | None:
+    if list(cond) == ["$type"]:
+        names = cond["$type"] if isinstance(cond["$type"], list) else [cond["$type"]]
+        if not all(isinstance(n, str) and n in _TYPE_ALIASES for n in names):
+            return None
+        return _KIND_RANK[kind] in {_TYPE_ALIASES[n] for n in names}
     if not all(op in _OPS for op in cond):
         return None
-    kinds = {_native_kind(v) for v in cond.values()}
-    if len(kinds) != 1 or None in kinds:
-        return None
-    kind = kinds.pop()
-    if not all(_native_kind(d["_id"]) is kind for d in docs):
+    if not all(_native_kind(b) is kind for b in cond.values()):
         return None
     checks = [(_OPS[op], bound) for op, bound in cond.items()]
-    return [d for d in docs if all(check(d["_id"], bound) for check, bound in checks)]
+    if len(checks) == 1:
+        (check, bound), = checks
+        return lambda v: check(v, bound)
+    return lambda v: all(check(v, bound) for check, bound in checks)
+
+
+def _combine(parts: list[_Native], any_of: bool) -> _Native:
+    """``parts`` joined by OR (``any_of``) or AND, constants folded."""
+    if any(part is any_of for part in parts):  # a true part of an OR, a false one of an AND
+        return any_of
+    tests = [p for p in parts if p is not True and p is not False]
+    if not tests:
+        return not any_of
+    if len(tests) == 1:
+        return tests[0]
+    if any_of:
+        return lambda v: any(t(v) for t in tests)
+    return lambda v: all(t(v) for t in tests)
 
 
 _TYPE_ALIASES: dict[str, int] = {

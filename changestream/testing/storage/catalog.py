@@ -10,7 +10,8 @@ oplog entry) keeps seeing the document as it was.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import CommandError
@@ -98,6 +99,11 @@ class CollectionState:
     def stored_items(self) -> Iterator[tuple[Hashable, dict[str, Any]]]:
         """``(id key, stored document)`` pairs without a snapshot: do not write while iterating."""
         return iter(self._docs.items())
+
+    def stored_by_key(self) -> Mapping[Hashable, dict[str, Any]]:
+        """The stored documents by id key, read-only, without a snapshot: do not write while
+        reading it."""
+        return MappingProxyType(self._docs)
 
     def lookup(self, key: Hashable) -> dict[str, Any] | None:
         """The stored document with ``_id`` key ``key`` (never mutate it)."""

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from bson.timestamp import Timestamp
@@ -144,36 +144,45 @@ class History:
         return Timestamp(*when) if when is not None and when > _key(ts) else None
 
     def versions_at(
-        self, coll: uuid.UUID, current: Iterator[tuple[Hashable, dict[str, Any]]], point: int
+        self,
+        coll: uuid.UUID,
+        current: Mapping[Hashable, dict[str, Any]],
+        point: int,
+        keep: Callable[[Any], bool] | None = None,
     ) -> list[dict[str, Any]]:
-        """The stored documents of ``coll`` as they were at write number ``point``.
+        """The stored documents of ``coll`` as they were at write number ``point``; with
+        ``keep``, only those whose ``_id`` it accepts (tested before any version is looked up,
+        as mongod walks only the index range a read asks for).
 
-        ``current`` yields ``(id key, stored document)`` of the collection now.
-        The documents returned are the stored objects (never mutated by the
-        engine, never to be mutated by the caller).
+        ``current`` maps each id key to its stored document now. The documents
+        returned are the stored objects (never mutated by the engine, never to
+        be mutated by the caller). The caller holds the deployment's lock, as
+        every write and oplog entry does, so no chain changes meanwhile (copying
+        each of them cost 1.7 µs a document per read).
         """
         with self._lock:
             chains = dict(self._chains.get(coll, {}))
-            chains = {k: list(v) for k, v in chains.items()}
         out: list[dict[str, Any]] = []
-        seen: set[Hashable] = set()
-        if not chains:
-            out.extend(doc for _, doc in current)
-            return out
-        for key, doc in current:
+        if keep is None:
+            keep = _every
+            if not chains:
+                out.extend(current.values())
+                return out
+        for key, doc in current.items():
+            if not keep(doc["_id"]):  # an _id never changes: the current one is every version's
+                continue
             chain = chains.get(key)
-            if chain is None:
+            if chain is None or chain[-1][0] <= point:  # no write to it after the read time
                 out.append(doc)
                 continue
-            seen.add(key)
             version = _visible(chain, point, doc)
             if version is not None:
                 out.append(version)
         for key, chain in chains.items():
-            if key in seen:
-                continue
+            if key in current or chain[-1][0] <= point:
+                continue  # read above, or deleted before the read time
             version = _visible(chain, point, None)
-            if version is not None:
+            if version is not None and keep(version["_id"]):
                 out.append(version)
         return out
 
@@ -250,6 +259,10 @@ class History:
             t = int(self._now())
             self._forced_oldest = max(self._forced_oldest, (t + 1, 0))
         self._drop_versions_locked(cut)
+
+
+def _every(_: Any) -> bool:
+    return True
 
 
 def _visible(

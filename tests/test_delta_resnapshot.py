@@ -60,11 +60,13 @@ def churn(coll: Any, keys: int, stop: threading.Event, seed: int) -> threading.T
     return thread
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+def wait_for(condition: Callable[[], bool], what: str | Callable[[], str],
+             timeout: float = 120) -> None:
+    """Wait for ``condition``; ``what`` (or what it returns: the state then) names it on a timeout."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what if isinstance(what, str) else what()}")
         time.sleep(0.05)
 
 
@@ -434,17 +436,26 @@ def test_parallel_copy_and_resnapshot_through_mongos(tmp_path: Path) -> None:
         assert result.documents == 3000
         mirror = DeltaResnapshot(sink, coll, chunk_size=400, poll_seconds=0)
         stop = threading.Event()
-        runner = threading.Thread(target=consume, args=(coll, mirror, mirror), kwargs={
-            "initial_snapshot": True, "save_interval": 0.2, "stop": stop,
-            "watch_options": {"full_document": "updateLookup", "max_await_time_ms": 100}},
-            daemon=True)
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                consume(coll, mirror, mirror, initial_snapshot=True, save_interval=0.2, stop=stop,
+                        watch_options={"full_document": "updateLookup", "max_await_time_ms": 100})
+            except BaseException as exc:  # shown by the wait below, not lost in the thread
+                failed.append(exc)
+
+        runner = threading.Thread(target=run, daemon=True)
         runner.start()
         try:
             coll.delete_many({"_id": {"$lt": 100}})
             version = sink.request_snapshot()
             coll.update_many({"_id": {"$gte": 2900}}, {"$set": {"late": True}})
-            wait_for(lambda: mirror.progress.request == version and not mirror.progress.active,
-                     "the re-snapshot")
+            wait_for(lambda: bool(failed) or (mirror.progress.request == version
+                     and not mirror.progress.active),
+                     lambda: f"the re-snapshot of request {version}: {mirror.progress}, "
+                             f"committed {committed_progress(path)}")
+            assert not failed, f"consume stopped: {failed[0]!r}"
             wait_for(lambda: table_state(path) == {d["_id"]: d for d in coll.find()},
                      "the table to equal the collection")
         finally:

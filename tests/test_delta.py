@@ -171,7 +171,7 @@ def test_a_replayed_batch_is_a_no_op(coll: Any, tmp_path: Path) -> None:
 
 def test_columns_from_an_arrow_schema_and_a_field_that_does_not_fit(coll: Any, tmp_path: Path) -> None:
     schema = pa.schema([("_id", pa.int64()), ("name", pa.string()), ("qty", pa.int32())])
-    sink = DeltaSink(tmp_path / "t", app_id="a", schema=schema)
+    sink = DeltaSink(tmp_path / "t", app_id="a", schema=schema, min_log_rows=0)
     ok = events_of(coll, lambda: coll.insert_many([
         {"_id": 1, "name": "pen", "qty": 3, "extra": "not stored"},
         {"_id": 2, "name": {"nested": True}, "qty": 2.0},      # any value fits a string column

@@ -25,8 +25,11 @@ is not this process's):
    fetch (``save_behind``).
 
 Reported: documents/s of the first load, changes/s of 3 and 4 and their
-ratio (target: the sink keeps >= 80% of the no-op rate), this process's peak
-RSS after each step, and the load average (the machine may be shared).
+ratio (target: the sink keeps >= 80% of the no-op rate), how much of 4 was
+``finish()`` (a fixed cost of the run: at 1M documents it rewrites the base
+files the log touches, ~200,000 rows, whatever the number of changes), this
+process's peak RSS after each step, and the load average (the machine may be
+shared).
 """
 
 from __future__ import annotations
@@ -129,9 +132,12 @@ def one_size(uri: str, docs: int, changes: int, workdir: str) -> dict[str, float
             if attempt == "before":
                 began = time.perf_counter()
                 run(coll, sink, sink, changes, initial_snapshot=True)
+                finishing = time.perf_counter()
                 sink.finish()
-                mirror = changes / (time.perf_counter() - began)
-                print(f"[{docs:,}] DeltaSink: {mirror:,.0f} changes/s", flush=True)
+                ended = time.perf_counter()
+                mirror = changes / (ended - began)
+                print(f"[{docs:,}] DeltaSink: {mirror:,.0f} changes/s (of its {ended - began:.1f} s, "
+                      f"finish() took {ended - finishing:.1f} s)", flush=True)
         noop = sum(noop_rates) / len(noop_rates)
         print(f"[{docs:,}] DeltaSink (mirror): {mirror:,.0f} changes/s = {mirror / noop:.0%} of "
               f"the no-op mean (peak RSS {peak_rss_mb():.0f} MB; load average "

@@ -19,7 +19,8 @@ table's layout", says it for users and for other writers):
   a logged key (min/max statistics), into sorted files of bounded size, and
   removes the log files. It runs when the log reaches a fraction of the base
   rows it would rewrite, so each change pays a constant share of rewriting
-  (LSM-style), and at most ``max_log_rows`` log rows are ever held.
+  (LSM-style), once the log holds ``min_log_rows`` (a compaction's fixed cost
+  is then a small share of it), and at most ``max_log_rows`` log rows are ever held.
 
 So a batch costs an append whatever the table's size, and the rewrite per
 change is bounded. After a full compaction the table holds only base rows:
@@ -142,6 +143,14 @@ class LogSize:
     """Log rows (``_seq`` > 0) in the table."""
     touched_rows: int
     """Base rows in files whose key range overlaps a log file's (an upper bound of the rewrite)."""
+
+    def due(self, fraction: float, min_rows: int, max_rows: int) -> bool:
+        """Is a compaction due: ``max_rows`` log rows, or ``min_rows`` and ``fraction`` of the
+        base rows it would rewrite (below ``min_rows`` its fixed cost, the table's listing,
+        dataset and commit, ~0.1 s, is most of a compaction's time)?"""
+        rows = self.log_rows
+        return rows > 0 and (rows >= max_rows or (
+            rows >= min_rows and rows >= fraction * self.touched_rows))
 
 
 def log_size(table: DeltaTable) -> LogSize:

@@ -121,7 +121,8 @@ class DeltaSink(WriteBehind):
     The table is a base plus an append-only change log (``docs/mirror.md``,
     "The table's layout"): each batch is appended, and the log is compacted
     into the base when it reaches ``log_fraction`` of the base rows a
-    compaction would rewrite, or ``max_log_rows`` rows (compaction holds the
+    compaction would rewrite and ``min_log_rows`` rows (below, a compaction's fixed
+    cost, ~0.1 s, outweighs its work), or ``max_log_rows`` rows (compaction holds the
     logged keys in memory, and one unit of the base). :meth:`finish` compacts it all: then the
     table read by anything is the collection's current state; in between,
     :meth:`read_current` (or :data:`CURRENT_SQL`) reads it.
@@ -140,6 +141,7 @@ class DeltaSink(WriteBehind):
         idle_commit_seconds: float = 60.0,
         log_fraction: float = 0.5,
         max_log_rows: int = 2_000_000,
+        min_log_rows: int = 50_000,
         target_file_size: int = 64 << 20,
         history: str | os.PathLike[str] | None = None,
         on_mismatch: Literal["fail", "rescue"] = "fail",
@@ -149,8 +151,10 @@ class DeltaSink(WriteBehind):
             raise ValueError(f"app_id must be a non-empty string, not {app_id!r}")
         if not log_fraction > 0:
             raise ValueError(f"log_fraction must be > 0, not {log_fraction!r}")
-        if isinstance(max_log_rows, bool) or not isinstance(max_log_rows, int) or max_log_rows < 1:
-            raise ValueError(f"max_log_rows must be an integer >= 1, not {max_log_rows!r}")
+        for name, rows, least in (("max_log_rows", max_log_rows, 1),
+                                  ("min_log_rows", min_log_rows, 0)):
+            if isinstance(rows, bool) or not isinstance(rows, int) or rows < least:
+                raise ValueError(f"{name} must be an integer >= {least}, not {rows!r}")
         self.path = os.fspath(path)
         self.app_id = app_id
         self.schema: pa.Schema | None = None if schema is None else arrow_schema(schema)
@@ -168,7 +172,7 @@ class DeltaSink(WriteBehind):
         self.storage_options = storage_options
         self.idle_commit_seconds = idle_commit_seconds
         self.log_fraction = log_fraction
-        self.max_log_rows = max_log_rows
+        self.max_log_rows, self.min_log_rows = max_log_rows, min_log_rows
         self.target_file_size = target_file_size
         self.unit_rows = 250_000
         """Base rows a compaction rewrites at a time (its memory), and a merged file's."""
@@ -650,9 +654,7 @@ class DeltaSink(WriteBehind):
         if table is None:
             table = self.table()
         assert table is not None
-        size = log_size(table)
-        if size.log_rows and (size.log_rows >= self.max_log_rows
-                              or size.log_rows >= self.log_fraction * size.touched_rows):
+        if log_size(table).due(self.log_fraction, self.min_log_rows, self.max_log_rows):
             self.compact()
 
     def compact(self) -> Compaction | None:

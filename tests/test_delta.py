@@ -171,7 +171,7 @@ def test_a_replayed_batch_is_a_no_op(coll: Any, tmp_path: Path) -> None:
 
 def test_columns_from_an_arrow_schema_and_a_field_that_does_not_fit(coll: Any, tmp_path: Path) -> None:
     schema = pa.schema([("_id", pa.int64()), ("name", pa.string()), ("qty", pa.int32())])
-    sink = DeltaSink(tmp_path / "t", app_id="a", schema=schema)
+    sink = DeltaSink(tmp_path / "t", app_id="a", schema=schema, min_log_rows=0)
     ok = events_of(coll, lambda: coll.insert_many([
         {"_id": 1, "name": "pen", "qty": 3, "extra": "not stored"},
         {"_id": 2, "name": {"nested": True}, "qty": 2.0},      # any value fits a string column
@@ -446,7 +446,7 @@ def test_the_table_equals_a_reference_for_random_changes_replays_and_compactions
 ) -> None:
     path = tmp_path_factory.mktemp("t") / "t"
     changes = Changes()
-    sink = DeltaSink(path, app_id="a", log_fraction=fraction)
+    sink = DeltaSink(path, app_id="a", log_fraction=fraction, min_log_rows=0)
     if snapshot:
         apply(sink, changes.snapshot(list(range(0, 2 * snapshot, 2))))
     written: list[list[dict[str, Any]]] = []
@@ -463,6 +463,44 @@ def test_the_table_equals_a_reference_for_random_changes_replays_and_compactions
     assert plain_state(path) == changes.state  # compacted: read plainly
     versions = committed_versions(path, "a")
     assert versions == list(range(len(versions)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(ops=_OPS, seed=st.integers(0, 2**32))
+def test_merge_ready_collapses_a_shuffled_batch_as_the_batch_in_token_order(
+    ops: list[tuple[str, int]], seed: int
+) -> None:
+    changes = Changes()
+    batch = [changes.event(op, key, i) for i, (op, key) in enumerate(ops)]
+    shuffled = random.Random(seed).sample(batch, len(batch))
+    expect = changestream.merge_ready(batch, full_document="updateLookup")
+    assert changestream.merge_ready(shuffled, full_document="updateLookup") == expect
+
+
+def test_merge_ready_orders_tokens_by_their_bytes_not_their_texts() -> None:
+    # "820B" < "820a" as texts, but 0x0a < 0x0b: the second change below is the earlier one
+    later = {"_id": {"_data": "820B"}, "operationType": "insert", "ns": NS,
+             "documentKey": {"_id": 1}, "fullDocument": {"_id": 1, "v": "later"}}
+    earlier = {**later, "_id": {"_data": "820a"}, "fullDocument": {"_id": 1, "v": "earlier"}}
+    for batch in ([later, earlier], [earlier, later]):
+        merged = changestream.merge_ready(batch)
+        assert merged.rows[0].document == {"_id": 1, "v": "later"}
+        assert merged.last_token == {"_data": "820B"}
+
+
+def test_a_log_below_min_log_rows_waits_for_finish(tmp_path: Path) -> None:
+    changes = Changes()
+    sink = DeltaSink(tmp_path / "t", app_id="a", log_fraction=0.01)  # due by the fraction
+    apply(sink, changes.snapshot(list(range(100))))
+    apply(sink, [changes.event("update", k, "x") for k in range(0, 100, 2)])
+    assert sink.compactions == []  # 50 log rows: a compaction would be mostly fixed cost
+    assert sink.finish() is not None and plain_state(tmp_path / "t") == changes.state
+    eager = DeltaSink(tmp_path / "u", app_id="a", log_fraction=0.01, min_log_rows=50)
+    apply(eager, changes.snapshot(list(range(100))))
+    apply(eager, [changes.event("update", k, "y") for k in range(0, 100, 2)])
+    assert [c.log_rows for c in eager.compactions] == [50]
+    with pytest.raises(ValueError, match="min_log_rows must be an integer >= 0"):
+        DeltaSink(tmp_path / "v", min_log_rows=-1)
 
 
 def test_compaction_rewrites_only_the_files_whose_key_range_a_change_touches(

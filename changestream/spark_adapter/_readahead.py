@@ -40,11 +40,13 @@ from ._prefetch import Prefetcher, open_retrying
 
 __all__ = ["PART_BYTES", "ReadAhead", "Taken", "pack", "unpack", "unpack_chunks"]
 
-PART_BYTES = 8 * 1024 * 1024
-"""Raw BSON per partition (~20,000 events of 400 B: a few tenths of a second of conversion).
+PART_BYTES = 16 * 1024 * 1024
+"""Raw BSON per partition (~30,000 events of 540 B: a few tenths of a second of conversion).
 A larger batch becomes several partitions, converted in parallel. Each Python task has a
 fixed cost, so fewer, longer tasks are faster: on the 2-core machine 8 MiB partitions took
-a 50,000-event batch from ~3.7 s to ~1.9 s against 2 MiB ones (``/work/notes/sparkperf2.md``)."""
+a 50,000-event batch from ~3.7 s to ~1.9 s against 2 MiB ones, and 16 MiB ones (two
+tasks for such a batch, one per core of ``local[2]``, instead of four) cut the CPU of a
+``merge_into`` query by about a tenth (``docs/spark.md``, "Throughput")."""
 TASK_BYTES = 900 * 1024
 """Compressed bytes per partition at most: a partition that compresses to more is split, so
 a task stays under the 1000 KiB task size Spark warns about (change events usually compress

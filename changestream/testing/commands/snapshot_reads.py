@@ -17,6 +17,7 @@ copies send) run without the general matcher.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import operator
 from collections.abc import Callable
@@ -418,10 +419,10 @@ def _native_condition(cond: dict[str, Any], kind: type) -> _Native | None:
         return None
     if not all(_native_kind(b) is kind for b in cond.values()):
         return None
+    if len(cond) == 1:  # ``bound < v`` for ``v > bound``: a C call, no Python frame per document
+        (op, bound), = cond.items()
+        return functools.partial(_FLIPPED[op], bound)
     checks = [(_OPS[op], bound) for op, bound in cond.items()]
-    if len(checks) == 1:
-        (check, bound), = checks
-        return lambda v: check(v, bound)
     return lambda v: all(check(v, bound) for check, bound in checks)
 
 
@@ -438,6 +439,11 @@ def _combine(parts: list[_Native], any_of: bool) -> _Native:
         return lambda v: any(t(v) for t in tests)
     return lambda v: all(t(v) for t in tests)
 
+
+_FLIPPED: dict[str, Callable[[Any, Any], bool]] = {
+    "$gt": operator.lt, "$gte": operator.le, "$lt": operator.gt, "$lte": operator.ge,
+}
+"""Each comparison with its operands swapped."""
 
 _TYPE_ALIASES: dict[str, int] = {
     "minKey": -1, "null": 5, "undefined": 5, "double": 10, "int": 10, "long": 10,
@@ -501,15 +507,23 @@ def _sign(n: int) -> int:
     return (n > 0) - (n < 0)
 
 
+_ID = operator.itemgetter("_id")
+_ORDERED = {int, str, ObjectId}
+
+
 def sort_by_id(docs: list[dict[str, Any]], *, descending: bool = False,
                limit: int | None = None) -> list[dict[str, Any]]:
     """``docs`` in ``_id`` order (native keys when the ids are of one ordered kind); with
     ``limit``, only the first ``limit`` of them (a top-k, as mongod walks the ``_id`` index
     and stops: a range copy's ``$sort`` + ``$limit`` no longer sorts the whole remainder)."""
-    kinds = {_native_kind(d["_id"]) for d in docs}
-    key: Callable[[dict[str, Any]], Any] = (
-        operator.itemgetter("_id") if len(kinds) <= 1 and None not in kinds
-        else (lambda d: sort_key(d["_id"])))
+    types = set(map(type, map(_ID, docs)))
+    if len(types) <= 1 and types <= _ORDERED:
+        native = True  # one kind of a natively ordered type (no float: no NaN)
+    elif types <= {int, float}:
+        native = all(v == v for v in map(_ID, docs))  # numbers order natively, but for NaN
+    else:
+        native = False
+    key: Callable[[dict[str, Any]], Any] = _ID if native else (lambda d: sort_key(d["_id"]))
     if limit is not None and limit < len(docs):
         pick = heapq.nlargest if descending else heapq.nsmallest
         return pick(limit, docs, key=key)

@@ -41,7 +41,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 __all__ = [
     "CURRENT_SQL", "DELETE", "KEY", "LOG_ROW_GROUP", "OP", "REOPEN_EVERY", "SEQ", "UPSERT",
-    "Compaction", "LogSize", "compact", "current_state", "latest", "layout_schema", "log_size",
+    "Compaction", "LogSize", "by_key", "compact", "current_state", "latest", "layout_schema", "log_size",
     "merge_small", "with_seq",
 ]
 
@@ -208,8 +208,42 @@ def current_state(table: DeltaTable) -> pa.Table:
         base = base.filter(pc.invert(pc.is_in(base.column(KEY), value_set=log.column(KEY))))
         log = log.filter(pc.equal(log.column(OP), UPSERT))
         base = pa.concat_tables([base, log.cast(base.schema)])
-    base = base.sort_by(KEY)
-    return base.drop_columns([SEQ, OP])
+    return by_key(base).drop_columns([SEQ, OP])
+
+
+_MAX_BYTES = 2**31 - 1
+"""What a ``string``/``binary`` array's 32-bit offsets reach."""
+
+
+def by_key(rows: pa.Table) -> pa.Table:
+    """``rows`` sorted by ``_key``, whatever their size.
+
+    Arrow's ``take`` joins a column's chunks into one array first, and a string column of
+    more than 2 GiB overflows its 32-bit offsets (a 10M-row table of 240-byte documents):
+    such columns are taken as ``large_string``/``large_binary``, then cut back to their own
+    type in slices that fit.
+    """
+    order = pc.sort_indices(rows, sort_keys=[(KEY, "ascending")])
+    wide = [i for i, field in enumerate(rows.schema)
+            if (pa.types.is_string(field.type) or pa.types.is_binary(field.type))
+            and rows.column(i).nbytes > _MAX_BYTES]
+    if not wide:
+        return rows.take(order)
+    narrow = rows.schema
+    widened = rows
+    for i in wide:
+        large = pa.large_string() if pa.types.is_string(narrow.field(i).type) else pa.large_binary()
+        widened = widened.set_column(i, narrow.field(i).with_type(large),
+                                     widened.column(i).cast(large))
+    taken = widened.take(order)
+    for i in wide:
+        column = taken.column(i).combine_chunks()
+        step = max(1, len(column) * (_MAX_BYTES // 2) // max(1, column.nbytes))
+        taken = taken.set_column(i, narrow.field(i), pa.chunked_array(
+            [pa.concat_arrays([column.slice(at, step)]).cast(narrow.field(i).type)  # compacted:
+             # a slice's offsets still count from the whole buffer
+             for at in range(0, len(column), step)], narrow.field(i).type))
+    return taken
 
 
 # -- compaction -----------------------------------------------------------------------------

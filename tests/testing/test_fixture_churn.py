@@ -61,20 +61,31 @@ def churn(deployments: int = 200) -> None:
     assert _rss_mb() - rss < 40, f"RSS grew {_rss_mb() - rss:.1f} MB over 200 deployments"
 
 
-@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
-def test_200_deployments_started_and_stopped_leave_nothing_behind() -> None:
-    """In a process of its own: the counts are the whole process's, and threads that other
-    tests' clients start or end meanwhile would be counted as the deployments'."""
+def _in_own_process(function: str) -> None:
+    """Run this module's ``function`` in a new interpreter: the threads it counts are then its
+    deployments' alone. In the suite's process, other tests' deployments live on (the
+    session's replica set), and a leaked client's cursor, collected meanwhile, makes one of
+    them start an idle timer or a worker that would be counted as a stopped deployment's."""
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, "-c", "from tests.testing.test_fixture_churn import churn; churn()"],
+        [sys.executable, "-c", f"from tests.testing.test_fixture_churn import {function}; "
+         f"{function}()"],
         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
         timeout=280,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
+def test_200_deployments_started_and_stopped_leave_nothing_behind() -> None:
+    _in_own_process("churn")
+
+
 def test_a_stopped_sharded_cluster_leaves_no_thread() -> None:
+    _in_own_process("sharded_cluster_churn")
+
+
+def sharded_cluster_churn() -> None:
     before = {t.ident for t in threading.enumerate()}
     with ShardedCluster("8.0", shards=2, mongoses=2, load_balancer=True, noop_interval=0.05) as c:
         raw_command(c.mongoses[0], {"insert": "c", "documents": [{"_id": 1}], "$db": "db"})
@@ -96,6 +107,10 @@ def _simulator_threads(before: set[int | None]) -> list[str]:
 def test_100_deployments_with_pymongo_clients_leave_no_simulator_thread() -> None:
     """Issue 33, item 11: after ``stop()`` returns, no thread the deployment started is alive,
     with PyMongo's own change streams and monitors on it (awaitable hellos, getMores)."""
+    _in_own_process("pymongo_churn")
+
+
+def pymongo_churn() -> None:
     before = {t.ident for t in threading.enumerate()}
     for i in range(100):
         open_at_stop = i % 10 == 0

@@ -41,11 +41,13 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 from bson import json_util
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pymongo.errors import PyMongoError
 
 from ._delta_layout import KEY, OP, SEQ, UPSERT, latest
+from ._delta_rows import decode_raw
 from ._merge import CANONICAL, RELAXED, key_json
 from ._pymongo import SyncCursorReader
 from ._snapshot import SNAPSHOT_MARK, SnapshotBatches, bson_order_key, range_filter
@@ -192,8 +194,10 @@ class DeltaResnapshot:
 
     # -- consume's handler and store -----------------------------------------------------
     def __call__(self, change: Mapping[str, Any]) -> None:
-        self.sink(change)
         chunk = self._chunk
+        if chunk is not None and type(change) is RawBSONDocument:
+            change = decode_raw(change.raw)  # read below (the window takes its key)
+        self.sink(change)
         if chunk is not None:
             key = (change.get("documentKey") or {}).get("_id", _NONE)
             if key is not _NONE:

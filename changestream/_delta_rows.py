@@ -13,17 +13,22 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
+import bson
 import pyarrow as pa
 import tenacity
 from bson import json_util
+from bson.codec_options import CodecOptions
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
 
 from ._delta_drift import Drift
 from ._delta_json import relaxed_dumps
 from ._delta_layout import SEQ, layout_schema
 from ._delta_schema import arrow_schema
 from ._merge import CANONICAL, RELAXED, MergeBatch, key_json
+from ._snapshot import SNAPSHOT_MARK
+from ._token import token_in_raw_event
 from .errors import ChangeStreamError
 
 __all__ = [
@@ -32,19 +37,24 @@ __all__ = [
     "OP",
     "DeltaSinkError",
     "DocumentSchemaError",
+    "RawChange",
     "base_rows",
     "cell",
     "check_table_columns",
     "commit_retries",
+    "decode_raw",
     "document_columns",
     "json_options_for",
     "json_texts",
     "merge_table",
     "misfit",
     "source_table",
+    "stage_raw",
     "staged_change",
+    "staged_form",
     "struct_columns",
     "table_schema",
+    "unraw",
 ]
 
 KEY = "_key"
@@ -200,6 +210,70 @@ def staged_change(change: Mapping[str, Any], json_options: json_util.JSONOptions
     if "fullDocument" in change:
         slim["fullDocument"] = json_texts([change["fullDocument"]], json_options)[0]
     return slim
+
+
+class RawChange:
+    """A change stream event staged as the server's bytes (:func:`stage_raw`): made into
+    :func:`staged_change`'s form by :func:`unraw`, on the thread that commits its batch.
+
+    Not a mapping, so nothing reads it before then: only stream events are kept so (a
+    snapshot record, a re-snapshot's bounds and every other record are decoded at once).
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes | memoryview) -> None:
+        self.raw = raw
+
+
+_DECODE_RAW: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict)
+"""How a raw event is decoded behind: the default codec (UTC datetimes, binary UUIDs as
+``Binary``), whose documents give the same JSON text as a default client's."""
+
+
+_SNAPSHOT_DATA = f"{SNAPSHOT_MARK}\x00".encode()
+"""A snapshot record's token ``_data`` as it lies in its bytes (with the string's NUL)."""
+
+
+def stage_raw(change: RawBSONDocument) -> RawChange | None:
+    """``change`` kept as bytes until its batch commits, when it is a change stream event
+    (its token's ``_data`` a string that is not a snapshot record's); else ``None``.
+
+    The fetching thread then neither decodes it nor makes its JSON text: the commit behind
+    does both (``DeltaSink.save_behind``), while the next batch is fetched.
+    """
+    raw = change.raw
+    if not token_in_raw_event(raw):
+        return None
+    head = raw[24:24 + len(_SNAPSHOT_DATA)]
+    return None if head == _SNAPSHOT_DATA else RawChange(raw)
+
+
+def decode_raw(raw: bytes | memoryview) -> dict[str, Any]:
+    """A raw change's bytes as the dict a default client decodes."""
+    return bson.decode(raw, _DECODE_RAW)
+
+
+def staged_form(change: Mapping[str, Any], json_options: json_util.JSONOptions, *,
+                whole: bool) -> Any:
+    """What the sink keeps of one change until its batch commits: the change itself
+    (``whole``: a schema's or the history's columns read all of it), :func:`staged_change`'s
+    slim form, or a raw stream event's bytes (:class:`RawChange`, when not ``whole``).
+    Other raw documents are decoded here."""
+    if type(change) is RawBSONDocument:
+        raw = None if whole else stage_raw(change)
+        if raw is not None:
+            return raw
+        change = decode_raw(change.raw)
+    return change if whole else staged_change(change, json_options)
+
+
+def unraw(staged: Sequence[Any], json_options: json_util.JSONOptions) -> list[Any]:
+    """``staged`` with each :class:`RawChange` decoded into :func:`staged_change`'s form."""
+    if not any(type(change) is RawChange for change in staged):
+        return list(staged)
+    return [staged_change(decode_raw(change.raw), json_options)
+            if type(change) is RawChange else change for change in staged]
 
 
 def misfit(field: pa.Field, key: str, value: str, exc: BaseException) -> DocumentSchemaError:

@@ -61,8 +61,9 @@ from ._delta_rows import (
     json_options_for,
     misfit,
     source_table,
-    staged_change,
+    staged_form,
     table_schema,
+    unraw,
 )
 from ._delta_schema import arrow_schema
 from ._delta_verify import Verification, verify_table
@@ -339,7 +340,7 @@ class DeltaSink(WriteBehind):
             if written is not None:
                 self._maybe_compact(written)
             return
-        staged, self._staged = self._staged, []
+        staged, self._staged = unraw(self._staged, self._json_options), []
         if not staged:
             now = time.monotonic()
             if (
@@ -455,6 +456,7 @@ class DeltaSink(WriteBehind):
     def _commit_changes(self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any],
                         batch_id: int | None = None, *, resnapshot: str | None = None,
                         extra: Mapping[str, str] | None = None) -> DeltaTable | None:
+        changes = unraw(changes, self._json_options)  # (raw ones: decoded here, behind)
         batch = merge_columns(changes, full_document=self.full_document,
                               json_options=self._json_options) if changes else None
         return self._commit(batch, batch_id, token, changes=changes, resnapshot=resnapshot,
@@ -466,9 +468,10 @@ class DeltaSink(WriteBehind):
 
     # -- the handler -------------------------------------------------------------------------
     def __call__(self, change: Mapping[str, Any]) -> None:
-        """Stage one change (the next :meth:`save` commits it): ``consume``'s handler."""
-        self._staged.append(change if self.schema is not None or self.history is not None
-                            else staged_change(change, self._json_options))
+        """Stage one change (the next :meth:`save` commits it): ``consume``'s handler. Raw
+        events (``mirror``'s) are decoded by the commit, behind the next fetch."""
+        whole = self.schema is not None or self.history is not None
+        self._staged.append(staged_form(change, self._json_options, whole=whole))
 
     def stage(self, table: pa.Table, *, cleared: bool = False) -> None:
         """Stage a whole merge table (:func:`merge_table`'s columns); the next :meth:`save` commits it.

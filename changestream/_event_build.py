@@ -62,7 +62,7 @@ from ._event_types import (
 )
 from ._token import RAW_ID_PREFIX
 
-__all__ = ["EventParser", "parse_event"]
+__all__ = ["EventParser", "parse_event", "raw_operation_type"]
 
 
 # --------------------------------------------------------------------------- field coercion
@@ -570,12 +570,9 @@ _CLASS_BY_NAME: Final[Mapping[bytes, type[ChangeEvent]]] = {
 }
 
 
-def _class_in_bytes(raw: bytes) -> type[ChangeEvent] | None:
-    """The event class named by a raw event's ``operationType``, when it follows ``_id``.
-
-    ``None`` for any other layout or a name this version does not model (the
-    caller then reads the whole event, which also handles unknown types).
-    """
+def _operation_type_bytes(raw: bytes) -> bytes | None:
+    """A raw event's ``operationType`` bytes when that field follows ``_id`` (as servers send
+    it) and is well framed; ``None`` for any other layout."""
     # raw_token_end inline (this runs once per event).
     if not raw.startswith(RAW_ID_PREFIX, 4):
         return None
@@ -583,7 +580,34 @@ def _class_in_bytes(raw: bytes) -> type[ChangeEvent] | None:
     if not (14 <= at < len(raw) and raw[at - 1] == 0 and raw.startswith(_OPERATION_TYPE, at)):
         return None
     size = int.from_bytes(raw[at + 15:at + 19], "little")
-    return _CLASS_BY_NAME.get(raw[at + 19:at + 18 + size])
+    if size < 1 or raw[at + 18 + size:at + 19 + size] != b"\x00":
+        return None
+    return raw[at + 19:at + 18 + size]
+
+
+def raw_operation_type(raw: bytes | memoryview) -> str | None:
+    """A raw event's ``operationType`` read from its bytes (``None``: another layout, and
+    the caller reads the whole event): one slice per event instead of inflating a
+    ``RawBSONDocument`` into a dict of every field."""
+    if type(raw) is not bytes:  # a memoryview into a large reply: copy the head only
+        raw = bytes(raw[:9 + int.from_bytes(raw[9:13], "little") + 64])
+    name = _operation_type_bytes(raw)
+    if name is None:
+        return None
+    try:
+        return name.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _class_in_bytes(raw: bytes) -> type[ChangeEvent] | None:
+    """The event class named by a raw event's ``operationType``, when it follows ``_id``.
+
+    ``None`` for any other layout or a name this version does not model (the
+    caller then reads the whole event, which also handles unknown types).
+    """
+    name = _operation_type_bytes(raw)
+    return None if name is None else _CLASS_BY_NAME.get(name)
 
 
 _set_pending: Final[Callable[[_Deferrable, tuple[Any, Callable[[Any, Any], Any]]], None]] = (

@@ -711,35 +711,3 @@ class SnapshotRun:
 def opens_snapshot(token: Any, initial_snapshot: bool) -> bool:
     """Does a consumer reopening from ``token`` need :func:`snapshot_then_watch` (not ``watch``)?"""
     return is_snapshot_position(token) or (initial_snapshot and token is None)
-
-
-OVERSIZE_CHOICES = ("fail", "split")
-"""``consume(oversize=...)``: stop on an event over 16 MB, or let the server split it."""
-
-
-def opener_arguments_error(
-    is_collection: bool, initial_snapshot: bool, pipeline: Any, watch_options: Any,
-    oversize: str = "fail",
-) -> str | None:
-    """Why ``consume``'s first argument does not fit the other arguments, or None."""
-    if oversize not in OVERSIZE_CHOICES:
-        return f"consume(): oversize must be 'fail' or 'split', not {oversize!r}"
-    if is_collection:
-        return None
-    if oversize == "split":
-        return (
-            "consume(oversize='split') needs the collection itself as its first argument "
-            "(consume opens the stream); with an open_stream function, pass "
-            "reassemble_split_events=True to watch() there"
-        )
-    if initial_snapshot:
-        return (
-            "consume(initial_snapshot=True) needs the collection itself as its first argument "
-            "(consume opens the copy and the stream); pass watch() options as watch_options="
-        )
-    if pipeline is not None or watch_options is not None:
-        return (
-            "consume(): pipeline= and watch_options= apply only when the first argument is a "
-            "collection; an open_stream function opens its own stream"
-        )
-    return None

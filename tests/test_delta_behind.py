@@ -9,14 +9,27 @@ no token past the failed batch is stored, and the next run loses nothing.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import bson
 import pymongo
 import pytest
+from bson import json_util
+from bson.binary import Binary
+from bson.code import Code
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
+from bson.regex import Regex
+from bson.timestamp import Timestamp
 from pymongo import AsyncMongoClient
 
 import changestream
@@ -78,10 +91,13 @@ class Commits:
 
 
 def run_consume(uri: str, names: tuple[str, str], store: Any, commits: Commits | None,
-                seen: list[Any], start: Any, mode: str) -> None:
+                seen: list[Any], start: Any, mode: str, raw: bool = False) -> None:
     """``consume`` with ``store`` as handler and store, in batches of ``BATCH``, until the
-    last change; ``seen``: the tokens of the changes handled."""
+    last change; ``seen``: the tokens of the changes handled (``raw``: as ``mirror`` reads
+    them, ``RawBSONDocument`` events)."""
     options: dict[str, Any] = {"max_await_time_ms": 50}
+    if raw:
+        options["document_class"] = RawBSONDocument
     if start is not None:  # the first run: nothing stored yet
         options["start_at_operation_time"] = start
 
@@ -115,11 +131,12 @@ def run_consume(uri: str, names: tuple[str, str], store: Any, commits: Commits |
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("raw", [False, True], ids=["dicts", "raw-events"])
 @pytest.mark.parametrize("wrapped", [False, True], ids=["sink", "mirror's-resnapshot-wrapper"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_commit_failing_behind_the_next_fetch_loses_nothing_and_stores_no_later_token(
     rs: ReplicaSet, names: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    mode: str, wrapped: bool,
+    mode: str, wrapped: bool, raw: bool,
 ) -> None:
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(rs.uri)
     coll = client[names[0]][names[1]]
@@ -137,7 +154,7 @@ def test_a_commit_failing_behind_the_next_fetch_loses_nothing_and_stores_no_late
     commits = Commits(monkeypatch, fail=2)  # batch 1 commits, batch 2 fails
     seen: list[Any] = []
     with pytest.raises(DiskFull):
-        run_consume(rs.uri, names, store, commits, seen, start, mode)
+        run_consume(rs.uri, names, store, commits, seen, start, mode, raw)
     # batch 1 was committed on the sink's own thread while the handler had batch 2's changes
     assert commits.threads[:2] == ["changestream-delta-commit"] * 2
     assert len(seen) > BATCH + 3
@@ -145,11 +162,11 @@ def test_a_commit_failing_behind_the_next_fetch_loses_nothing_and_stores_no_late
     assert committed_versions(path, "a") == [0]
     reopened = DeltaSink(path, app_id="a")
     stored = reopened.load()
-    assert stored is not None and stored.token == seen[BATCH - 1]
+    assert stored is not None and stored.token == dict(seen[BATCH - 1])
     monkeypatch.undo()
     # the next run resumes after batch 1 and loses nothing
     again: list[Any] = []
-    run_consume(rs.uri, names, store_for(reopened), None, again, None, mode)
+    run_consume(rs.uri, names, store_for(reopened), None, again, None, mode, raw)
     assert again[0] == seen[BATCH]
     assert_mirrors(path, coll, "a")
     client.close()
@@ -214,4 +231,65 @@ def test_a_staged_change_keeps_what_the_merge_reads_and_the_table_is_the_same(
     assert table_state(tmp_path / "handled") == table_state(tmp_path / "whole") == {
         doc["_id"]: doc for doc in coll.find()}
     assert changes[4]["fullDocument"] is not None  # the caller's events are left as they were
+    client.close()
+
+
+ODD = [
+    {"_id": 1, "s": "caf\u00e9 \u2028 \"q\" \\ \x01", "when": datetime.datetime(2026, 1, 2, 3, 4, 5, 678000),
+     "old": datetime.datetime(1969, 7, 20, 20, 17), "d": Decimal128("1.10"), "nan": float("nan"),
+     "big": Int64(2**62), "f": 1e20, "small": 1e-7, "neg": -0.0, "u": Binary.from_uuid(uuid.UUID(int=7)),
+     "b": b"\x00\xff", "nested": {"a": [1, {"b": None}], "e": {}}, "oid": ObjectId("6553f1000000000000000001")},
+    {"_id": {"k": [1, "x"]}, "v": 1},
+    {"_id": ObjectId("6553f1000000000000000002"), "r": Regex("^a", "i"), "t": Timestamp(5, 1)},
+    {"_id": "text key", "min": MinKey(), "max": MaxKey(), "code": Code("f()")},
+]
+
+
+def test_raw_events_give_the_table_dict_events_give_byte_for_byte(
+    rs: ReplicaSet, names: tuple[str, str], tmp_path: Path,
+) -> None:
+    """``mirror`` reads ``RawBSONDocument`` events: the sink stages their bytes and the commit
+    behind decodes them. The rows are the same texts as from decoded events, odd values and
+    keys included, and the first load's snapshot records work as before."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(rs.uri)
+    coll = client[names[0]][names[1]]
+    coll.insert_one({"_id": "before", "v": 0})  # each sink's first load: one snapshot record
+    sinks = {raw: DeltaSink(tmp_path / f"raw{raw}", app_id="a", full_document="updateLookup")
+             for raw in (False, True)}
+
+    def run(raw: bool, count: int) -> list[Any]:
+        options: dict[str, Any] = {"max_await_time_ms": 50, "full_document": "updateLookup"}
+        if raw:
+            options["document_class"] = RawBSONDocument
+        stop = threading.Event()
+        seen: list[Any] = []
+
+        def handle(change: Any) -> None:
+            sinks[raw](change)
+            seen.append(change)
+            if len(seen) == count:
+                stop.set()
+
+        changestream.consume(coll, handle, sinks[raw], stop=stop, save_every=3,
+                             watch_options=options, initial_snapshot=True)
+        return seen
+
+    for raw in (False, True):
+        assert len(run(raw, 1)) == 1
+    coll.insert_many(ODD)
+    coll.update_one({"_id": 1}, {"$set": {"s": "\u00fcber"}})
+    coll.delete_one({"_id": "text key"})
+    coll.update_one({"_id": {"k": [1, "x"]}}, {"$inc": {"v": 1}})
+    for raw in (False, True):
+        seen = run(raw, len(ODD) + 3)
+        assert {type(change) for change in seen} == {RawBSONDocument if raw else dict}
+    tables = {raw: sink.read_current().sort_by("_key") for raw, sink in sinks.items()}
+    assert tables[True].column("document").to_pylist() == tables[False].column("document").to_pylist()
+    assert tables[True].column("_key").to_pylist() == tables[False].column("_key").to_pylist()
+    assert len(tables[True]) == len(ODD)  # "before" and the odd ones but the deleted one
+    relaxed = json_util.RELAXED_JSON_OPTIONS  # the collection, as json_util writes it
+    assert dict(zip(tables[True].column("_key").to_pylist(),
+                    tables[True].column("document").to_pylist(), strict=True)) == {
+        json_util.dumps(doc["_id"], json_options=relaxed, separators=(",", ":")):
+        json_util.dumps(doc, json_options=relaxed) for doc in coll.find()}
     client.close()

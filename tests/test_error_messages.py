@@ -275,6 +275,23 @@ def test_consume_oversize_choice(coll: Any) -> None:
         changestream.consume(lambda token: None, print, MemoryTokenStore(), oversize="split")
 
 
+@pytest.mark.parametrize("option", ["resume_after", "start_after", "start_at_operation_time"])
+def test_consume_start_options_with_a_snapshot_are_one_line(coll: Any, option: str) -> None:
+    """The stream after a copy starts where the copy was read: a start option cannot apply."""
+    with pytest.raises(TypeError) as info:
+        changestream.consume(coll, print, MemoryTokenStore(), initial_snapshot=True,
+                             watch_options={option: None})
+    text = str(info.value)
+    assert_clean(text)
+    assert text == (f"consume(initial_snapshot=True): watch_options must not hold {option!r}: "
+                    "the stream starts where the copy was read")
+
+
+def test_consume_watch_options_must_be_a_mapping(coll: Any) -> None:
+    with pytest.raises(TypeError, match="consume\\(\\): watch_options must be a dict, not list"):
+        changestream.consume(coll, print, MemoryTokenStore(), watch_options=[("batch_size", 5)])
+
+
 # -- the command line's own arguments ---------------------------------------------------------
 @pytest.mark.parametrize(
     ("option", "token", "expected"),

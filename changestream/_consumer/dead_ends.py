@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure
 
 from .._codes import (
@@ -34,6 +35,7 @@ from .._diagnosis import (
     token_not_in_history_message,
     wrong_credentials_message,
 )
+from .._event_build import raw_operation_type
 from .._token import token_cluster_time, token_to_json
 from ..errors import (
     ConsumeError,
@@ -134,7 +136,13 @@ def unrecoverable(exc: BaseException, token: Any, store: object) -> ConsumeError
 
 def operation_type(change: Any) -> Any:
     """``operationType`` of a document or a typed event (``None``: not an event)."""
-    if type(change) is dict or isinstance(change, Mapping):  # (dict: no ABC check per change)
+    if type(change) is dict:  # (no ABC check per change)
+        return change.get("operationType")
+    if type(change) is RawBSONDocument:  # read from the bytes, not inflated per change
+        found = raw_operation_type(change.raw)
+        if found is not None:
+            return found
+    if isinstance(change, Mapping):
         return change.get("operationType")
     return getattr(change, "operation_type", None)
 

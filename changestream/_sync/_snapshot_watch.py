@@ -20,15 +20,14 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure
 from pymongo.synchronous.collection import Collection
 
+from .._consumer.options import OVERSIZE_CHOICES, STARTS, opener_arguments_error
 from .._pymongo import SyncCursorReader
 from .._snapshot import (
     DEFAULT_COPY_BATCH,
-    OVERSIZE_CHOICES,
     DeliverRecord,
     RunCommand,
     SnapshotRun,
     check_watch_options,
-    opener_arguments_error,
     opens_snapshot,
 )
 from .._stream_view import StreamView
@@ -269,6 +268,8 @@ def stream_opener(
     if oversize == "split":
         options["reassemble_split_events"] = True
     copy_batch_size = options.pop("copy_batch_size", DEFAULT_COPY_BATCH)
+    # where a run starts while the store holds no token; a stored token wins over them
+    first = {"resume_after": None, **{name: options.pop(name) for name in STARTS if name in options}}
 
     def open_stream(token: Any) -> Any:
         if opens_snapshot(token, initial_snapshot):
@@ -276,7 +277,8 @@ def stream_opener(
                 source, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
                 marks=marks, **options,
             )
-        return watch(source, pipeline, resume_after=token, **options)
+        start = first if token is None else {"resume_after": token}
+        return watch(source, pipeline, **start, **options)
 
     return open_stream
 

@@ -293,3 +293,37 @@ def test_insert_and_replace_with_the_same_keys_keep_their_own_classes() -> None:
         assert type(parser(insert)) is InsertEvent
         assert type(parser(replace)).__name__ == "ReplaceEvent"
         assert parser(replace) == parse_event(replace)
+
+
+def test_the_operation_type_read_from_bytes_is_the_decoded_one_or_none() -> None:
+    """``consume`` reads a raw event's ``operationType`` from its bytes (no inflated dict per
+    change): the decoded value whenever it answers, ``None`` (the caller decodes) for any
+    other layout, and never an exception on damaged bytes."""
+    from changestream._consumer.dead_ends import operation_type
+    from changestream._event_build import raw_operation_type
+
+    rng = random.Random(5)
+    docs = [*(case[0] for case in CASES), *HOSTILE, *(random_doc(rng) for _ in range(200)),
+            {"_id": {"_data": "00"}, "operationType": "somethingNew", "x": 1},
+            {"_id": {"_data": "00"}, "operationType": "caf\u00e9"},
+            {"operationType": "insert", "_id": {"_data": "00"}},  # not after _id: decoded
+            {"_id": {"_data": "00"}, "operationType": 5}]
+    answered = 0
+    for doc in docs:
+        try:
+            raw = bson.encode(doc)
+        except bson.errors.InvalidDocument:
+            continue  # (some hostile cases are no BSON)
+        found = raw_operation_type(raw)
+        assert raw_operation_type(memoryview(raw)) == found
+        if found is not None:
+            answered += 1
+            assert found == doc.get("operationType")
+        if isinstance(doc.get("operationType"), str):  # (what consume compares)
+            assert operation_type(RawBSONDocument(raw)) == doc["operationType"]
+        for cut in range(0, len(raw), max(1, len(raw) // 40)):  # damaged: never raises
+            damaged = raw[:cut] + bytes([rng.randrange(256)]) + raw[cut + 1:]
+            result = raw_operation_type(damaged)
+            assert result is None or isinstance(result, str)
+            raw_operation_type(raw[:cut])
+    assert answered >= len(CASES)  # the server's layout is read from the bytes

@@ -136,6 +136,40 @@ def test_every_change_is_handled_and_its_token_stored(coll: Any, tmp_path: Path)
     assert again.values() == [5] and same(again.opened[0], stored.token)
 
 
+@pytest.mark.parametrize("option", ["resume_after", "start_after", "start_at_operation_time"])
+def test_a_start_option_in_watch_options_starts_the_first_run_and_the_stored_token_wins_after(
+    coll: Any, option: str,
+) -> None:
+    """``resume_after`` there was a bare TypeError (given twice); ``start_after`` and
+    ``start_at_operation_time`` reached the server beside the stored token on a restart,
+    which refuses two start options: a consumer could not restart."""
+    with changestream.watch(coll, **FAST) as stream:
+        coll.insert_one({"i": -1})  # before the start: not handled
+        first = stream.next()
+    start = first["clusterTime"] if option == "start_at_operation_time" else first["_id"]
+    if option == "start_at_operation_time":  # (inclusive: the event at that time comes again)
+        start = bson.Timestamp(start.time, start.inc + 1)
+    coll.insert_many([{"i": i} for i in range(3)])
+    store = MemoryTokenStore()
+
+    def run(count: int) -> list[Any]:
+        seen: list[Any] = []
+        stop = threading.Event()
+
+        def handle(change: Any) -> None:
+            seen.append(change["fullDocument"]["i"])
+            if len(seen) == count:
+                stop.set()
+
+        changestream.consume(coll, handle, store, stop=stop, save_every=1,
+                             watch_options={option: start, **FAST})
+        return seen
+
+    assert run(2) == [0, 1]
+    coll.insert_one({"i": 3})
+    assert run(2) == [2, 3]  # from the stored token, not from the start option again
+
+
 def test_tokens_are_saved_every_n_changes_and_after_empty_batches(coll: Any) -> None:
     start = token_before_writes(coll)
     coll.insert_many([{"i": i} for i in range(7)])

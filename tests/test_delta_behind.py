@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import bson
 import pymongo
 import pytest
 from bson import json_util

@@ -11,9 +11,11 @@ microseconds per row, split into the table side (current state + hashes)
 and the collection side (snapshot read, the sink's converter, hashes).
 
 Table side only: the table is written by the sink's first load
-(``delta_table_bench.first_load``), then the current state is read and
-hashed, and compared with itself (the collection side faked by the same
-hashes, to time the range comparison).
+(``delta_table_bench.first_load``) and hashed as ``verify`` streams it; then
+50,000 updates are committed as its change log and it is hashed again as
+``verify`` streams it now (base batches without the logged keys, then the
+log), and the old way (``read_current()`` in memory), and compared with itself
+(the collection side faked by the same hashes, to time the range comparison).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from pymongo import MongoClient
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import changestream
 from benchmarks.bench_client import simulator
-from benchmarks.delta_table_bench import document, first_load
-from changestream._delta_verify import Hashes, compare, new_powers, table_hashes
+from benchmarks.delta_table_bench import Tokens, document, first_load, realistic_changes
+from changestream._delta_verify import Hashes, compare, current_batches, new_powers, table_hashes
 from changestream.delta import DeltaSink
 
 
@@ -60,6 +62,14 @@ def table_side(rows: int, workdir: str) -> None:
           f"{seconds:.1f} s, {seconds / rows * 1e6:.2f} us/row; peak RSS {peak_rss_mb():.0f} MB "
           f"(before: {rss_before:.0f} MB)", flush=True)
     del streamed
+    log_changes(sink, rows)
+    began = time.perf_counter()
+    streamed = Hashes.of(current_batches(sink.table(), data), data, new_powers())
+    seconds = time.perf_counter() - began
+    print(f"table side at {rows:,} rows with a change log of 50,000 updates, streamed (what "
+          f"verify does since 2026-12-02): {seconds:.1f} s, {seconds / rows * 1e6:.2f} us/row; "
+          f"peak RSS {peak_rss_mb():.0f} MB", flush=True)
+    del streamed
     began = time.perf_counter()
     current = sink.read_current()
     read = time.perf_counter() - began
@@ -71,9 +81,18 @@ def table_side(rows: int, workdir: str) -> None:
     comparing = time.perf_counter() - compared_at
     total = read + hashing + comparing
     assert result.ok
-    print(f"table side at {rows:,} rows, in memory (a table with a change log): read {read:.1f} s, hash {hashing:.1f} s, compare "
+    print(f"table side at {rows:,} rows, in memory (read_current(): what verify did on a table "
+          f"with a change log until 2026-12-02): read {read:.1f} s, hash {hashing:.1f} s, compare "
           f"{comparing:.2f} s ({result.ranges:,} ranges): {total:.1f} s, "
           f"{total / rows * 1e6:.2f} us/row; peak RSS {peak_rss_mb():.0f} MB", flush=True)
+
+
+def log_changes(sink: DeltaSink, rows: int) -> None:
+    """50,000 updates of random keys committed as the change log (no compaction is due)."""
+    changes, _ = realistic_changes("b", rows, 50_000, random.Random(3), Tokens(), rows)
+    for change in changes:
+        sink(change)
+    sink.save(changes[-1]["_id"])
 
 
 def end_to_end(docs: int, workdir: str) -> None:

@@ -732,13 +732,9 @@ class DeltaSink(WriteBehind):
         does). In the middle of a copy, the documents not copied yet are
         missing. Nothing is written.
         """
-        delta = self.table()
-        compacted = delta is not None and log_size(delta).log_rows == 0
-        return verify_table(
-            collection, self.load(), delta if compacted else None, self.read_current,
-            self._table_schema, self.schema, self._json_options, examples=examples,
-            drift=self._drift,
-        )
+        return verify_table(collection, self.load(), self.table(), self._table_schema,
+                            self.schema, self._json_options, examples=examples,
+                            drift=self._drift)
 
     def finish(self) -> Compaction | None:
         """Compact what is logged: afterwards every reader sees the current state, plainly.

@@ -3,7 +3,7 @@
 Both sides become, per row, two 64-bit hashes computed vectorised (numpy over
 Arrow buffers, no Python per row): one of the ``_key`` text, one of the whole
 row (``_key`` and every data column). The table side is the current state
-(:meth:`DeltaSink.read_current`); the collection side is every document read
+(:func:`current_batches`, streamed); the collection side is every document read
 with ``readConcern: {level: "snapshot", atClusterTime: T}`` (``T`` the
 table's position) in batches, converted by the sink's own converter (the
 same code that writes a first load), so equal documents give equal bytes.
@@ -32,14 +32,14 @@ from bson.timestamp import Timestamp
 from deltalake import DeltaTable
 
 from ._delta_drift import Drift
-from ._delta_layout import KEY, OP, SEQ
+from ._delta_layout import KEY, OP, SEQ, UPSERT, latest
 from ._snapshot import SnapshotBatches, is_snapshot_position
 from ._token import token_cluster_time
 from .stores import StoredToken
 
 __all__ = [
-    "RANGE_ROWS", "Hashes", "Verification", "compare", "hash_rows", "table_hashes", "verify_at",
-    "verify_table",
+    "RANGE_ROWS", "Hashes", "Verification", "compare", "current_batches", "hash_rows",
+    "table_hashes", "verify_at", "verify_table",
 ]
 
 RANGE_ROWS = 1024
@@ -174,6 +174,26 @@ def table_hashes(current: pa.Table, powers: _Powers) -> Hashes:
     return Hashes.of(iter(current.to_batches(max_chunksize=65_536)), data, powers)
 
 
+def current_batches(table: DeltaTable, data: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """The table's current state (``_key`` and ``data``) batch by batch, in no order.
+
+    The base rows are streamed (each batch without the keys the change log holds), then
+    the log's newest upsert of each key: memory is the log (bounded by compaction) and one
+    batch, not the table (:func:`~changestream._delta_layout.current_state` holds all of it).
+    """
+    dataset = table.to_pyarrow_dataset()
+    log = latest(dataset.to_table(filter=pc.field(SEQ) > 0, columns=[KEY, SEQ, OP, *data]))
+    logged = log.column(KEY) if log.num_rows else None
+    for batch in dataset.to_batches(filter=pc.field(SEQ) == 0, columns=[KEY, *data],
+                                    batch_size=65_536):
+        if logged is not None:
+            batch = batch.filter(pc.invert(pc.is_in(batch.column(KEY), value_set=logged)))
+        yield batch
+    if logged is not None:
+        yield from log.filter(pc.equal(log.column(OP), UPSERT)).select([KEY, *data]).to_batches(
+            max_chunksize=65_536)
+
+
 @dataclasses.dataclass(frozen=True)
 class Verification:
     """What :meth:`DeltaSink.verify` found: the table against the collection at ``at``."""
@@ -277,8 +297,7 @@ def new_powers() -> _Powers:
 def verify_table(
     collection: Any,
     stored: StoredToken | None,
-    compacted: DeltaTable | None,
-    read_current: Callable[[], pa.Table],
+    delta: DeltaTable | None,
     table_schema: pa.Schema,
     schema: pa.Schema | None,
     json_options: json_util.JSONOptions,
@@ -286,8 +305,8 @@ def verify_table(
     examples: int = 5,
     drift: Drift | None = None,
 ) -> Verification:
-    """:meth:`changestream.delta.DeltaSink.verify`: ``compacted`` is the table when it holds
-    only base rows (streamed batch by batch), else ``read_current`` gives its current state.
+    """:meth:`changestream.delta.DeltaSink.verify`: ``delta`` is the table (``None``: none yet),
+    its current state streamed (:func:`current_batches`).
 
     ``drift``: the sink's (rescue, evolve), so the documents are converted as it converts
     them; a copy is used (verifying neither counts rescues nor grows the sink's columns).
@@ -305,12 +324,7 @@ def verify_table(
     at = verify_at(stored)
     powers = new_powers()
     data = [name for name in table_schema.names if name not in (KEY, SEQ, OP)]
-    if compacted is not None:  # only base rows: stream them
-        batches = compacted.to_pyarrow_dataset().to_batches(columns=[KEY, *data],
-                                                            batch_size=65_536)
-        table = Hashes.of(iter(batches), data, powers)
-    else:  # a change log to fold: the current state in memory
-        table = table_hashes(read_current(), powers)
+    table = Hashes.of(iter(()) if delta is None else current_batches(delta, data), data, powers)
     database = collection.database
     session = database.client.start_session(causal_consistency=False)
     read = SyncCursorReader(database, session, collection.codec_options)  # pinned getMores

@@ -25,6 +25,9 @@ Events are inserts of new documents by default; ``--updates`` makes them updates
 * (q) the data source's ``foreachBatch`` + ``merge_into(sink)`` (``--spark``): a
   streaming query (``Trigger.availableNow``, ``startup_mode=timestamp`` at the cluster
   time before the writes, ``max_rows_per_batch=--batch``), Spark's batch id as the version.
+  Two rates: the whole query, its start included (``foreach_batch``'s (f) is timed after a
+  warm-up run, the query is not), and its steady state: the micro-batches after the first,
+  from the end of the first to the end of the last (what a running query sustains).
 * (n) the same query with a ``func`` that only collects the batch as Arrow
   (``df.toArrow()``): the rate the stream reaches the driver through Spark, the ceiling
   of (q) on this machine.
@@ -143,10 +146,14 @@ def spark_session() -> Any:
 
 
 def data_source_rate(uri: str, events: int, keys: int, batch: int, path: str,
-                     updates: bool, sink_it: bool = True) -> float:
+                     updates: bool, sink_it: bool = True) -> tuple[float, float]:
     """The data source's ``foreachBatch`` + ``merge_into`` (or, without ``sink_it``, a
     ``func`` that only collects the batch as Arrow) over ``events`` changes written before
-    the query starts (from the cluster time before the writes)."""
+    the query starts (from the cluster time before the writes): changes/s of the whole
+    query (its start included: a new Python process for the reader, the first scan, the
+    JVM compiling Spark's planning code) and of its steady state (the micro-batches after
+    the first, from the end of the first to the end of the last: what a running query
+    sustains)."""
     from changestream.spark_adapter import merge_into, register
 
     spark = spark_session()
@@ -172,8 +179,14 @@ def data_source_rate(uri: str, events: int, keys: int, batch: int, path: str,
                       f'{{"$timestamp": {{"t": {start.time}, "i": {start.inc + 1}}}}}'))
     if batch:
         reader = reader.option("max_rows_per_batch", str(batch))
+    ends: dict[int, float] = {}  # when each micro-batch's func returned, by batch id
+
+    def timed(df: Any, batch_id: int) -> None:
+        func(df, batch_id)
+        ends[batch_id] = time.perf_counter()
+
     started = time.perf_counter()
-    query = (reader.load().writeStream.foreachBatch(func)
+    query = (reader.load().writeStream.foreachBatch(timed)
              .option("checkpointLocation", f"{path}.chk").trigger(availableNow=True).start())
     query.awaitTermination()
     elapsed = time.perf_counter() - started
@@ -184,7 +197,12 @@ def data_source_rate(uri: str, events: int, keys: int, batch: int, path: str,
     else:
         assert rows == events, rows
     client.close()
-    return events / elapsed
+    counts = sorted((progress["batchId"], progress["numInputRows"])
+                    for progress in query.recentProgress
+                    if progress["numInputRows"] and progress["batchId"] in ends)
+    steady = (sum(rows for _, rows in counts[1:]) / (ends[counts[-1][0]] - ends[counts[0][0]])
+              if len(counts) > 1 else float("nan"))
+    return events / elapsed, steady
 
 
 def change_batches(count: int, rows: int) -> list[Any]:
@@ -306,14 +324,16 @@ def main() -> None:
                                               f"{work}/d", args.updates, dataframe=True)
                     print(f"(d) the same through a DataFrame (Arrow -> Spark -> Arrow): "
                           f"{rate:,.0f} events/s")
-                rate = data_source_rate(uri, args.events, args.keys, args.batch, f"{work}/n",
-                                        args.updates, sink_it=False)
+                rate, steady = data_source_rate(uri, args.events, args.keys, args.batch,
+                                                f"{work}/n", args.updates, sink_it=False)
                 print(f"(n) data source foreachBatch + df.toArrow() only (the ceiling of q): "
-                      f"{rate:,.0f} events/s")
-                rate = data_source_rate(uri, args.events, args.keys, args.batch, f"{work}/q",
-                                        args.updates)
+                      f"{rate:,.0f} events/s (steady state after the first batch: "
+                      f"{steady:,.0f}/s)")
+                rate, steady = data_source_rate(uri, args.events, args.keys, args.batch,
+                                                f"{work}/q", args.updates)
                 print(f"(q) data source foreachBatch + merge_into, max_rows_per_batch "
-                      f"{args.batch}: {rate:,.0f} events/s")
+                      f"{args.batch}: {rate:,.0f} events/s (steady state after the first "
+                      f"batch: {steady:,.0f}/s)")
             print(f"load average at end: {os.getloadavg()[0]:.1f}")
         for rows in () if args.spark_only else (1_000, args.batch):
             new, skipped = replay_cost(f"{work}/r{rows}", rows, 5)

@@ -23,7 +23,7 @@ from changestream._delta_merger import SmallFileMerger
 from changestream._delta_rows import RELAXED, base_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.delta_table_bench import document  # noqa: E402
+from benchmarks.delta_table_bench import document
 
 _RELAXED = json_util.RELAXED_JSON_OPTIONS
 _ZONES = st.sampled_from([None, datetime.timezone.utc, utc, FixedOffset(0, "Z"),

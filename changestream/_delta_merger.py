@@ -13,6 +13,11 @@ nothing: the small files are simply merged by a later run. One merge runs
 at a time; :meth:`SmallFileMerger.wait` joins it, and is called before
 anything that needs the table's files settled (compaction, a change batch,
 :meth:`~changestream.delta.DeltaSink.finish`).
+
+A pass starts only once ``every`` commits landed since the last one (a run needs
+that many small files side by side): a pass reads the table's state, whose cost
+grows with its log, so one per commit made each commit of a 10M-document load
+dearer (1,000 commits) while it found nothing to merge nine times in ten.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import concurrent.futures
 import logging
 from collections.abc import Callable
 
-from ._delta_layout import Compaction
+from deltalake import DeltaTable
 
-__all__ = ["SmallFileMerger"]
+from ._delta_layout import REOPEN_EVERY, Compaction
+
+__all__ = ["SmallFileMerger", "ThreadTable"]
 
 _log = logging.getLogger("changestream.delta")
 
@@ -33,18 +40,25 @@ class SmallFileMerger:
     pass after pass until nothing is due."""
 
     def __init__(self, merge: Callable[[], Compaction | None],
-                 done: Callable[[Compaction], None]) -> None:
+                 done: Callable[[Compaction], None], every: int = 1) -> None:
         self._merge = merge
         self._done = done
+        self._every = every
+        self._pending = 0
+        """Commits since the last pass started."""
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._running: concurrent.futures.Future[list[Compaction]] | None = None
 
     def after_commit(self) -> None:
-        """A first-load commit landed: start a merge unless one is running."""
+        """A first-load commit landed: start a merge once ``every`` did, unless one is running."""
+        self._pending += 1
         if self._running is not None:
             if not self._running.done():
                 return
             self._collect()
+        if self._pending < self._every:
+            return
+        self._pending = 0
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="changestream-delta-merge")
@@ -77,8 +91,33 @@ class SmallFileMerger:
         future, self._running = self._running, None
         error = future.exception()
         if error is not None:
+            self._pending = self._every  # the next commit tries again
             _log.warning("merging a first load's small files failed (they stay as they are "
                          "and are merged later): %s", error)
             return
         for result in future.result():
             self._done(result)
+
+
+class ThreadTable:
+    """One thread's own object of the table at ``path``: brought up to date at each :meth:`get`
+    (cheaper than opening it, which reads the log's listing) and opened anew past
+    ``REOPEN_EVERY`` versions (from the newest checkpoint), as the sink's own."""
+
+    def __init__(self, path: str, storage_options: dict[str, str] | None) -> None:
+        self._path, self._options = path, storage_options
+        self._table: tuple[DeltaTable, int] | None = None
+
+    def get(self) -> DeltaTable:
+        if self._table is not None:
+            table, opened_at = self._table
+            table.update_incremental()
+            if table.version() - opened_at < REOPEN_EVERY:
+                return table
+        table = DeltaTable(self._path, storage_options=self._options)
+        self._table = (table, table.version())
+        return table
+
+    def drop(self) -> None:
+        """After a failure: the next :meth:`get` opens the table anew."""
+        self._table = None

@@ -47,7 +47,7 @@ from ._delta_layout import (
     merge_small,
     with_seq,
 )
-from ._delta_merger import SmallFileMerger
+from ._delta_merger import SmallFileMerger, ThreadTable
 from ._delta_recopy import START, boundary, interrupted, stale_deletes
 from ._delta_resnapshot import request_snapshot
 from ._delta_rows import (
@@ -207,7 +207,8 @@ class DeltaSink(WriteBehind):
                                         json_options=self._json_options,
                                         storage_options=storage_options)
         self._settling = threading.Lock()  # the write-behind's (``_delta_behind``)
-        self._merger = SmallFileMerger(self._merge_small, self.compactions.append)
+        self._merger = SmallFileMerger(self._merge_small, self.compactions.append, _SMALL_RUN)
+        self._merge_table = ThreadTable(self.path, storage_options)  # the merger thread's
         """A first load's small files, merged on a worker thread (``_delta_merger``)."""
         self.commit_metadata: dict[str, str] = {}
         """Extra entries of every batch commit's metadata (a re-snapshot's progress rides
@@ -706,16 +707,18 @@ class DeltaSink(WriteBehind):
         result = None
         for attempt in self._retrying():
             with attempt:
-                if not DeltaTable.is_deltatable(self.path, self.storage_options):
-                    return None
-                table = DeltaTable(self.path, storage_options=self.storage_options)
+                table = self._merge_table.get()
                 properties = CommitProperties(custom_metadata={
                     _META_APP: self.app_id, _META_COMPACTION: "small base files"})
-                result = merge_small(
-                    table, self._table_schema, properties, small_rows=self.unit_rows // 2,
-                    min_files=_SMALL_RUN, unit_rows=self.unit_rows,
-                    target_file_size=self.target_file_size,
-                    storage_options=self.storage_options)
+                try:
+                    result = merge_small(
+                        table, self._table_schema, properties, small_rows=self.unit_rows // 2,
+                        min_files=_SMALL_RUN, unit_rows=self.unit_rows,
+                        target_file_size=self.target_file_size,
+                        storage_options=self.storage_options)
+                except BaseException:
+                    self._merge_table.drop()  # opened anew by the next try
+                    raise
         return result
 
     # -- verifying ---------------------------------------------------------------------------

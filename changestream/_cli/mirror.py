@@ -21,8 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bson.codec_options import DEFAULT_CODEC_OPTIONS
-from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
@@ -377,13 +375,9 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
         else:
             say(f"mirroring {namespace} into {args.to} from its last commit "
                  f"(batch {stored.batch_id}); Ctrl-C to stop")
-        watch_options: dict[str, Any] = {"full_document": args.full_document,
-                                         "max_await_time_ms": 500}
-        if client.codec_options == DEFAULT_CODEC_OPTIONS:  # the sink decodes them as the client
-            watch_options["document_class"] = RawBSONDocument  # would, behind the next fetch
         result = consume(
             client[args.db][args.coll], resnapshot, resnapshot, initial_snapshot=True,
-            watch_options=watch_options,
+            watch_options={"full_document": args.full_document, "max_await_time_ms": 500},
             save_every=args.batch, save_interval=args.batch_seconds, stop=stop,
             oversize=args.oversize, on_history_lost=args.on_history_lost,
             gap=_resnapshot_gap if args.on_history_lost == "resnapshot" else None,

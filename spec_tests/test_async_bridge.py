@@ -29,7 +29,7 @@ from spec_tests.runner.errors import check_expected_error
 from spec_tests.runner.events import EventRecorder
 from spec_tests.runner.matrix import Case
 from spec_tests.runner.operations import next_with_limit
-from spec_tests.test_unified import client_impls
+from spec_tests.test_unified import ASYNC_DEFAULT_VERSIONS, client_impls, is_slow
 
 UNREACHABLE = "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=100"
 """Loopback port 1: nothing listens, so monitors fail at once and no command ever runs."""
@@ -286,6 +286,24 @@ def test_default_run_covers_both_of_our_clients(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("SPEC_TESTS_CLIENT", "pymongo")
     assert client_impls(_Config(None)) == ("pymongo",)  # type: ignore[arg-type]
     assert client_impls(_Config(ASYNC_CLIENT)) == (ASYNC_CLIENT,)  # type: ignore[arg-type]
+
+
+def test_the_default_matrix_runs_sync_everywhere_and_async_on_four_versions_then_slow() -> None:
+    """The default suite keeps every version (sync) and every topology (async on
+    ASYNC_DEFAULT_VERSIONS); the async cases on the other versions go to ``-m slow``, and a
+    matrix narrowed by ``--spec-client`` or ``--spec-versions`` is never cut."""
+    from changestream.testing import VERSIONS
+
+    assert set(VERSIONS) >= ASYNC_DEFAULT_VERSIONS and max(VERSIONS, key=_key) in ASYNC_DEFAULT_VERSIONS
+    for version in VERSIONS:
+        case = Case("change-streams.json", "Test array truncation", version, "sharded")
+        assert not is_slow(case, "changestream", True)
+        assert is_slow(case, ASYNC_CLIENT, True) == (version not in ASYNC_DEFAULT_VERSIONS)
+        assert not any(is_slow(case, client, False) for client in CLIENTS)
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
 
 
 def test_bridged_streams_are_saved_as_change_stream_entities(bridge: AsyncBridge) -> None:

@@ -9,6 +9,14 @@ By default every case runs in both of those modes; ``--spec-client``
 (SPEC_TESTS_CLIENT) picks one client instead. Other options (or environment
 variables): ``--spec-versions`` (SPEC_TESTS_VERSIONS), ``--spec-files``
 (SPEC_TESTS_FILES).
+
+In the default matrix (no ``--spec-client``, no ``--spec-versions``) the async client's
+cases on the versions outside ``ASYNC_DEFAULT_VERSIONS`` are marked ``slow``: the default
+suite runs ``changestream`` on every version and ``changestream-async`` on those four, and
+``pytest -m slow`` (CI's slow leg) runs the rest. The async client is generated from the
+same source as the sync one (``tools/gen_sync.py``) and every version-dependent decision
+is in the shared state machine, so what the async cases add on one more version is the
+same ``await`` path again; see ``ASYNC_DEFAULT_VERSIONS``.
 """
 
 from __future__ import annotations
@@ -20,11 +28,17 @@ from typing import Any
 import pytest
 
 from spec_tests.runner import RunnerError, SpecFailure, SpecSkip
-from spec_tests.runner.adapter import CLIENTS, DEFAULT_CLIENTS
+from spec_tests.runner.adapter import ASYNC_CLIENT, CLIENTS, DEFAULT_CLIENTS
 from spec_tests.runner.gc_pauses import no_gc_pauses
 from spec_tests.runner.loader import missing_reason, spec_required
 from spec_tests.runner.matrix import Case, build_cases, execute_case
 from spec_tests.runner.targets import TargetPool
+
+ASYNC_DEFAULT_VERSIONS = frozenset({"4.4", "6.0", "8.0", "9.1"})
+"""Versions on which the default suite runs the async client too: the oldest the current
+PyMongo talks to (4.2 is skipped at run time there), the first with expanded events and
+pre- and post-images, the simulator's default, and the newest. Its cases on the other
+versions are ``slow`` (CI's slow leg runs them)."""
 
 _POOL = pytest.StashKey[TargetPool]()
 CSOT_RETRIES = pytest.StashKey[list[str]]()
@@ -80,17 +94,30 @@ class UnifiedModule(pytest.Module):
         by_file: dict[str, list[Case]] = {}
         for case in cases:
             by_file.setdefault(case.label, []).append(case)
+        full_matrix = not versions and clients == DEFAULT_CLIENTS
         for label, file_cases in by_file.items():
-            yield SpecFileCollector.from_parent(self, name=label, cases=file_cases, clients=clients)
+            yield SpecFileCollector.from_parent(
+                self, name=label, cases=file_cases, clients=clients, full_matrix=full_matrix
+            )
+
+
+def is_slow(case: Case, client: str, full_matrix: bool) -> bool:
+    """Whether a case of the default (full) matrix runs in the slow leg only: the async
+    client's outside ``ASYNC_DEFAULT_VERSIONS``. A matrix narrowed by ``--spec-client`` or
+    ``--spec-versions`` runs whole, as asked."""
+    return full_matrix and client == ASYNC_CLIENT and case.version not in ASYNC_DEFAULT_VERSIONS
 
 
 class SpecFileCollector(pytest.Collector):
     """The cases of one spec file, once per client mode (all of one mode first)."""
 
-    def __init__(self, *, cases: list[Case], clients: tuple[str, ...], **kwargs: Any) -> None:
+    def __init__(
+        self, *, cases: list[Case], clients: tuple[str, ...], full_matrix: bool, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.cases = cases
         self.clients = clients
+        self.full_matrix = full_matrix
 
     def collect(self) -> Iterable[pytest.Item]:
         for client in self.clients:
@@ -100,6 +127,8 @@ class SpecFileCollector(pytest.Collector):
                 )
                 if case.skip is not None:
                     item.add_marker(pytest.mark.skip(reason=case.skip))
+                if is_slow(case, client, self.full_matrix):
+                    item.add_marker(pytest.mark.slow)
                 yield item
 
 

@@ -30,7 +30,9 @@ def rs90() -> Iterator[ReplicaSet]:
 
 @pytest.fixture
 def client(rs90: ReplicaSet) -> Iterator[Client]:
-    client: Client = pymongo.MongoClient(rs90.uri)
+    # ShutdownInProgress (91) marks the server unknown: PyMongo finds it again on its next
+    # heartbeat, 10 s away by default
+    client: Client = pymongo.MongoClient(rs90.uri, heartbeatFrequencyMS=500)
     yield client
     client.close()
 

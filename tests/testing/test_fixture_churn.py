@@ -61,15 +61,15 @@ def churn(deployments: int = 200) -> None:
     assert _rss_mb() - rss < 40, f"RSS grew {_rss_mb() - rss:.1f} MB over 200 deployments"
 
 
-def _in_own_process(function: str) -> None:
-    """Run this module's ``function`` in a new interpreter: the threads it counts are then its
-    deployments' alone. In the suite's process, other tests' deployments live on (the
-    session's replica set), and a leaked client's cursor, collected meanwhile, makes one of
-    them start an idle timer or a worker that would be counted as a stopped deployment's."""
+def _in_own_process(function: str, *args: int) -> None:
+    """Run this module's ``function(*args)`` in a new interpreter: the threads it counts are
+    then its deployments' alone. In the suite's process, other tests' deployments live on
+    (the session's replica set), and a leaked client's cursor, collected meanwhile, makes one
+    of them start an idle timer or a worker that would be counted as a stopped deployment's."""
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
         [sys.executable, "-c", f"from tests.testing.test_fixture_churn import {function}; "
-         f"{function}()"],
+         f"{function}(*{args!r})"],
         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
         timeout=280,
     )  # fmt: skip
@@ -104,15 +104,19 @@ def _simulator_threads(before: set[int | None]) -> list[str]:
     )
 
 
-def test_100_deployments_with_pymongo_clients_leave_no_simulator_thread() -> None:
+@pytest.mark.parametrize("deployments", [
+    20,  # every path: 1, 2 and 3 members, clients closed before and (twice) after the stop
+    pytest.param(100, marks=pytest.mark.slow),  # the same paths, many times over: endurance
+])
+def test_deployments_with_pymongo_clients_leave_no_simulator_thread(deployments: int) -> None:
     """Issue 33, item 11: after ``stop()`` returns, no thread the deployment started is alive,
     with PyMongo's own change streams and monitors on it (awaitable hellos, getMores)."""
-    _in_own_process("pymongo_churn")
+    _in_own_process("pymongo_churn", deployments)
 
 
-def pymongo_churn() -> None:
+def pymongo_churn(deployments: int = 100) -> None:
     before = {t.ident for t in threading.enumerate()}
-    for i in range(100):
+    for i in range(deployments):
         open_at_stop = i % 10 == 0
         with ReplicaSet("8.0", members=1 + i % 3, noop_interval=0.05) as rs:
             client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(

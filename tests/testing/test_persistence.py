@@ -210,7 +210,9 @@ def test_serve_keeps_its_data_in_dbpath_across_ctrl_c(tmp_path: Path) -> None:
 
 def test_a_standalone_keeps_its_data(tmp_path: Path, start_rs: StartRs, clients: Clients) -> None:
     first = start_rs("8.0", standalone=True, dbpath=tmp_path)
-    clients(first.uri).db.c.insert_many([{"_id": 1}, {"_id": 2}])
+    writer = clients(first.uri)
+    writer.db.c.insert_many([{"_id": 1}, {"_id": 2}])
+    writer.close()  # before the stop: closed after it, it waits 5 s to send endSessions
     first.stop()
     second = start_rs("8.0", standalone=True, dbpath=tmp_path)
     assert [d["_id"] for d in clients(second.uri).db.c.find()] == [1, 2]
@@ -226,6 +228,7 @@ def test_history_lost_stays_lost_after_a_restart(
         next(stream)
         old_token = stream.resume_token
     client.db.c.insert_many([{"_id": i} for i in range(1, 10)])
+    client.close()  # before the stop: closed after it, it waits 5 s to send endSessions
     first.stop()
     second = start_rs("8.0", dbpath=tmp_path, oplog_max_entries=5)
     with pytest.raises(OperationFailure) as exc:

@@ -54,9 +54,7 @@ def table_side(rows: int, workdir: str) -> None:
     rss_before = peak_rss_mb()
     began = time.perf_counter()
     data = ["document"]
-    batches = sink.table().to_pyarrow_dataset().to_batches(columns=["_key", *data],
-                                                            batch_size=65_536)
-    streamed = Hashes.of(iter(batches), data, new_powers())
+    streamed = Hashes.of(current_batches(sink.table(), data), data, new_powers())
     seconds = time.perf_counter() - began
     print(f"table side at {rows:,} rows, streamed (what verify does on a compacted table): "
           f"{seconds:.1f} s, {seconds / rows * 1e6:.2f} us/row; peak RSS {peak_rss_mb():.0f} MB "

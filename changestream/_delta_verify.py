@@ -44,6 +44,10 @@ __all__ = [
 
 RANGE_ROWS = 1024
 """Rows per range of the key-hash space (a range is drilled into only if it differs)."""
+HASH_ROWS = 8_192
+"""Rows hashed at a time: the hash takes ~30 bytes of temporaries per byte of text, so a
+batch of 65,536 orders made ~0.5 GB of them; 8,192 was also 2.5x faster (3M rows: 8.9 ->
+3.5 s, the temporaries stay in the CPU's caches)."""
 
 _U64 = np.uint64
 _PRIME = _U64(0x100000001B3)
@@ -171,7 +175,7 @@ class Hashes:
 def table_hashes(current: pa.Table, powers: _Powers) -> Hashes:
     """The table side: the current state (``_key`` and the data columns) in batches."""
     data = [name for name in current.column_names if name not in (KEY, SEQ, OP)]
-    return Hashes.of(iter(current.to_batches(max_chunksize=65_536)), data, powers)
+    return Hashes.of(iter(current.to_batches(max_chunksize=HASH_ROWS)), data, powers)
 
 
 def current_batches(table: DeltaTable, data: Sequence[str]) -> Iterator[pa.RecordBatch]:
@@ -185,13 +189,13 @@ def current_batches(table: DeltaTable, data: Sequence[str]) -> Iterator[pa.Recor
     log = latest(dataset.to_table(filter=pc.field(SEQ) > 0, columns=[KEY, SEQ, OP, *data]))
     logged = log.column(KEY) if log.num_rows else None
     for batch in dataset.to_batches(filter=pc.field(SEQ) == 0, columns=[KEY, *data],
-                                    batch_size=65_536):
+                                    batch_size=HASH_ROWS):
         if logged is not None:
             batch = batch.filter(pc.invert(pc.is_in(batch.column(KEY), value_set=logged)))
         yield batch
     if logged is not None:
         yield from log.filter(pc.equal(log.column(OP), UPSERT)).select([KEY, *data]).to_batches(
-            max_chunksize=65_536)
+            max_chunksize=HASH_ROWS)
 
 
 @dataclasses.dataclass(frozen=True)

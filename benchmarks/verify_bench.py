@@ -52,22 +52,11 @@ def table_side(rows: int, workdir: str) -> None:
     first_load(sink, rows, 100_000)
     print(f"table of {rows:,} rows written in {time.perf_counter() - started:.0f} s", flush=True)
     rss_before = peak_rss_mb()
-    began = time.perf_counter()
-    data = ["document"]
-    streamed = Hashes.of(current_batches(sink.table(), data), data, new_powers())
-    seconds = time.perf_counter() - began
-    print(f"table side at {rows:,} rows, streamed (what verify does on a compacted table): "
-          f"{seconds:.1f} s, {seconds / rows * 1e6:.2f} us/row; peak RSS {peak_rss_mb():.0f} MB "
-          f"(before: {rss_before:.0f} MB)", flush=True)
-    del streamed
+    streamed_side(sink, rows, "streamed (what verify does on a compacted table)")
+    print(f"  (peak RSS before: {rss_before:.0f} MB)", flush=True)
     log_changes(sink, rows)
-    began = time.perf_counter()
-    streamed = Hashes.of(current_batches(sink.table(), data), data, new_powers())
-    seconds = time.perf_counter() - began
-    print(f"table side at {rows:,} rows with a change log of 50,000 updates, streamed (what "
-          f"verify does since 2026-12-02): {seconds:.1f} s, {seconds / rows * 1e6:.2f} us/row; "
-          f"peak RSS {peak_rss_mb():.0f} MB", flush=True)
-    del streamed
+    streamed_side(sink, rows, "with a change log of 50,000 updates, streamed (what verify does "
+                  "since 2026-12-02)")
     began = time.perf_counter()
     current = sink.read_current()
     read = time.perf_counter() - began
@@ -83,6 +72,15 @@ def table_side(rows: int, workdir: str) -> None:
           f"with a change log until 2026-12-02): read {read:.1f} s, hash {hashing:.1f} s, compare "
           f"{comparing:.2f} s ({result.ranges:,} ranges): {total:.1f} s, "
           f"{total / rows * 1e6:.2f} us/row; peak RSS {peak_rss_mb():.0f} MB", flush=True)
+
+
+def streamed_side(sink: DeltaSink, rows: int, what: str) -> None:
+    """The table side as ``verify`` reads it (``current_batches``), timed, with the peak RSS."""
+    began = time.perf_counter()
+    Hashes.of(current_batches(sink.table(), ["document"]), ["document"], new_powers())
+    seconds = time.perf_counter() - began
+    print(f"table side at {rows:,} rows, {what}: {seconds:.1f} s, "
+          f"{seconds / rows * 1e6:.2f} us/row; peak RSS {peak_rss_mb():.0f} MB", flush=True)
 
 
 def log_changes(sink: DeltaSink, rows: int) -> None:

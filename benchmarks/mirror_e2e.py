@@ -89,8 +89,8 @@ def backlog(coll: Any, docs: int, changes: int) -> int:
     return next_key
 
 
-def run(coll: Any, handler: Callable[[Any], None], store: Any, count: int,
-        watch: dict[str, Any] = WATCH, **options: Any) -> float:
+def run(coll: Any, handler: Callable[[Any], None], store: Any, count: int, **options: Any
+        ) -> float:
     """Seconds until ``count`` changes were handled (and stored)."""
     stop = threading.Event()
     seen = [0]
@@ -102,7 +102,7 @@ def run(coll: Any, handler: Callable[[Any], None], store: Any, count: int,
             stop.set()
 
     began = time.perf_counter()
-    changestream.consume(coll, handle, store, stop=stop, save_every=10_000, watch_options=watch,
+    changestream.consume(coll, handle, store, stop=stop, save_every=10_000, watch_options=WATCH,
                          **options)
     return time.perf_counter() - began
 

@@ -23,7 +23,7 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 
 from ._delta_drift import Drift
-from ._delta_json import relaxed_dumps, relaxed_key
+from ._delta_json import relaxed_dumps
 from ._delta_layout import SEQ, ascending, layout_schema
 from ._delta_schema import arrow_schema
 from ._merge import CANONICAL, RELAXED, MergeBatch, key_json
@@ -354,8 +354,7 @@ def base_rows(staged: Sequence[Mapping[str, Any]], schema: pa.Schema | None,
             continue  # a record of no document (snapshotInterrupted)
         documents.append(change["fullDocument"])
         keys.append(key)
-    texts = [relaxed_key(key) for key in keys] if json_options is RELAXED else [
-        key_json(key, json_options) for key in keys]
+    texts = [key_json(key, json_options) for key in keys]
     rows = source_table(texts, ["upsert"] * len(texts), documents, schema, json_options, drift)
     return rows if ascending(rows.column(KEY)) else rows.sort_by(KEY)
 

@@ -470,7 +470,7 @@ class DeltaSink(WriteBehind):
     # -- the handler -------------------------------------------------------------------------
     def __call__(self, change: Mapping[str, Any]) -> None:
         """Stage one change (the next :meth:`save` commits it): ``consume``'s handler. Raw
-        events (``mirror``'s) are decoded by the commit, behind the next fetch."""
+        events (``document_class=RawBSONDocument``) are decoded by the commit, behind."""
         whole = self.schema is not None or self.history is not None
         self._staged.append(staged_form(change, self._json_options, whole=whole))
 

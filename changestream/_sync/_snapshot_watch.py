@@ -22,6 +22,7 @@ from pymongo.synchronous.collection import Collection
 
 from .._consumer.options import OVERSIZE_CHOICES, STARTS, opener_arguments_error
 from .._pymongo import SyncCursorReader
+from .._read_ahead import READ_AHEAD_BATCH
 from .._snapshot import (
     DEFAULT_COPY_BATCH,
     DeliverRecord,
@@ -98,6 +99,7 @@ class SnapshotThenWatch:
         self._read = SyncCursorReader(collection.database, self._session,
                                        collection.codec_options)
         self._stream: ChangeStream[Any] | None = None
+        self._reads_ahead = False
         self._closed = False
 
     @property
@@ -187,6 +189,8 @@ class SnapshotThenWatch:
                 self._stream = watch(
                     self._collection, self._pipeline, **action.start, **self._options
                 )
+                if self._reads_ahead:
+                    self._stream.read_ahead()
             return self._stream.try_next()
 
     def next(self) -> Any:
@@ -214,6 +218,13 @@ class SnapshotThenWatch:
         self._end_session()
         if self._stream is not None:
             self._stream.close()
+
+    def read_ahead(self) -> None:
+        """The change stream, once open, reads ahead (see :meth:`ChangeStream.read_ahead`);
+        the copy's reads are not affected."""
+        self._reads_ahead = True
+        if self._stream is not None:
+            self._stream.read_ahead()
 
     def interrupt(self) -> None:
         """End a poll waiting on the change stream, from another thread or task: closes the
@@ -271,14 +282,20 @@ def stream_opener(
     # where a run starts while the store holds no token; a stored token wins over them
     first = {"resume_after": None, **{name: options.pop(name) for name in STARTS if name in options}}
 
+    options.setdefault("batch_size", READ_AHEAD_BATCH)  # (what reading ahead overlaps)
+
     def open_stream(token: Any) -> Any:
+        stream: ChangeStream[Any] | SnapshotThenWatch
         if opens_snapshot(token, initial_snapshot):
-            return snapshot_then_watch(
+            stream = snapshot_then_watch(
                 source, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
                 marks=marks, **options,
             )
-        start = first if token is None else {"resume_after": token}
-        return watch(source, pipeline, **start, **options)
+        else:
+            start = first if token is None else {"resume_after": token}
+            stream = watch(source, pipeline, **start, **options)
+        stream.read_ahead()  # the server builds the next batch while the handler works
+        return stream
 
     return open_stream
 

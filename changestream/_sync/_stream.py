@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import threading
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.mongo_client import MongoClient
 
+from .. import _read_ahead
 from .._diagnosis import wrong_client_message
 from .._machine import (
     NOT_BUFFERED,
@@ -37,6 +38,9 @@ from .._options import (
 from .._pymongo import SyncTransport
 from .._shell import StreamShell
 from .._stream_view import StreamView
+
+if TYPE_CHECKING:
+    from .._pymongo import CommandResult
 
 __all__ = ["ChangeStream"]
 
@@ -99,6 +103,8 @@ class ChangeStream(StreamShell, Generic[_T]):
         super().__init__(resolved, options, SyncTransport)
         self._transport: SyncTransport
         self._lock = threading.RLock()
+        self._reads_ahead = False
+        self._ahead: _read_ahead.ThreadAhead | None = None
 
     def _start(self) -> None:
         """Run the initial aggregate (called by :func:`watch`)."""
@@ -193,6 +199,18 @@ class ChangeStream(StreamShell, Generic[_T]):
         killed aside; see :class:`~changestream._stream_view.StreamView`)."""
         self.close()
 
+    def read_ahead(self) -> None:
+        """From now on send each getMore as soon as the batch before it arrives, so the server
+        builds the next batch while the caller handles this one (``consume`` does so).
+
+        Nothing else changes: each getMore's outcome reaches the stream when it would have
+        asked, the same changes, tokens and errors in the same order. Off by default (the
+        spec's command sequence is one getMore per exhausted batch); a close waits for the
+        getMore sent ahead (at most ``max_await_time_ms``) before it kills the cursor
+        (``docs/consume.md``, "Reading ahead").
+        """
+        self._reads_ahead = True
+
     def __iter__(self) -> ChangeStream[_T]:
         return self
 
@@ -226,7 +244,7 @@ class ChangeStream(StreamShell, Generic[_T]):
                     elif isinstance(action, Deliver):
                         return action.document
                     else:
-                        self._feed(self._transport.run(action))
+                        self._feed(self._command(action))
                         continue
                 except BaseException:
                     # Interrupted mid-command (or the callback failed): close, kill the cursor.
@@ -235,7 +253,30 @@ class ChangeStream(StreamShell, Generic[_T]):
                 raise error  # the stream's own error: it stays as the machine left it
         finally:
             if self._finished:
+                self._drop_ahead()
                 self._transport.close()
+
+    def _command(self, action: Any) -> CommandResult:
+        """Run the machine's command, or hand it the outcome of the getMore read ahead for it;
+        then read the next one ahead if the stream does (:mod:`changestream._read_ahead`)."""
+        ahead, self._ahead = self._ahead, None
+        outcome: CommandResult | None = None
+        if ahead is not None:
+            earlier = ahead.outcome()
+            if _read_ahead.answers(ahead.action, action):
+                outcome = earlier  # else dropped: another command (a close, a resume) comes
+        if outcome is None:
+            outcome = self._transport.run(action)
+        if self._reads_ahead and not self._close_requested and _read_ahead.reads_ahead(
+                action, outcome):
+            self._ahead = _read_ahead.ThreadAhead(self._transport.run, action)
+        return outcome
+
+    def _drop_ahead(self) -> None:
+        """Wait for a getMore read ahead and drop its outcome (the stream is closing)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.outcome()
 
     def _interrupted(self) -> None:
         """Close the stream at once: kill its cursor and end the session before returning."""

@@ -21,6 +21,7 @@ from pymongo.errors import OperationFailure
 
 from .._consumer.options import OVERSIZE_CHOICES, STARTS, opener_arguments_error
 from .._pymongo import AsyncCursorReader
+from .._read_ahead import READ_AHEAD_BATCH
 from .._snapshot import (
     DEFAULT_COPY_BATCH,
     DeliverRecord,
@@ -97,6 +98,7 @@ class AsyncSnapshotThenWatch:
         self._read = AsyncCursorReader(collection.database, self._session,
                                        collection.codec_options)
         self._stream: AsyncChangeStream[Any] | None = None
+        self._reads_ahead = False
         self._closed = False
 
     @property
@@ -186,6 +188,8 @@ class AsyncSnapshotThenWatch:
                 self._stream = await watch(
                     self._collection, self._pipeline, **action.start, **self._options
                 )
+                if self._reads_ahead:
+                    self._stream.read_ahead()
             return await self._stream.try_next()
 
     async def next(self) -> Any:
@@ -213,6 +217,13 @@ class AsyncSnapshotThenWatch:
         await self._end_session()
         if self._stream is not None:
             await self._stream.close()
+
+    def read_ahead(self) -> None:
+        """The change stream, once open, reads ahead (see :meth:`AsyncChangeStream.read_ahead`);
+        the copy's reads are not affected."""
+        self._reads_ahead = True
+        if self._stream is not None:
+            self._stream.read_ahead()
 
     async def interrupt(self) -> None:
         """End a poll waiting on the change stream, from another thread or task: closes the
@@ -270,14 +281,20 @@ def stream_opener(
     # where a run starts while the store holds no token; a stored token wins over them
     first = {"resume_after": None, **{name: options.pop(name) for name in STARTS if name in options}}
 
+    options.setdefault("batch_size", READ_AHEAD_BATCH)  # (what reading ahead overlaps)
+
     async def open_stream(token: Any) -> Any:
+        stream: AsyncChangeStream[Any] | AsyncSnapshotThenWatch
         if opens_snapshot(token, initial_snapshot):
-            return await snapshot_then_watch(
+            stream = await snapshot_then_watch(
                 source, pipeline, resume_after=token, copy_batch_size=copy_batch_size,
                 marks=marks, **options,
             )
-        start = first if token is None else {"resume_after": token}
-        return await watch(source, pipeline, **start, **options)
+        else:
+            start = first if token is None else {"resume_after": token}
+            stream = await watch(source, pipeline, **start, **options)
+        stream.read_ahead()  # the server builds the next batch while the handler works
+        return stream
 
     return open_stream
 

@@ -19,11 +19,12 @@ import asyncio  # sync: import threading
 import inspect  # async-only
 from collections.abc import Callable  # async-only
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
+from .. import _read_ahead
 from .._diagnosis import wrong_client_message
 from .._machine import (
     NOT_BUFFERED,
@@ -40,6 +41,9 @@ from .._pymongo import AsyncTransport
 from .._shell import StreamShell
 from .._stream_view import StreamView
 from .._token import ResumeToken  # async-only
+
+if TYPE_CHECKING:
+    from .._pymongo import CommandResult
 
 __all__ = ["AsyncChangeStream", "TokenCallback"]  # sync: __all__ = ["ChangeStream"]
 
@@ -117,6 +121,8 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         super().__init__(resolved, options, AsyncTransport)
         self._transport: AsyncTransport
         self._lock = asyncio.Lock()  # sync: self._lock = threading.RLock()
+        self._reads_ahead = False
+        self._ahead: _read_ahead.TaskAhead | None = None  # sync: self._ahead: _read_ahead.ThreadAhead | None = None
         # async-only: begin
         self._cleanup: asyncio.Task[None] | None = None
         self._on_token = on_resume_token_change
@@ -236,6 +242,18 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         killed aside; see :class:`~changestream._stream_view.StreamView`)."""
         await self.close()
 
+    def read_ahead(self) -> None:
+        """From now on send each getMore as soon as the batch before it arrives, so the server
+        builds the next batch while the caller handles this one (``consume`` does so).
+
+        Nothing else changes: each getMore's outcome reaches the stream when it would have
+        asked, the same changes, tokens and errors in the same order. Off by default (the
+        spec's command sequence is one getMore per exhausted batch); a close waits for the
+        getMore sent ahead (at most ``max_await_time_ms``) before it kills the cursor
+        (``docs/consume.md``, "Reading ahead").
+        """
+        self._reads_ahead = True
+
     def __aiter__(self) -> AsyncChangeStream[_T]:
         return self
 
@@ -270,7 +288,7 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
                         await self._notify()  # async-only
                         return action.document
                     else:
-                        self._feed(await self._transport.run(action))
+                        self._feed(await self._command(action))
                         await self._notify()  # async-only
                         continue
                 except BaseException:
@@ -280,7 +298,30 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
                 raise error  # the stream's own error: it stays as the machine left it
         finally:
             if self._finished:
+                await self._drop_ahead()
                 await self._transport.close()
+
+    async def _command(self, action: Any) -> CommandResult:
+        """Run the machine's command, or hand it the outcome of the getMore read ahead for it;
+        then read the next one ahead if the stream does (:mod:`changestream._read_ahead`)."""
+        ahead, self._ahead = self._ahead, None
+        outcome: CommandResult | None = None
+        if ahead is not None:
+            earlier = await ahead.outcome()
+            if _read_ahead.answers(ahead.action, action):
+                outcome = earlier  # else dropped: another command (a close, a resume) comes
+        if outcome is None:
+            outcome = await self._transport.run(action)
+        if self._reads_ahead and not self._close_requested and _read_ahead.reads_ahead(
+                action, outcome):
+            self._ahead = _read_ahead.TaskAhead(self._transport.run, action)  # sync: self._ahead = _read_ahead.ThreadAhead(self._transport.run, action)
+        return outcome
+
+    async def _drop_ahead(self) -> None:
+        """Wait for a getMore read ahead and drop its outcome (the stream is closing)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            await ahead.outcome()
 
     # sync-only: begin
     # def _interrupted(self) -> None:

@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "changestream._consumer.*",
     )),
     # The one module that touches PyMongo's internals, and what both shells share.
-    ("transport", ("changestream._pymongo", "changestream._shell")),
+    ("transport", ("changestream._pymongo", "changestream._shell", "changestream._read_ahead")),
     # The shells: written once for asyncio (aio/), their sync twins generated.
     ("shells", (
         "changestream.aio._*", "changestream._sync", "changestream._sync.*",

@@ -531,3 +531,45 @@ def test_the_carried_token_of_a_large_event_is_presented_only_when_asked(coll: A
         presented = stream.present_token(carried)
         assert type(presented) is dict and same(presented, change["_id"])
         assert same(stream.resume_token, presented)
+
+
+# -- reading ahead (changestream._read_ahead) ---------------------------------------------------
+def test_a_collection_is_read_ahead_in_batches_of_2000_and_every_change_is_handled_once(
+        mongodb_uri: str, coll: Any) -> None:
+    """``consume`` asks for the next batch while its handler works through this one (the
+    server builds it meanwhile), in getMore batches of 2,000 unless ``batch_size`` is set;
+    every change is still handled once, in order, and the last token is stored."""
+    from support import Recorder
+
+    recorder = Recorder()
+    observed: MongoClient[dict[str, Any]] = MongoClient(mongodb_uri, event_listeners=[recorder])
+    try:
+        start = token_before_writes(coll)
+        total = 6_000
+        for first in range(0, total, 1_000):
+            coll.insert_many([{"i": i} for i in range(first, first + 1_000)])
+        handled: list[int] = []
+        getmores_mid_batch: list[int] = []
+        stop = threading.Event()
+
+        def handle(change: Any) -> None:
+            handled.append(change["fullDocument"]["i"])
+            if len(handled) == 2_500:  # inside the first getMore's batch (2,001-4,000)
+                deadline = time.monotonic() + 10
+                while recorder.names().count("getMore") < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                getmores_mid_batch.append(recorder.names().count("getMore"))
+            if len(handled) == total:
+                stop.set()
+
+        store = MemoryTokenStore()
+        changestream.consume(observed[coll.database.name][coll.name], handle, store,
+                             stop=stop, watch_options={"resume_after": start, **FAST})
+        assert handled == list(range(total))
+        assert getmores_mid_batch == [2], recorder.names()  # the next one was already asked
+        assert {command.get("batchSize") for command in recorder.commands("getMore")} == {2_000}
+        assert recorder.commands("aggregate")[0]["cursor"] == {"batchSize": 2_000}
+        stored = store.load()
+        assert stored is not None
+    finally:
+        observed.close()

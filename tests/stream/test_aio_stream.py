@@ -601,3 +601,76 @@ def test_take_buffered_gives_the_changes_and_tokens_of_try_next(run: Run) -> Non
         assert all(type(token) is dict for _, token in taken)
 
     run(scenario)
+
+
+# -- reading ahead (consume's streams; changestream._read_ahead) ------------------------------
+async def _changes_and_tokens(stream: AsyncChangeStream[Any], count: int) -> list[Any]:
+    """(the ``i`` of each change, the resume token after it) for ``count`` changes."""
+    seen = []
+    while len(seen) < count:
+        change = await stream.try_next()
+        if change is not None:
+            seen.append((change["fullDocument"]["i"], plain(stream.resume_token)))
+    return seen
+
+
+def test_read_ahead_hands_out_the_same_changes_and_tokens_and_asks_before_the_caller(
+        run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, batch_size=4, **FAST) as plain_stream:
+            start = plain_stream.resume_token
+            ctx.writer.insert_many([{"i": i} for i in range(30)])
+            expected = await _changes_and_tokens(plain_stream, 30)
+        async with await watch(ctx.coll, batch_size=4, resume_after=start, **FAST) as stream:
+            stream.read_ahead()
+            first = await stream.next()  # the aggregate's first batch: nothing read ahead yet
+            while stream.buffered:
+                await stream.next()
+            getmores = ctx.recorder.names().count("getMore")
+            await stream.next()  # one getMore, for a batch of 4: the next goes out at once
+            for _ in range(200):  # beside the caller, who asks for nothing meanwhile
+                if ctx.recorder.names().count("getMore") > getmores + 1:
+                    break
+                await asyncio.sleep(0.01)  # sync: threading.Event().wait(0.01)
+            assert ctx.recorder.names().count("getMore") == getmores + 2, ctx.recorder.names()
+            assert stream.buffered == 3
+        async with await watch(ctx.coll, batch_size=4, resume_after=start, **FAST) as stream:
+            stream.read_ahead()
+            assert await _changes_and_tokens(stream, 30) == expected
+        assert first["fullDocument"]["i"] == 0
+
+    run(scenario)
+
+
+def test_read_ahead_resumes_after_a_getmore_read_ahead_fails(run: Run) -> None:
+    """The failure reaches the stream when it asks, as if the getMore had just run: it resumes
+    from the last change handed out, and no change is lost or handed out twice."""
+
+    async def scenario(ctx: Ctx) -> None:
+        async with await watch(ctx.coll, batch_size=3, **FAST) as stream:
+            start = stream.resume_token
+            ctx.writer.insert_many([{"i": i} for i in range(12)])
+        async with await watch(ctx.coll, batch_size=3, resume_after=start, **FAST) as stream:
+            stream.read_ahead()
+            seen = [(await stream.next())["fullDocument"]["i"] for _ in range(5)]
+            ctx.resumable_getmore_failure()  # the getMore read ahead (or the next) fails
+            seen += [(await stream.next())["fullDocument"]["i"] for _ in range(7)]
+        assert seen == list(range(12))
+        assert ctx.recorder.names().count("aggregate") == 3  # the two opens and one resume
+
+    run(scenario)
+
+
+def test_read_ahead_close_waits_for_the_getmore_and_kills_the_cursor(run: Run) -> None:
+    async def scenario(ctx: Ctx) -> None:
+        stream = await watch(ctx.coll, batch_size=2, **FAST)
+        stream.read_ahead()
+        ctx.writer.insert_many([{"i": i} for i in range(6)])
+        assert [(await stream.next())["fullDocument"]["i"] for _ in range(3)] == [0, 1, 2]
+        await stream.close()
+        assert not stream.alive and ctx.recorder.names()[-1] == "killCursors"
+        assert await stream.try_next() is None
+        assert not [thread for thread in threading.enumerate()
+                    if thread.name == "changestream-read-ahead"]
+
+    run(scenario)

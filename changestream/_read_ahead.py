@@ -15,7 +15,10 @@ as if it had just been run. When the machine asks for anything else instead
 (a killCursors as the stream closes, or an aggregate to resume), the read-ahead's
 outcome is dropped after it arrives (the session is never used by two commands at
 once): its changes were never handed out, and the resume starts from the token
-of the last change that was. Off by default: the spec's command sequence (tested
+of the last change that was. A close first sends its killCursors on a connection of
+its own (as a close from another thread does), so a getMore read ahead that waits on
+an idle stream ends at once instead of after its await; not behind a load balancer,
+where the cursor lives on the one connection the getMore holds. Off by default: the spec's command sequence (tested
 command by command by the unified tests) is one getMore per exhausted batch.
 
 The sync shell runs the getMore on a thread of its own (one per batch, ended with

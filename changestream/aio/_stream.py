@@ -25,6 +25,7 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
 from .. import _read_ahead
+from .._actions import KillCursors
 from .._diagnosis import wrong_client_message
 from .._machine import (
     NOT_BUFFERED,
@@ -248,9 +249,9 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
 
         Nothing else changes: each getMore's outcome reaches the stream when it would have
         asked, the same changes, tokens and errors in the same order. Off by default (the
-        spec's command sequence is one getMore per exhausted batch); a close waits for the
-        getMore sent ahead (at most ``max_await_time_ms``) before it kills the cursor
-        (``docs/consume.md``, "Reading ahead").
+        spec's command sequence is one getMore per exhausted batch); a close kills the
+        cursor of the getMore sent ahead on a connection of its own, so that getMore ends at
+        once (``docs/consume.md``, "Reading ahead").
         """
         self._reads_ahead = True
 
@@ -307,6 +308,8 @@ class AsyncChangeStream(StreamShell, Generic[_T]):
         ahead, self._ahead = self._ahead, None
         outcome: CommandResult | None = None
         if ahead is not None:
+            if isinstance(action, KillCursors) and not self._machine.cursor_on_one_connection:
+                await self._transport.run_aside(action)  # a close: the getMore ahead ends now
             earlier = await ahead.outcome()
             if _read_ahead.answers(ahead.action, action):
                 outcome = earlier  # else dropped: another command (a close, a resume) comes

@@ -290,13 +290,6 @@ class ChangeStreamMachine:
             return None
         return kill_command(cursor.id, cursor.collection, cursor.database, cursor.address)
 
-    @property
-    def cursor_on_one_connection(self) -> bool:
-        """The open cursor lives on its one connection (load-balanced mode): no command sent
-        on another connection reaches it."""
-        cursor = self._cursor
-        return cursor is not None and cursor.load_balanced
-
     def request_close(self) -> None:
         """A close is coming from aside (another thread or task; only a flag): the getMore
         :meth:`in_flight_kill` interrupts then fails (``CursorKilled``, or ``CursorNotFound``,

@@ -321,6 +321,11 @@ class _Transport:
         self._pin: _Checkout | None = None
         """Load-balanced mode: the connection the open cursor lives on."""
 
+    @property
+    def load_balanced(self) -> bool:
+        """Behind a load balancer a cursor lives on one connection: nothing reaches it aside."""
+        return _load_balanced(self._client)
+
     def _check_credentials(self, command: Command) -> None:
         """Before an aggregate: raise the authentication failure that left no member usable.
 

@@ -263,7 +263,7 @@ class ChangeStream(StreamShell, Generic[_T]):
         ahead, self._ahead = self._ahead, None
         outcome: CommandResult | None = None
         if ahead is not None:
-            if isinstance(action, KillCursors) and not self._machine.cursor_on_one_connection:
+            if isinstance(action, KillCursors) and not self._transport.load_balanced:
                 self._transport.run_aside(action)  # a close: the getMore ahead ends now
             earlier = ahead.outcome()
             if _read_ahead.answers(ahead.action, action):

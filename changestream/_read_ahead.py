@@ -18,8 +18,10 @@ once): its changes were never handed out, and the resume starts from the token
 of the last change that was. A close first sends its killCursors on a connection of
 its own (as a close from another thread does), so a getMore read ahead that waits on
 an idle stream ends at once instead of after its await; not behind a load balancer,
-where the cursor lives on the one connection the getMore holds. Off by default: the spec's command sequence (tested
-command by command by the unified tests) is one getMore per exhausted batch.
+where the cursor lives on the one connection the getMore holds.
+
+Off by default: the spec's command sequence (tested command by command by the
+unified tests) is one getMore per exhausted batch.
 
 The sync shell runs the getMore on a thread of its own (one per batch, ended with
 it), in the context of the call that received the batch (its client-side
@@ -56,9 +58,13 @@ def reads_ahead(action: Action, outcome: CommandResult) -> bool:
 
 
 def answers(sent: RunGetMore, action: Action) -> bool:
-    """Whether the getMore read ahead is the command the machine now asks for."""
+    """Whether the getMore read ahead answers the command the machine now asks for: a getMore
+    on the same cursor. Its fields are not compared: the cursor has moved past the changes
+    the read-ahead brought, so its reply must be used whenever the cursor is the same (the
+    machine builds every getMore of a cursor alike, so they never differ anyway)."""
     return (isinstance(action, RunGetMore) and action.address == sent.address
-            and action.command == sent.command)
+            and action.command["getMore"] == sent.command["getMore"]
+            and action.command.get("collection") == sent.command.get("collection"))
 
 
 class ThreadAhead:

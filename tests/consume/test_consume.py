@@ -563,13 +563,14 @@ def test_a_collection_is_read_ahead_in_batches_of_2000_and_every_change_is_handl
                 stop.set()
 
         store = MemoryTokenStore()
-        changestream.consume(observed[coll.database.name][coll.name], handle, store,
-                             stop=stop, watch_options={"resume_after": start, **FAST})
+        result = changestream.consume(observed[coll.database.name][coll.name], handle, store,
+                                      stop=stop, watch_options={"resume_after": start, **FAST})
         assert handled == list(range(total))
         assert getmores_mid_batch == [2], recorder.names()  # the next one was already asked
         assert {command.get("batchSize") for command in recorder.commands("getMore")} == {2_000}
         assert recorder.commands("aggregate")[0]["cursor"] == {"batchSize": 2_000}
         stored = store.load()
-        assert stored is not None
+        assert stored is not None and same(stored.token, result.token)
+        assert result.handled == total
     finally:
         observed.close()

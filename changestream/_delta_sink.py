@@ -404,14 +404,15 @@ class DeltaSink(WriteBehind):
         return (is_snapshot_position(position) and position.get("phase") == "copy"
                 and not (is_snapshot_position(token) and token.get("phase") == "copy"))
 
-    def _first_load(self, staged: Sequence[Mapping[str, Any]]) -> bool:
+    def _first_load(self, staged: Sequence[Any]) -> bool:
         """Are these snapshot records of this app id's first load (appended as base rows)?
 
         Only while the position is a copy of a new table: each key comes
         once, in no earlier row; after that, snapshot records are changes.
         """
         try:
-            if any(change["_id"]["_data"] != SNAPSHOT_MARK or change["_id"]["phase"] != "copy"
+            if any(type(change) is tuple  # a stream event's row (_merge.Row)
+                   or change["_id"]["_data"] != SNAPSHOT_MARK or change["_id"]["phase"] != "copy"
                    for change in staged):
                 return False
         except (KeyError, TypeError):

@@ -28,8 +28,8 @@ from ._token import ResumeToken
 from .errors import ChangeStreamError
 
 __all__ = [
-    "CLEARS", "MergeBatch", "MergeColumns", "MergeRow", "MissingDocumentError", "change_effect",
-    "change_order", "key_json", "merge_columns", "merge_ready",
+    "CLEARS", "MergeBatch", "MergeColumns", "MergeRow", "MissingDocumentError", "Row", "as_row",
+    "change_effect", "change_order", "key_json", "merge_columns", "merge_ready",
 ]
 
 RELAXED = json_util.RELAXED_JSON_OPTIONS
@@ -70,6 +70,46 @@ class MergeBatch:
     """A ``drop``, ``rename`` or ``dropDatabase`` came: delete every row not in :attr:`rows`."""
     last_token: Mapping[str, Any] | None
     """The token of the batch's last change (``None`` for an empty batch)."""
+
+
+Row = tuple[str, str, Any, Any, str, Any, bool]
+"""A document change reduced to what :func:`merge_columns` reads, in one plain tuple
+(:func:`as_row`): its token's ``_data``, ``operationType``, ``ns.db``, ``ns.coll``, the key's
+text, the document as its holder keeps it (the Delta sink: its JSON text; ``None``: null)
+and whether the event had a ``fullDocument`` field.
+
+A tuple of texts is nothing the garbage collector walks (CPython stops tracking it at the
+first collection), where a decoded change keeps ~5 containers it walks again at every
+collection while the batch waits: the Delta sink stages its changes so.
+"""
+
+_ROW_OPERATIONS = frozenset({"insert", "update", "replace", "delete"})
+
+
+def as_row(change: Mapping[str, Any], json_options: JSONOptions, document: Any) -> Row | None:
+    """``change`` as a :data:`Row` (its key's text as :func:`key_json` makes it with
+    ``json_options``; ``document`` stands for its ``fullDocument``), or ``None`` when it is
+    not a document change with a change stream's token (snapshot records, DDL events and
+    odd shapes stay mappings)."""
+    if type(change) is not dict:
+        return None
+    operation = change.get("operationType")
+    token, ns, document_key = change.get("_id"), change.get("ns"), change.get("documentKey")
+    if operation not in _ROW_OPERATIONS or type(token) is not dict or len(token) != 1 \
+            or type(ns) is not dict or type(document_key) is not dict \
+            or "_id" not in document_key:
+        return None
+    data = token.get("_data")
+    if type(data) is not str or data == SNAPSHOT_MARK:
+        return None
+    return (data, operation, ns.get("db"), ns.get("coll"),
+            key_json(document_key["_id"], json_options),
+            document, "fullDocument" in change)
+
+
+def _token(change: Mapping[str, Any] | Row) -> Any:
+    """A staged change's resume token."""
+    return {"_data": change[0]} if isinstance(change, tuple) else change["_id"]
 
 
 def key_json(key: Any, json_options: JSONOptions = RELAXED) -> str:
@@ -134,12 +174,13 @@ class MergeColumns:
 
 
 def merge_columns(
-    changes: Iterable[Mapping[str, Any]],
+    changes: Iterable[Mapping[str, Any] | Row],
     *,
     full_document: str | None = None,
     json_options: JSONOptions = RELAXED,
 ) -> MergeColumns:
-    """:func:`merge_ready` as columns: the same rows, the same errors."""
+    """:func:`merge_ready` as columns: the same rows, the same errors. ``changes`` may
+    also hold :data:`Row` tuples (their document column: what the row holds)."""
     last, cleared, last_token = _collapse(changes, json_options)
     keys = list(last)
     ops: list[str] = []
@@ -152,14 +193,24 @@ def merge_columns(
 
 
 def _collapse(
-    changes: Iterable[Mapping[str, Any]], json_options: JSONOptions
-) -> tuple[dict[str, tuple[Any, Mapping[str, Any]]], bool, Mapping[str, Any] | None]:
+    changes: Iterable[Mapping[str, Any] | Row], json_options: JSONOptions
+) -> tuple[dict[str, tuple[Any, Mapping[str, Any] | Row]], bool, Mapping[str, Any] | None]:
     """Each key's last change in token order (in the order of those changes)."""
     ordered = _in_token_order(changes if isinstance(changes, list) else list(changes))
-    last: dict[str, tuple[Any, Mapping[str, Any]]] = {}
+    last: dict[str, tuple[Any, Mapping[str, Any] | Row]] = {}
     cleared = False
     namespace: tuple[Any, Any] | None = None
     for change in ordered:
+        if type(change) is tuple:  # a Row: a document change, its key's text made
+            here: tuple[Any, Any] = (change[2], change[3])
+            if here != namespace:
+                if namespace is not None:
+                    raise _mixed(namespace, here)
+                namespace = here
+            text = change[4]
+            last.pop(text, None)  # keeps the rows in the token order of their change
+            last[text] = (None, change)
+            continue
         operation = change.get("operationType")
         if operation == "error":
             raise ValueError(
@@ -173,10 +224,7 @@ def _collapse(
         if namespace is None:
             namespace = here
         elif here != namespace and operation != "dropDatabase":
-            raise ValueError(
-                f"merge_ready collapses the changes of one collection; this batch holds "
-                f"{_name(namespace)} and {_name(here)}: group the changes by 'ns' first"
-            )
+            raise _mixed(namespace, here)
         if operation in CLEARS:
             cleared = True
             last.clear()
@@ -190,10 +238,17 @@ def _collapse(
         text = key_json(key, json_options)
         last.pop(text, None)  # keeps the rows in the token order of their change
         last[text] = (key, change)
-    return last, cleared, ordered[-1]["_id"] if ordered else None
+    return last, cleared, _token(ordered[-1]) if ordered else None
 
 
-def _in_token_order(changes: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _mixed(namespace: tuple[Any, Any], here: tuple[Any, Any]) -> ValueError:
+    return ValueError(
+        f"merge_ready collapses the changes of one collection; this batch holds "
+        f"{_name(namespace)} and {_name(here)}: group the changes by 'ns' first"
+    )
+
+
+def _in_token_order(changes: list[Any]) -> list[Any]:
     """``changes`` sorted by :func:`_order` (stable).
 
     A stream hands its events in token order, so a batch of events is almost always
@@ -202,14 +257,15 @@ def _in_token_order(changes: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]
     records, tokens of another shape, a batch put together out of order) is sorted.
     """
     try:
-        texts = [change["_id"]["_data"] for change in changes]
+        texts = [change[0] if type(change) is tuple else change["_id"]["_data"]
+                 for change in changes]
         if all(type(text) is str and not len(text) % 2 for text in texts) and \
                 _UPPER_HEX.fullmatch("".join(texts)) and all(
                     a <= b for a, b in itertools.pairwise(texts)):
             return changes
     except (KeyError, TypeError):
         pass
-    keyed = sorted(((_order(change["_id"], index), change) for index, change in
+    keyed = sorted(((_order(_token(change), index), change) for index, change in
                     enumerate(changes)), key=lambda pair: pair[0])
     return [change for _, change in keyed]
 
@@ -218,28 +274,34 @@ def _name(namespace: tuple[Any, Any]) -> str:
     return ".".join(str(part) for part in namespace if part is not None) or "?"
 
 
-def _row(key: Any, text: str, change: Mapping[str, Any], full_document: str | None) -> MergeRow:
+def _row(key: Any, text: str, change: Mapping[str, Any] | Row, full_document: str | None
+         ) -> MergeRow:
     op, document = _op_document(text, change, full_document)
-    return MergeRow(key, text, op, document, change["_id"])
+    return MergeRow(key, text, op, document, _token(change))
 
 
 def _op_document(
-    text: str, change: Mapping[str, Any], full_document: str | None
-) -> tuple[Literal["upsert", "delete"], Mapping[str, Any] | None]:
+    text: str, change: Mapping[str, Any] | Row, full_document: str | None
+) -> tuple[Literal["upsert", "delete"], Any]:
     """What a key's last change leaves: ``("upsert", document)`` or ``("delete", None)``."""
-    operation = change.get("operationType")
+    operation: Any
+    if isinstance(change, tuple):
+        operation, document, has_document = change[1], change[5], change[6]
+    else:
+        operation = change.get("operationType")
+        document, has_document = change.get("fullDocument"), "fullDocument" in change
     if operation == "delete":
         return "delete", None
     if operation not in _UPSERTS:
         raise ValueError(f"cannot merge a {operation!r} event (key {text}): not a document change")
-    document = change.get("fullDocument")
     if document is not None:
         return "upsert", document
-    if operation == "update" and full_document == "updateLookup" and "fullDocument" in change:
+    if operation == "update" and full_document == "updateLookup" and has_document:
         return "delete", None  # gone when it was looked up
     raise MissingDocumentError(
-        f"the {operation} event of _id {text} (token {ResumeToken.of(change['_id']).to_json()}) "
-        "has no fullDocument, so the document after it is unknown: open the stream with "
+        f"the {operation} event of _id {text} (token "
+        f"{ResumeToken.of(_token(change)).to_json()}) has no fullDocument, so the document "
+        "after it is unknown: open the stream with "
         "full_document='updateLookup' (the current document) or full_document='required' "
         "(post-images: enable changeStreamPreAndPostImages on the collection), and pass the "
         "same full_document= to merge_ready"

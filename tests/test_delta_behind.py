@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -42,7 +43,8 @@ from delta_support import assert_mirrors, committed_versions, table_state  # noq
 import changestream._delta_sink as delta_sink  # noqa: E402
 from changestream._delta_resnapshot import DeltaResnapshot  # noqa: E402
 from changestream._delta_rows import staged_change  # noqa: E402
-from changestream._merge import RELAXED  # noqa: E402
+from changestream._merge import RELAXED, MissingDocumentError, merge_columns  # noqa: E402
+from changestream._snapshot import SNAPSHOT_MARK  # noqa: E402
 from changestream.delta import DeltaSink  # noqa: E402
 from changestream.stores import BackgroundTokenStore  # noqa: E402
 
@@ -217,10 +219,11 @@ def test_a_staged_change_keeps_what_the_merge_reads_and_the_table_is_the_same(
         coll.delete_one({"_id": 3})
         changes = [stream.next() for _ in range(7)]
     gone = {**changes[4], "fullDocument": None}  # its document was deleted before the lookup
-    slim = staged_change(gone, RELAXED)
-    assert set(slim) == {"_id", "operationType", "ns", "documentKey", "fullDocument"}
-    assert slim["fullDocument"] is None
-    assert staged_change(changes[0], RELAXED)["fullDocument"] == '{"_id": 0, "n": {"deep": [0, {"x": 0}]}}'
+    staged = [staged_change(change, RELAXED) for change in [*changes, gone]]
+    gc.collect()
+    assert not any(gc.is_tracked(change) for change in staged)  # nothing the collector walks
+    assert '{"_id": 0, "n": {"deep": [0, {"x": 0}]}}' in staged[0]  # the document's text
+    assert merge_columns(staged[-1:], full_document="updateLookup").ops == ["delete"]
     handled = DeltaSink(tmp_path / "handled", app_id="a", full_document="updateLookup")
     for change in changes:
         handled(change)
@@ -231,6 +234,56 @@ def test_a_staged_change_keeps_what_the_merge_reads_and_the_table_is_the_same(
         doc["_id"]: doc for doc in coll.find()}
     assert changes[4]["fullDocument"] is not None  # the caller's events are left as they were
     client.close()
+
+
+def _event(n: int, op: str, key: Any, *, coll: str = "c", **fields: Any) -> dict[str, Any]:
+    return {"_id": {"_data": f"82{n:08X}"}, "operationType": op, "ns": {"db": "d", "coll": coll},
+            "documentKey": {"_id": key}, **fields}
+
+
+def _collapsed(changes: list[Any], **options: Any) -> tuple[Any, ...]:
+    columns = merge_columns(changes, **options)
+    documents = [d if d is None or isinstance(d, str) else json_util.dumps(d)
+                 for d in columns.documents]
+    return columns.keys, columns.ops, documents, columns.cleared, columns.last_token
+
+
+def test_staged_rows_collapse_as_the_whole_changes_do_mixed_with_other_events() -> None:
+    """Staged rows (tuples), alone or in one batch with events that stay mappings (a
+    snapshot record, a drop, an odd token), give the whole changes' merge columns and
+    raise their errors."""
+    oid = ObjectId("6553f1000000000000000001")
+    snapshot = {"_id": {"_data": SNAPSHOT_MARK, "phase": "copy", "at": Timestamp(1, 1)},
+                "operationType": "insert", "ns": {"db": "d", "coll": "c"},
+                "documentKey": {"_id": 9}, "fullDocument": {"_id": 9}}
+    batches: list[list[Any]] = [
+        [_event(1, "insert", oid, fullDocument={"_id": oid, "v": 1}),
+         _event(2, "insert", "k", fullDocument={"_id": "k"}),
+         _event(3, "update", oid, fullDocument={"_id": oid, "v": 2}),
+         _event(4, "delete", "k"), _event(5, "replace", 3, fullDocument={"_id": 3, "r": 1}),
+         _event(6, "update", 7, fullDocument=None),  # gone at lookup: a delete
+         _event(7, "update", oid, fullDocument={"_id": oid, "v": 3})],  # rows: last in order
+        [snapshot, _event(1, "insert", 1, fullDocument={"_id": 1}),
+         _event(2, "insert", 2, fullDocument={"_id": 2})],
+        [_event(1, "insert", 1, fullDocument={"_id": 1}), _event(2, "drop", None),
+         _event(3, "insert", 2, fullDocument={"_id": 2})],
+        [_event(1, "insert", 1, fullDocument={"_id": 1}),
+         {**_event(2, "insert", 2, fullDocument={"_id": 2}), "_id": {"_data": "8202", "x": 1}}],
+    ]
+    for batch in batches:
+        staged = [staged_change(change, RELAXED) for change in batch]
+        assert any(type(change) is tuple for change in staged)
+        assert _collapsed(staged, full_document="updateLookup") == _collapsed(
+            batch, full_document="updateLookup")
+    two = [_event(1, "insert", 1, fullDocument={"_id": 1}),
+           _event(2, "insert", 2, coll="other", fullDocument={"_id": 2})]
+    for batch in (two, [staged_change(change, RELAXED) for change in two]):
+        with pytest.raises(ValueError, match="group the changes by 'ns'"):
+            merge_columns(batch)
+    bare = [_event(1, "update", 1)]  # no fullDocument: the stream was opened without it
+    for batch in (bare, [staged_change(change, RELAXED) for change in bare]):
+        with pytest.raises(MissingDocumentError, match='"_data": "8200000001"'):
+            merge_columns(batch, full_document="updateLookup")
 
 
 ODD = [

@@ -170,6 +170,9 @@ class AsyncSnapshotThenWatch:
         record = run.buffered()
         if record is not None:
             return record
+        stream = self._stream
+        if stream is not None:  # the copy is over: the change stream's alone (per change)
+            return await stream.try_next()
         while True:
             action = run.next_action()
             if isinstance(action, DeliverRecord):

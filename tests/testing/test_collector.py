@@ -1,0 +1,65 @@
+"""The ``serve`` process's full garbage collections run while it is idle (core/collector.py)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+
+from changestream.testing.core.collector import IdleCollector
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only a collection frees it
+
+
+def _old_cycle() -> weakref.ref[_Node]:
+    """A cycle that reached the oldest generation (only a full collection frees it)."""
+    node = _Node()
+    ref = weakref.ref(node)
+    gc.collect()  # moves it to the oldest generation
+    del node
+    gc.collect(1)  # the middle generation: the cycle survives it, and a full one is due
+    return ref
+
+
+def _wait(predicate: object, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_full_collection_runs_once_the_process_is_idle_and_thresholds_come_back() -> None:
+    before = gc.get_threshold()
+    with IdleCollector(idle_seconds=0.2, max_seconds=60) as collector:
+        assert gc.get_threshold()[2] > 10**9  # CPython's own full collections: out of reach
+        ref = _old_cycle()
+        assert ref() is not None  # only a full collection frees it
+        assert _wait(lambda: ref() is None and collector.collections >= 1, 5), \
+            "an idle process kept its garbage"
+    assert gc.get_threshold() == before
+
+
+def test_no_full_collection_while_busy_until_the_longest_interval() -> None:
+    stop = threading.Event()
+
+    def burn() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    with IdleCollector(idle_seconds=0.2, max_seconds=2.0) as collector:
+        ref = _old_cycle()
+        worker = threading.Thread(target=burn)
+        worker.start()
+        try:
+            time.sleep(1.0)
+            assert collector.collections == 0 and ref() is not None  # busy: no pause
+            assert _wait(lambda: ref() is None, 5), "garbage kept past the longest interval"
+        finally:
+            stop.set()
+            worker.join()

@@ -574,3 +574,33 @@ def test_a_collection_is_read_ahead_in_batches_of_2000_and_every_change_is_handl
         assert result.handled == total
     finally:
         observed.close()
+
+
+def test_a_stop_inside_a_buffered_batch_ends_after_that_change_and_the_next_run_goes_on(
+        coll: Any) -> None:
+    """The changes of a batch already fetched are handled in one call (no poll per change);
+    a stop set by the handler still ends the run right after that change, its token stored,
+    and the next run starts with the change after it: none lost, none twice."""
+    start = token_before_writes(coll)
+    coll.insert_many([{"i": i} for i in range(100)])
+    store = MemoryTokenStore(StoredToken(start, None, changestream.stores._now()))
+    handled: list[int] = []
+    stop = threading.Event()
+
+    def handle(change: Any) -> None:
+        handled.append(change["fullDocument"]["i"])
+        if len(handled) == 37:  # mid-batch: the 100 inserts come in one batch
+            stop.set()
+
+    changestream.consume(coll, handle, store, stop=stop, save_every=1_000, watch_options=FAST)
+    assert handled == list(range(37))
+    rest: list[int] = []
+    again = threading.Event()
+
+    def handle_rest(change: Any) -> None:
+        rest.append(change["fullDocument"]["i"])
+        if len(rest) == 63:
+            again.set()
+
+    changestream.consume(coll, handle_rest, store, stop=again, watch_options=FAST)
+    assert rest == list(range(37, 100))

@@ -6,6 +6,7 @@ import gc
 import threading
 import time
 import weakref
+from collections.abc import Callable
 
 from changestream.testing.core.collector import IdleCollector
 
@@ -16,7 +17,7 @@ class _Node:
 
 
 def _old_cycle() -> weakref.ref[_Node]:
-    """A cycle that reached the oldest generation (only a full collection frees it)."""
+    """A dead cycle in the oldest generation (only a full collection frees it)."""
     node = _Node()
     ref = weakref.ref(node)
     gc.collect()  # moves it to the oldest generation
@@ -25,24 +26,25 @@ def _old_cycle() -> weakref.ref[_Node]:
     return ref
 
 
-def _wait(predicate: object, seconds: float) -> bool:
+def _wait(predicate: Callable[[], bool], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return True
         time.sleep(0.02)
     return False
 
 
-def test_a_full_collection_runs_once_the_process_is_idle_and_thresholds_come_back() -> None:
+def test_a_full_collection_runs_once_the_process_is_idle_and_the_collector_comes_back() -> None:
     before = gc.get_threshold()
-    with IdleCollector(idle_seconds=0.2, max_seconds=60) as collector:
+    with IdleCollector(idle_seconds=0.2) as collector:
         assert gc.get_threshold()[2] > 10**9  # CPython's own full collections: out of reach
         ref = _old_cycle()
         assert ref() is not None  # only a full collection frees it
         assert _wait(lambda: ref() is None and collector.collections >= 1, 5), \
             "an idle process kept its garbage"
-    assert gc.get_threshold() == before
+        assert gc.get_freeze_count() > 0  # what survived is frozen: the next one is short
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
 def test_no_full_collection_while_busy_until_the_longest_interval() -> None:
@@ -52,7 +54,7 @@ def test_no_full_collection_while_busy_until_the_longest_interval() -> None:
         while not stop.is_set():
             sum(range(1000))
 
-    with IdleCollector(idle_seconds=0.2, max_seconds=2.0) as collector:
+    with IdleCollector(idle_seconds=0.2, busy_seconds=2.0) as collector:
         ref = _old_cycle()
         worker = threading.Thread(target=burn)
         worker.start()
@@ -63,3 +65,15 @@ def test_no_full_collection_while_busy_until_the_longest_interval() -> None:
         finally:
             stop.set()
             worker.join()
+
+
+def test_a_cycle_that_dies_after_it_was_frozen_is_freed_by_the_sweep() -> None:
+    with IdleCollector(idle_seconds=0.1, sweep_seconds=1.5) as collector:
+        node = _Node()
+        ref = weakref.ref(node)
+        gc.collect(1)  # a full collection is due
+        assert _wait(lambda: collector.collections >= 1, 5)  # idle: collected, then frozen
+        del node
+        time.sleep(0.5)
+        assert ref() is not None and collector.sweeps == 0  # frozen: no collection sees it
+        assert _wait(lambda: ref() is None and collector.sweeps >= 1, 5), "the sweep missed it"

@@ -7,12 +7,17 @@ and a 512 MB event cache that is a pause of 1.1-1.4 s in the middle of whatever 
 is doing: a change stream read at 14,700 events/s in the run it hit and at 33,000/s in
 the runs before and after (``benchmarks/mirror_e2e.py``). mongod has no such pause.
 
-So the ``serve`` process, which owns its interpreter, takes full collections over:
-:class:`IdleCollector` raises their threshold out of reach and runs them itself when the
-process has used almost no CPU for :data:`IDLE_SECONDS`, or at the latest every
-:data:`MAX_SECONDS` under sustained load, so cyclic garbage stays bounded. The young
-generations are collected as always. A simulator started inside another process (a test
-suite's ``ReplicaSet``) leaves that process's collector alone.
+So the ``serve`` process, which owns its interpreter, takes full collections over
+(:class:`IdleCollector`): it raises their threshold out of reach and runs them itself when
+the process has used almost no CPU for :data:`IDLE_SECONDS`, and at the latest every
+:data:`BUSY_SECONDS` under sustained load. After each it freezes what survived
+(``gc.freeze``): the next full collection walks only what came since, so even one that a
+client's burst runs into is short. Frozen objects that become garbage are freed by their
+reference counts as always (the simulator's data are trees); only cycles among them wait
+for the sweep that unfreezes everything, which runs while idle at most every
+:data:`SWEEP_SECONDS` (and under load every six times that). The young generations are collected as always. A simulator started
+inside another process (a test suite's ``ReplicaSet``) leaves that process's collector
+alone.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import threading
 import time
 from typing import Final
 
-__all__ = ["IDLE_SECONDS", "MAX_SECONDS", "IdleCollector"]
+__all__ = ["BUSY_SECONDS", "IDLE_SECONDS", "SWEEP_SECONDS", "IdleCollector"]
 
-IDLE_SECONDS: Final = 0.5
+IDLE_SECONDS: Final = 0.25
 """How long the process must have been (almost) idle before a full collection runs."""
-MAX_SECONDS: Final = 60.0
-"""The longest time between full collections, idle or not."""
+BUSY_SECONDS: Final = 60.0
+"""The longest time between full collections under sustained load."""
+SWEEP_SECONDS: Final = 600.0
+"""The longest time (while idle) between sweeps of the whole heap, frozen objects included."""
 IDLE_SHARE: Final = 0.05
 """CPU used per second of wall time below which the process counts as idle."""
 _NEVER: Final = 2**31 - 1
@@ -37,13 +44,16 @@ _NEVER: Final = 2**31 - 1
 class IdleCollector:
     """Runs the full collections of this process when it is idle (see the module)."""
 
-    def __init__(self, idle_seconds: float = IDLE_SECONDS, max_seconds: float = MAX_SECONDS,
-                 idle_share: float = IDLE_SHARE) -> None:
+    def __init__(self, idle_seconds: float = IDLE_SECONDS, busy_seconds: float = BUSY_SECONDS,
+                 sweep_seconds: float = SWEEP_SECONDS, idle_share: float = IDLE_SHARE) -> None:
         self.idle_seconds = idle_seconds
-        self.max_seconds = max_seconds
+        self.busy_seconds = busy_seconds
+        self.sweep_seconds = sweep_seconds
         self.idle_share = idle_share
         self.collections = 0
         """Full collections run so far."""
+        self.sweeps = 0
+        """Of those, the sweeps of the whole heap."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._thresholds: tuple[int, int, int] | None = None
@@ -56,12 +66,13 @@ class IdleCollector:
         return self
 
     def stop(self) -> None:
-        """Ends the thread and gives the process its thresholds back."""
+        """Ends the thread and gives the process its collector back (thresholds, nothing frozen)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         if self._thresholds is not None:
+            gc.unfreeze()
             gc.set_threshold(*self._thresholds)
             self._thresholds = None
 
@@ -73,7 +84,7 @@ class IdleCollector:
 
     def _run(self) -> None:
         step = min(0.1, self.idle_seconds / 2)
-        last_full = time.monotonic()
+        last = last_sweep = time.monotonic()
         idle_since: float | None = None
         cpu, wall = time.process_time(), time.monotonic()
         while not self._stop.wait(step):
@@ -84,11 +95,20 @@ class IdleCollector:
                 idle_since = None
             elif idle_since is None:
                 idle_since = now
+            idle = idle_since is not None and now - idle_since >= self.idle_seconds
             due = gc.get_count()[2] > 0  # the middle generation was collected since
-            if (due and idle_since is not None and now - idle_since >= self.idle_seconds) or \
-                    now - last_full >= self.max_seconds:
+            since = now - last_sweep
+            sweep_due = since >= self.sweep_seconds
+            if (idle and (due or sweep_due)) or now - last >= self.busy_seconds:
+                # under load for hours: a sweep all the same
+                sweep = sweep_due and (idle or since >= 6 * self.sweep_seconds)
+                if sweep:
+                    gc.unfreeze()
                 gc.collect()
+                gc.freeze()
                 self.collections += 1
-                last_full = time.monotonic()
+                self.sweeps += sweep
+                last = time.monotonic()
+                last_sweep = last if sweep else last_sweep
                 idle_since = None
                 cpu, wall = time.process_time(), time.monotonic()  # not the collection's CPU

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .runner import RunnerError
 from .runner.adapter import CLIENTS, DEFAULT_CLIENT
-from .runner.matrix import Case, Outcome, build_cases, run_case
+from .runner.matrix import Case, Outcome, build_cases, grouped_by_target, run_case
 from .runner.targets import TargetPool
 
 
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, object]] = []
     try:
         try:
-            cases = build_cases(pool, versions, args.files)
+            cases = grouped_by_target(build_cases(pool, versions, args.files),
+                                      lambda case: (case.version, case.topology))
         except RunnerError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

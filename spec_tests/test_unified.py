@@ -42,7 +42,7 @@ versions are ``slow`` (CI's slow leg runs them)."""
 
 _POOL = pytest.StashKey[TargetPool]()
 CSOT_RETRIES = pytest.StashKey[list[str]]()
-"""CSOT cases run again after a timeout (see ``runner.matrix.CSOT_RUNS``), listed at the end."""
+"""CSOT cases run again after a failed run (see ``runner.matrix.CSOT_RUNS``), listed at the end."""
 
 
 def option(config: pytest.Config, name: str, env: str, default: str | None = None) -> str | None:
@@ -144,7 +144,7 @@ class SpecItem(pytest.Item):
         def on_retry(run: int, failure: SpecFailure) -> None:
             first_line = str(failure).strip().splitlines()[-1]
             self.config.stash.setdefault(CSOT_RETRIES, []).append(
-                f"{self.case.id_for(self.client)}: run {run} timed out ({first_line})")
+                f"{self.case.id_for(self.client)}: run {run} failed ({first_line})")
 
         with no_gc_pauses():
             try:

@@ -10,10 +10,10 @@ the detected deployment.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from . import RunnerError, SpecFailure, SpecSkip
 from .adapter import DEFAULT_CLIENT, id_suffix
@@ -159,25 +159,41 @@ def build_cases(
     return broken + simulator_cases(files, versions or list(emulated_versions()))
 
 
+_V = TypeVar("_V")
+
+
+def grouped_by_target(values: Sequence[_V], target: Callable[[_V], tuple[str, str]]) -> list[_V]:
+    """``values`` with those of one (version, topology) together, in the order each target
+    first appears, each keeping its order: the pool keeps only a few simulators running
+    (``targets.MAX_LIVE_SIMULATORS``), so each should start once, not once per test."""
+    first_seen: dict[tuple[str, str], int] = {}
+    for value in values:
+        first_seen.setdefault(target(value), len(first_seen))
+    return sorted(values, key=lambda value: first_seen[target(value)])
+
+
 CSOT_RUNS = 3
-"""How many times a CSOT test may run when it fails by timing out.
+"""How many times a CSOT test may run before its failure counts.
 
 The CSOT spec tests leave 20-50 ms between what the server is made to take
 (``blockTimeMS``, plus mongod's 1 s default await on a change stream's getMore)
-and ``timeoutMS``. On a 2-core machine that other processes keep busy (load
-average 7 and up), the scheduler alone can eat that: the client then times out
-although it did nothing wrong. PyMongo's own unified runner runs every CSOT test
-up to three times for this reason (PYTHON-3522); so does this one, but only for
-a failure that is a timeout, and it says so (:func:`execute_case`'s
-``on_retry``; pytest lists every re-run in its summary). Any other failure, or a
-timeout on every run, fails the test.
+and ``timeoutMS``. On a 2-core machine that other processes keep busy, the
+scheduler alone can eat that, and the run fails in whichever way the lost time
+shows: the client times out where it should not have (``NetworkTimeout``); it
+refuses to send a command because the time left is below its round-trip time
+(``ExecutionTimeout``, "operation would exceed time limit"); or the deadline
+passes before a resume, so a command the test expects is never sent ("expected
+3 events, observed 2"). All three were seen in one CI run. PyMongo's own unified
+runner runs every CSOT test up to three times, whatever the failure (PYTHON-3522,
+``flaky(max_runs=3)``); so does this one, and it says so (:func:`execute_case`'s
+``on_retry``; pytest lists every re-run in its summary). A behaviour that is wrong
+fails every run, so it still fails the test.
 """
 
 
-def _timed_out(case: Case, failure: SpecFailure) -> bool:
-    """A CSOT test that failed only because an operation timed out (worth another run)."""
-    text = str(failure)
-    return case.label.startswith("csot/") and ("NetworkTimeout" in text or "timed out" in text)
+def _runs_again(case: Case) -> bool:
+    """A CSOT test: its failure may be the machine's timing (see :data:`CSOT_RUNS`)."""
+    return case.label.startswith("csot/")
 
 
 def execute_case(
@@ -186,7 +202,7 @@ def execute_case(
 ) -> None:
     """Run one case; raise SpecSkip, SpecFailure or RunnerError unless it passes.
 
-    A CSOT case that timed out runs again, up to :data:`CSOT_RUNS` times in all;
+    A CSOT case that failed runs again, up to :data:`CSOT_RUNS` times in all;
     ``on_retry(run, failure)`` hears of each failed run before the next.
     """
     if case.error is not None:
@@ -199,7 +215,7 @@ def execute_case(
             run_test(pool.get(case.version, case.topology), case.spec, case.test, client_impl)
             return
         except SpecFailure as failure:
-            if run == CSOT_RUNS or not _timed_out(case, failure):
+            if run == CSOT_RUNS or not _runs_again(case):
                 raise
             if on_retry is not None:
                 on_retry(run, failure)
@@ -210,7 +226,7 @@ def run_case(case: Case, pool: TargetPool, client_impl: str) -> Outcome:
     retried: list[str] = []
     try:
         execute_case(case, pool, client_impl,
-                     on_retry=lambda run, failure: retried.append(f"run {run} timed out"))
+                     on_retry=lambda run, failure: retried.append(f"run {run} failed"))
     except SpecSkip as exc:
         return Outcome("skip", str(exc))
     except SpecFailure as exc:

@@ -1,9 +1,10 @@
 """The deployments tests run against: simulators, or the one at ``MONGODB_URI``.
 
 One simulator is started per (version, topology) on first use and reused by
-every test that runs there; :meth:`TargetPool.close` stops them all. Each
-target has an internal client (majority writes) for initialData, cleanup and
-failpoint removal.
+every test that runs there, and at most :data:`MAX_LIVE_SIMULATORS` run at once
+(the least recently used one stops first); :meth:`TargetPool.close` stops them
+all. Each target has an internal client (majority writes) for initialData,
+cleanup and failpoint removal.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,18 @@ SIMULATED_TOPOLOGIES = ("replicaset", "single", "sharded", "load-balanced")
 SPEC_NOOP_INTERVAL = 0.1
 """Shards' periodic no-op interval in spec runs: an idle shard holds a stream's events back
 until its next no-op, and the spec tests wait for events."""
+
+MAX_LIVE_SIMULATORS = 2
+"""How many simulators the pool keeps running at once.
+
+An idle simulator is not free: its shards write a no-op every
+:data:`SPEC_NOOP_INTERVAL`, its members and the internal client's monitors wake
+up. With every (version, topology) of the matrix alive (about 40 deployments,
+~420 threads) the test process spent 15% of a core on them while no test ran,
+and a thread's 1 ms sleep woke up to 15 ms late: that is inside the 20-50 ms
+slack of the CSOT spec tests, which then timed out at the end of the suite. The
+suite runs its cases grouped by target (``pytest_collection_modifyitems`` in
+``spec_tests/conftest.py``), so each simulator still starts once."""
 
 _IGNORED_KILL_ALL_SESSIONS_CODES = frozenset({11601, 13})
 """Interrupted (SERVER-38335) and Unauthorized (SERVER-54216), per the spec."""
@@ -138,9 +152,15 @@ def _get_parameter(client: MongoClient[dict[str, Any]], name: str) -> Any:
 class TargetPool:
     """Simulators by (version, topology), started lazily; or one real deployment."""
 
-    def __init__(self, real_uri: str | None = None) -> None:
+    def __init__(self, real_uri: str | None = None, max_live: int = MAX_LIVE_SIMULATORS) -> None:
         self.real_uri = real_uri
-        self._targets: dict[tuple[str, str], Target] = {}
+        self.max_live = max_live
+        self.started = 0
+        """Simulators started so far (a stopped one that is needed again starts again)."""
+        self._targets: OrderedDict[tuple[str, str], tuple[Target, contextlib.ExitStack]] = (
+            OrderedDict()
+        )
+        """Live simulators, least recently used first."""
         self._real: Target | None = None
         self._stack = contextlib.ExitStack()
         self._lock = threading.Lock()
@@ -160,11 +180,28 @@ class TargetPool:
             return self.real()
         with self._lock:
             key = (version, topology)
-            if key not in self._targets:
-                self._targets[key] = self._start_simulator(version, topology)
-            return self._targets[key]
+            if key in self._targets:
+                self._targets.move_to_end(key)
+                return self._targets[key][0]
+            while len(self._targets) >= max(1, self.max_live):
+                _, (_, stack) = self._targets.popitem(last=False)
+                stack.close()
+            stack = contextlib.ExitStack()
+            try:
+                target = self._start_simulator(version, topology, stack)
+            except BaseException:
+                stack.close()
+                raise
+            self._targets[key] = (target, stack)
+            self.started += 1
+            return target
 
-    def _start_simulator(self, version: str, topology: str) -> Target:
+    def live(self) -> list[tuple[str, str]]:
+        """The (version, topology) of each running simulator, least recently used first."""
+        with self._lock:
+            return list(self._targets)
+
+    def _start_simulator(self, version: str, topology: str, stack: contextlib.ExitStack) -> Target:
         if topology not in SIMULATED_TOPOLOGIES:
             raise RunnerError(f"the simulator cannot emulate topology {topology!r}")
         try:
@@ -182,16 +219,16 @@ class TargetPool:
                 load_balancer=topology == "load-balanced",
                 noop_interval=SPEC_NOOP_INTERVAL,
             )
-            self._stack.enter_context(cluster)
+            stack.enter_context(cluster)
             uri = cluster.lb_uri if topology == "load-balanced" else cluster.uri
             single_uri = cluster.lb_uri if topology == "load-balanced" else cluster.mongos_uri(0)
         else:
             simulator = ReplicaSet(version=version, members=1, standalone=topology == "single")
-            self._stack.enter_context(simulator)
+            stack.enter_context(simulator)
             uri = simulator.uri
         target = connect(f"{version}-{topology}", uri)
         target.single_uri = single_uri
-        self._stack.callback(target.internal.close)
+        stack.callback(target.internal.close)
         expected = parse_version(get_profile(version).version)
         if target.info.version != expected or target.info.topology != topology:
             raise RunnerError(
@@ -203,6 +240,8 @@ class TargetPool:
     def close(self) -> None:
         """Close internal clients and stop every simulator."""
         with self._lock:
-            self._targets.clear()
+            while self._targets:
+                _, (_, stack) = self._targets.popitem()
+                stack.close()
             self._real = None
             self._stack.close()

@@ -152,8 +152,7 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int) -> di
             ratios.append(mirrors[-1] / ((noops[-2] + noops[-1]) / 2))
             state = sink.read_current().num_rows
             assert state == coll.estimated_document_count(), (state, coll.estimated_document_count())
-            if number:
-                shutil.rmtree(copy)
+            shutil.rmtree(copy)
         middle = sorted(range(rounds), key=ratios.__getitem__)[rounds // 2]
         print(f"[{docs:,}] DeltaSink (mirror) / no-op around it, by round: "
               f"{', '.join(f'{r:.0%}' for r in ratios)}; median {ratios[middle]:.0%} "

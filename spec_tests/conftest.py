@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +40,12 @@ SPEC_TARGET = ("8.0", "replicaset")
 
 
 @pytest.fixture
-def spec_target(request: pytest.FixtureRequest) -> Iterator[Target]:
+def spec_target(request: pytest.FixtureRequest) -> Target:
     """A MongoDB 8.0 simulated replica set, or the ``MONGODB_URI`` deployment.
 
     Per test: the pool may have stopped the simulator since the previous one
     (it keeps only a few running), and then starts it again."""
-    yield get_pool(request.config).get(*SPEC_TARGET)
+    return get_pool(request.config).get(*SPEC_TARGET)
 
 
 def target_of(item: pytest.Item) -> tuple[str, str] | None:

@@ -8,6 +8,7 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
+from spec_tests.runner import RunnerError
 from spec_tests.runner.targets import TargetPool
 
 pytestmark = pytest.mark.skipif(
@@ -45,3 +46,8 @@ def test_the_least_recently_used_simulator_stops_and_starts_again_when_needed() 
     finally:
         pool.close()
     assert pool.live() == []
+
+
+def test_a_pool_that_could_keep_no_simulator_running_is_refused() -> None:
+    with pytest.raises(RunnerError, match="at least 1 simulator running, not 0"):
+        TargetPool(max_live=0)

@@ -153,6 +153,8 @@ class TargetPool:
     """Simulators by (version, topology), started lazily; or one real deployment."""
 
     def __init__(self, real_uri: str | None = None, max_live: int = MAX_LIVE_SIMULATORS) -> None:
+        if max_live < 1:
+            raise RunnerError(f"a target pool keeps at least 1 simulator running, not {max_live}")
         self.real_uri = real_uri
         self.max_live = max_live
         self.started = 0
@@ -183,7 +185,7 @@ class TargetPool:
             if key in self._targets:
                 self._targets.move_to_end(key)
                 return self._targets[key][0]
-            while len(self._targets) >= max(1, self.max_live):
+            while len(self._targets) >= self.max_live:
                 _, (_, stack) = self._targets.popitem(last=False)
                 stack.close()
             stack = contextlib.ExitStack()

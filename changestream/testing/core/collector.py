@@ -15,9 +15,9 @@ the process has used almost no CPU for :data:`IDLE_SECONDS`, and at the latest e
 client's burst runs into is short. Frozen objects that become garbage are freed by their
 reference counts as always (the simulator's data are trees); only cycles among them wait
 for the sweep that unfreezes everything, which runs while idle at most every
-:data:`SWEEP_SECONDS` (and under load every six times that). The young generations are collected as always. A simulator started
-inside another process (a test suite's ``ReplicaSet``) leaves that process's collector
-alone.
+:data:`SWEEP_SECONDS` (under load, every :data:`BUSY_SWEEPS` times that). The young
+generations are collected as always. A simulator started inside another process (a test
+suite's ``ReplicaSet``) leaves that process's collector alone.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Final
 
-__all__ = ["BUSY_SECONDS", "IDLE_SECONDS", "SWEEP_SECONDS", "IdleCollector"]
+__all__ = ["BUSY_SECONDS", "BUSY_SWEEPS", "IDLE_SECONDS", "SWEEP_SECONDS", "IdleCollector"]
 
 IDLE_SECONDS: Final = 0.25
 """How long the process must have been (almost) idle before a full collection runs."""
@@ -35,6 +35,8 @@ BUSY_SECONDS: Final = 60.0
 """The longest time between full collections under sustained load."""
 SWEEP_SECONDS: Final = 600.0
 """The longest time (while idle) between sweeps of the whole heap, frozen objects included."""
+BUSY_SWEEPS: Final = 6
+"""Under sustained load, a sweep is due after this many :data:`SWEEP_SECONDS` all the same."""
 IDLE_SHARE: Final = 0.05
 """CPU used per second of wall time below which the process counts as idle."""
 _NEVER: Final = 2**31 - 1
@@ -100,8 +102,7 @@ class IdleCollector:
             since = now - last_sweep
             sweep_due = since >= self.sweep_seconds
             if (idle and (due or sweep_due)) or now - last >= self.busy_seconds:
-                # under load for hours: a sweep all the same
-                sweep = sweep_due and (idle or since >= 6 * self.sweep_seconds)
+                sweep = sweep_due and (idle or since >= BUSY_SWEEPS * self.sweep_seconds)
                 if sweep:
                     gc.unfreeze()
                 gc.collect()

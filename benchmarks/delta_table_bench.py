@@ -172,6 +172,15 @@ def change_run(sink: DeltaSink, workload: str, rows: int, min_changes: int, batc
             "rows_rewritten_per_change": sum(c.rows_written for c in ran) / done}
 
 
+def files(sink: DeltaSink) -> str:
+    """The table's data files: how many, and the rows of the largest."""
+    import pyarrow as pa
+
+    actions = pa.table(sink.table().get_add_actions(flatten=True))  # type: ignore[union-attr]
+    rows = actions.column("num_records").to_pylist()
+    return f"{len(rows)} files, the largest {max(rows):,} rows"
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -221,6 +230,9 @@ def main() -> None:
     parser.add_argument("--options", action="store_true",
                         help="also today's MERGE into one file (i) and into clustered files (ii)")
     parser.add_argument("--dir", default=None, help="where the tables go (default: a temp dir)")
+    parser.add_argument("--file-rows", default=None,
+                        help="base file sizes in rows to compare, e.g. 32768,65536,131072 "
+                             "(a table per value; default: the sink's)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     min_changes = 50_000 if args.quick else args.changes
@@ -232,11 +244,16 @@ def main() -> None:
                                    args.load_batch)
             print(f"first load {size:>10,} docs: {rate:>9,.0f} docs/s ({cpu:,.0f} per CPU s)  "
                   f"peak RSS {peak_rss_mb():,.0f} MB")
-        for size in sizes:
+        for size, file_rows in [(size, rows) for size in sizes for rows in
+                                (args.file_rows.split(",") if args.file_rows else [None])]:
             sink = DeltaSink(f"{work}/t{size}", app_id="bench")
+            if file_rows is not None:
+                sink.file_rows = int(file_rows)
+                print(f"base files of {sink.file_rows:,} rows")
             rate, cpu = first_load(sink, size, args.load_batch)
             print(f"first load {size:>10,} docs: {rate:>9,.0f} docs/s ({cpu:,.0f} per CPU s)  "
-                  f"peak RSS {peak_rss_mb():,.0f} MB  load {os.getloadavg()[0]:.1f}")
+                  f"peak RSS {peak_rss_mb():,.0f} MB  load {os.getloadavg()[0]:.1f}  "
+                  f"{files(sink)}")
             for workload in ("a", "b"):
                 result = change_run(sink, workload, size, min_changes, args.batch)
                 print(f"  ({workload}) {size:>10,} rows: {result['rate']:>9,.0f} changes/s "
@@ -245,7 +262,11 @@ def main() -> None:
                       f"{result['bytes_per_change']:,.0f} B and "
                       f"{result['rows_rewritten_per_change']:.1f} rows rewritten per change, "
                       f"peak RSS {peak_rss_mb():,.0f} MB  load {os.getloadavg()[0]:.1f}")
-                sink.finish()
+                started = time.perf_counter()
+                done = sink.finish()
+                print(f"      then finish() (what --until-idle ends with): "
+                      f"{time.perf_counter() - started:.2f} s, "
+                      f"{done.rows_written if done else 0:,} rows written; {files(sink)}")
             shutil.rmtree(f"{work}/t{size}", ignore_errors=True)
         if args.options:
             for size in [s for s in sizes if s <= 1_000_000]:

@@ -40,9 +40,9 @@ import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 __all__ = [
-    "CURRENT_SQL", "DELETE", "KEY", "LOG_ROW_GROUP", "OP", "REOPEN_EVERY", "SEQ", "UPSERT",
-    "Compaction", "LogSize", "ascending", "by_key", "compact", "current_state", "latest",
-    "layout_schema", "log_size", "merge_small", "with_seq",
+    "CURRENT_SQL", "DELETE", "FILE_ROWS", "KEY", "LOG_ROW_GROUP", "OP", "REOPEN_EVERY", "SEQ",
+    "UPSERT", "Compaction", "LogSize", "ascending", "by_key", "compact", "current_state",
+    "file_bytes", "latest", "layout_schema", "log_size", "merge_small", "with_seq",
 ]
 
 KEY = "_key"
@@ -70,6 +70,9 @@ def layout_schema(data: pa.Schema) -> pa.Schema:
                       pa.field(OP, pa.string()), *data])
 
 
+FILE_ROWS = 65_536
+"""Rows of a base file as compaction and a first load's merge write them (about): a
+compaction rewrites every file that holds a logged key, whole (``docs/mirror.md``)."""
 LOG_ROW_GROUP = 2048
 """Rows per Parquet row group of a log file: compaction reads a key range of the log by
 the row groups' ``_key`` statistics (log files are written sorted by ``_key``)."""
@@ -300,6 +303,22 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def file_bytes(files: Sequence[_File], file_rows: int, cap: int) -> int:
+    """The ``target_file_size`` that cuts files of about ``file_rows`` rows (at most ``cap``).
+
+    delta-rs cuts the files it writes by bytes only (checked every 1,024 rows, against
+    its estimate of the file so far: the files come out near ``file_rows``, not at it);
+    the bytes a row takes come from ``files``. A rewrite costs whole files, so their
+    rows bound what one touched key costs.
+    """
+    written = [f for f in files if f.rows >= 1024] or [f for f in files if f.rows]
+    if not written:
+        return cap
+    # the best compressed: a first load's files are written uncompressed, for speed
+    per_row = min(f.size / f.rows for f in written)
+    return max(1, min(cap, int(per_row * file_rows)))
+
+
 def compact(
     table: DeltaTable,
     schema: pa.Schema,
@@ -308,6 +327,7 @@ def compact(
     target_file_size: int,
     storage_options: dict[str, str] | None = None,
     unit_rows: int = 250_000,
+    file_rows: int = FILE_ROWS,
 ) -> Compaction | None:
     """Fold every log row into the base in one commit (``None``: there is no log).
 
@@ -316,7 +336,8 @@ def compact(
     of about ``unit_rows`` base rows: the unit's base files and its slice of
     the log (row groups pruned by ``_key`` statistics; log files are written
     sorted by ``_key`` in small row groups), each key's latest row kept, as
-    sorted files of about ``target_file_size`` bytes. Memory: the logged keys
+    sorted files of about ``file_rows`` rows (at most ``target_file_size``
+    bytes): the next compaction that touches a key rewrites its file. Memory: the logged keys
     plus one unit, whatever the table's size. The commit replaces exactly the
     log files and those base files (an overwrite whose predicate names their
     ``_seq``/``_key`` ranges), so a writer's append that lands first makes it
@@ -358,7 +379,8 @@ def compact(
 
     written = _count(batches(), schema)
     write_deltalake(table, written.reader, mode="overwrite", predicate=predicate,
-                    target_file_size=target_file_size, commit_properties=properties,
+                    target_file_size=file_bytes(base_files or files, file_rows, target_file_size),
+                    commit_properties=properties,
                     storage_options=storage_options)
     removed = log_files + [sizes[p] for _, _, paths in units for p in paths]
     table.update_incremental()
@@ -372,20 +394,21 @@ def merge_small(
     table: DeltaTable,
     schema: pa.Schema,
     properties: CommitProperties,
-    *,
     small_rows: int,
     min_files: int,
     unit_rows: int,
     target_file_size: int,
     storage_options: dict[str, str] | None = None,
 ) -> Compaction | None:
-    """Merge runs of ``min_files`` or more neighbouring small base files into larger ones.
+    """Merge runs of neighbouring small base files into larger ones.
 
     A first load appends one file per commit (``--batch`` documents), and
     delta-rs pays for every file on every later commit; this rewrites such
-    runs (each at most ``unit_rows`` rows, read whole) as sorted files, in a
-    commit of its own that changes no logical content. Its predicate
-    (``_seq = 0`` and the runs' key ranges) matches only those files: log rows
+    runs (each at most ``unit_rows`` rows, read whole; merged once it has
+    ``min_files`` files or half of ``unit_rows`` rows, so a document is merged
+    once) as one sorted file each, in commits of their own that change no
+    logical content. Its predicate
+    (``_seq = 0`` and the run's key range) matches only those files: log rows
     appended meanwhile are neither removed nor in conflict. ``None``: nothing
     to merge.
     """
@@ -400,38 +423,40 @@ def merge_small(
         if rows < small_rows and sum(c[3] for c in run) + rows <= unit_rows:
             run.append(component)
             continue
-        if len(run) >= min_files:
+        if _ripe(run, min_files, unit_rows):
             runs.append(run)
         run = [component] if rows < small_rows else []
-    if len(run) >= min_files:
+    if _ripe(run, min_files, unit_rows):
         runs.append(run)
     if not runs:
         return None
     dataset = table.to_pyarrow_dataset()
     fragments = {fragment.path: fragment for fragment in dataset.get_fragments()}
     sizes = {f.path: f for f in base}
-    paths = [[p for c in run for p in c[2]] for run in runs]
-    ranges = " OR ".join(f"({KEY} >= {_quote(run[0][0])} AND {KEY} <= {_quote(run[-1][1])})"
-                         for run in runs)
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        for names in paths:  # in key order: sorted files of disjoint ranges need no sort
-            rows = _subset(dataset, fragments, names).to_table().select(schema.names)
-            if not ascending(rows.column(KEY)):
-                rows = rows.sort_by(KEY)
-            # one batch per file written: delta-rs may write a reader's batches out of order
-            yield from rows.cast(schema).combine_chunks().to_batches()
-
-    written = _count(batches(), schema)
-    write_deltalake(table, written.reader, mode="overwrite",
-                    predicate=f"{SEQ} = 0 AND ({ranges})", target_file_size=target_file_size,
-                    commit_properties=properties, storage_options=storage_options)
-    removed = [sizes[p] for names in paths for p in names]
+    merged = 0
+    for run in runs:  # a commit per run: delta-rs cuts files by bytes, a run is one file
+        names = [p for c in run for p in c[2]]
+        rows = _subset(dataset, fragments, names).to_table().select(schema.names)
+        if not ascending(rows.column(KEY)):  # in key order: sorted files of disjoint ranges
+            rows = rows.sort_by(KEY)
+        merged += rows.num_rows
+        write_deltalake(table, rows.cast(schema).combine_chunks(), mode="overwrite",
+                        predicate=f"{SEQ} = 0 AND {KEY} >= {_quote(run[0][0])} "
+                                  f"AND {KEY} <= {_quote(run[-1][1])}",
+                        target_file_size=target_file_size, commit_properties=properties,
+                        storage_options=storage_options)
+    removed = [sizes[p] for run in runs for c in run for p in c[2]]
     table.update_incremental()
     added = sum(f.size for f in _files(table) if f.path not in sizes and f.base)
-    return Compaction(log_rows=0, base_rows_read=written.rows, rows_written=written.rows,
+    return Compaction(log_rows=0, base_rows_read=merged, rows_written=merged,
                       files_removed=len(removed), bytes_removed=sum(f.size for f in removed),
                       bytes_written=added)
+
+
+def _ripe(run: list[tuple[str, str, list[str], int]], min_files: int, unit_rows: int) -> bool:
+    """A run of small files worth merging: ``min_files`` files, or two or more holding half
+    of ``unit_rows`` (merged, they are no longer small: each document is merged once)."""
+    return len(run) >= min_files or (len(run) > 1 and 2 * sum(c[3] for c in run) >= unit_rows)
 
 
 def _units(segments: list[_Segment], unit_rows: int) -> list[tuple[str, str, list[str]]]:

@@ -36,6 +36,7 @@ from ._delta_behind import WriteBehind
 from ._delta_drift import Drift, RescuedCounts
 from ._delta_history import HistoryTable, as_of
 from ._delta_layout import (
+    FILE_ROWS,
     LOG_ROW_GROUP,
     REOPEN_EVERY,
     SEQ,
@@ -94,8 +95,7 @@ _UNKNOWN: Any = object()
 _LOG_WRITER = WriterProperties(max_row_group_size=LOG_ROW_GROUP)
 _BASE_WRITER = WriterProperties()
 
-_SMALL_RUN = 16
-"""Neighbouring small base files (a first load's) merged into one file at a time."""
+_SMALL_RUN = 16  # a first load's small files side by side merged at once (or file_rows / 2)
 
 
 class DeltaSink(WriteBehind):
@@ -127,7 +127,9 @@ class DeltaSink(WriteBehind):
     logged keys in memory, and one unit of the base). :meth:`finish` compacts it all: then the
     table read by anything is the collection's current state; in between,
     :meth:`read_current` (or :data:`CURRENT_SQL`) reads it.
-    ``target_file_size`` bounds the data files compaction writes (bytes).
+    Compaction and the first load's merges write base files of about ``file_rows``
+    rows (at most ``target_file_size`` bytes): a compaction rewrites each file
+    that holds a logged key, whole.
     """
 
     def __init__(
@@ -144,6 +146,7 @@ class DeltaSink(WriteBehind):
         max_log_rows: int = 2_000_000,
         min_log_rows: int = 50_000,
         target_file_size: int = 64 << 20,
+        file_rows: int = FILE_ROWS,
         history: str | os.PathLike[str] | None = None,
         on_mismatch: Literal["fail", "rescue"] = "fail",
         evolve: bool = False,
@@ -153,7 +156,7 @@ class DeltaSink(WriteBehind):
         if not log_fraction > 0:
             raise ValueError(f"log_fraction must be > 0, not {log_fraction!r}")
         for name, rows, least in (("max_log_rows", max_log_rows, 1),
-                                  ("min_log_rows", min_log_rows, 0)):
+                                  ("min_log_rows", min_log_rows, 0), ("file_rows", file_rows, 1)):
             if isinstance(rows, bool) or not isinstance(rows, int) or rows < least:
                 raise ValueError(f"{name} must be an integer >= {least}, not {rows!r}")
         self.path = os.fspath(path)
@@ -174,9 +177,9 @@ class DeltaSink(WriteBehind):
         self.idle_commit_seconds = idle_commit_seconds
         self.log_fraction = log_fraction
         self.max_log_rows, self.min_log_rows = max_log_rows, min_log_rows
-        self.target_file_size = target_file_size
+        self.target_file_size, self.file_rows = target_file_size, file_rows
         self.unit_rows = 250_000
-        """Base rows a compaction rewrites at a time (its memory), and a merged file's."""
+        """Base rows a compaction rewrites at a time (its memory)."""
         self._table: DeltaTable | None = None
         self._opened_at = 0
         self._staged: list[Mapping[str, Any]] = []
@@ -686,7 +689,7 @@ class DeltaSink(WriteBehind):
                 result = compact(table, self._table_schema, properties,
                                  target_file_size=self.target_file_size,
                                  storage_options=self.storage_options,
-                                 unit_rows=self.unit_rows)
+                                 unit_rows=self.unit_rows, file_rows=self.file_rows)
         if result is not None:
             self.compactions.append(result)
             pa.default_memory_pool().release_unused()  # the rewrite's buffers, back to the OS
@@ -712,11 +715,9 @@ class DeltaSink(WriteBehind):
                 properties = CommitProperties(custom_metadata={
                     _META_APP: self.app_id, _META_COMPACTION: "small base files"})
                 try:
-                    result = merge_small(
-                        table, self._table_schema, properties, small_rows=self.unit_rows // 2,
-                        min_files=_SMALL_RUN, unit_rows=self.unit_rows,
-                        target_file_size=self.target_file_size,
-                        storage_options=self.storage_options)
+                    result = merge_small(table, self._table_schema, properties,
+                                         self.file_rows // 2, _SMALL_RUN, self.file_rows,
+                                         self.target_file_size, self.storage_options)
                 except BaseException:
                     self._merge_table.drop()  # opened anew by the next try
                     raise

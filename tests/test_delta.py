@@ -737,7 +737,7 @@ def test_keys_with_quotes_and_backslashes_survive_compaction(tmp_path: Path) -> 
 def test_a_first_load_merges_its_small_files_and_keeps_the_log(tmp_path: Path) -> None:
     changes, other = Changes(), Changes()
     sink = DeltaSink(tmp_path / "t", app_id="a")
-    sink.unit_rows = 200  # files under 100 rows are small; runs of at most 200 rows
+    sink.file_rows = 200  # files under 100 rows are small; runs of at most 200 rows
     keys = [f"k{n:04d}" for n in range(400)]
     for n, start in enumerate(range(0, 400, 10)):
         apply(sink, changes.snapshot(keys[start:start + 10]))
@@ -778,7 +778,7 @@ def test_a_failed_small_file_merge_loses_nothing_and_the_next_merges_them(
     monkeypatch.setattr(sink_module, "merge_small", failing_once)
     changes = Changes()
     sink = DeltaSink(tmp_path / "t", app_id="a")
-    sink.unit_rows = 200  # files under 100 rows are small; runs of at most 200 rows
+    sink.file_rows = 200  # files under 100 rows are small; runs of at most 200 rows
     keys = [f"k{n:04d}" for n in range(400)]
     with caplog.at_level("WARNING", logger="changestream.delta"):
         for start in range(0, 400, 10):

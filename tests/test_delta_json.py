@@ -113,7 +113,7 @@ def test_a_first_load_of_unordered_files_merges_into_sorted_files(tmp_path: Path
     from changestream.delta import DeltaSink
 
     sink = DeltaSink(tmp_path / "t", app_id="a")
-    sink.unit_rows = 400  # files under 200 rows are small
+    sink.file_rows = 400  # files under 200 rows are small
     sink.load()
     rng = random.Random(3)
     keys: list[Any] = []

@@ -19,12 +19,11 @@ import deltalake
 import pyarrow as pa
 import pytest
 
-pytest.importorskip("deltalake", reason="the delta extra is not installed")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from delta_support import plain_state  # noqa: E402
+from delta_support import plain_state
 
-from changestream._delta_layout import _File, file_bytes  # noqa: E402
-from changestream.delta import DeltaSink  # noqa: E402
+from changestream._delta_layout import _File, file_bytes
+from changestream.delta import DeltaSink
 
 NS = {"db": "d", "coll": "c"}
 FILE_ROWS = 4_096  # delta-rs checks a file's size every 1,024 rows

@@ -86,9 +86,10 @@ class WriteBehind:
         staged table are committed before this returns, as :meth:`save` does.
         """
         self._settle()
-        staged = self._staged
+        staged: list[Any] = self._staged  # stream events staged as Row tuples: no boundaries
         if not staged or self._staged_table is not None or any(
-                boundary(change) for change in staged) or self._first_load(staged):
+                type(change) is not tuple and boundary(change) for change in staged) \
+                or self._first_load(staged):
             self.save(token, batch_id=batch_id)
             return
         metadata = dict(self.commit_metadata)  # as it is now: the caller may change it next

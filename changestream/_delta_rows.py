@@ -207,7 +207,9 @@ def staged_change(change: Mapping[str, Any], json_options: json_util.JSONOptions
             or "_id" not in change:
         return change
     document = change.get("fullDocument")
-    text = None if document is None else json_texts([document], json_options)[0]
+    text = None if document is None or type(document) is str else (
+        relaxed_dumps(document) if json_options is RELAXED
+        else json_util.dumps(document, json_options=json_options))
     row = as_row(change, json_options, text)
     if row is not None:
         return row

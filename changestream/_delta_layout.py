@@ -407,7 +407,7 @@ def merge_small(
     runs (each at most ``unit_rows`` rows, read whole; merged once it has
     ``min_files`` files or half of ``unit_rows`` rows, so a document is merged
     once) as one sorted file each, in commits of their own that change no
-    logical content. Its predicate
+    logical content. Each commit's predicate
     (``_seq = 0`` and the run's key range) matches only those files: log rows
     appended meanwhile are neither removed nor in conflict. ``None``: nothing
     to merge.

@@ -314,7 +314,8 @@ def file_bytes(files: Sequence[_File], file_rows: int, cap: int) -> int:
     written = [f for f in files if f.rows >= 1024] or [f for f in files if f.rows]
     if not written:
         return cap
-    # the best compressed: a first load's files are written uncompressed, for speed
+    # the best compressed: the sink's own appends (a first load's files) are uncompressed
+    # (its WriterProperties name no codec), the files compaction and merges write snappy
     per_row = min(f.size / f.rows for f in written)
     return max(1, min(cap, int(per_row * file_rows)))
 

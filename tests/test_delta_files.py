@@ -73,7 +73,7 @@ def file_rows(path: Path) -> list[int]:
 
 
 def test_file_bytes_scales_the_files_bytes_per_row_and_keeps_the_cap() -> None:
-    # a first load's file is written uncompressed (300 bytes a row): the compressed one counts
+    # a first load's file is uncompressed (300 bytes a row): the compressed one counts
     files = [_File("a", 2_000, 600_000, "a", "b", True), _File("b", 3_000, 240_000, "c", "d", True)]
     assert file_bytes(files, 10_000, 64 << 20) == 800_000  # 80 bytes a row
     assert file_bytes(files, 10_000, 500_000) == 500_000  # never above target_file_size

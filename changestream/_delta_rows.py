@@ -17,7 +17,6 @@ import bson
 import pyarrow as pa
 import tenacity
 from bson import json_util
-from bson.codec_options import CodecOptions
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
@@ -26,9 +25,8 @@ from ._delta_drift import Drift
 from ._delta_json import relaxed_dumps
 from ._delta_layout import SEQ, ascending, layout_schema
 from ._delta_schema import arrow_schema
-from ._merge import CANONICAL, RELAXED, MergeBatch, as_row, key_json
-from ._snapshot import SNAPSHOT_MARK
-from ._token import token_in_raw_event
+from ._merge import CANONICAL, RELAXED, MergeBatch, Row, as_row, key_json
+from ._raw_rows import RAW_CODEC, raw_row
 from .errors import ChangeStreamError
 
 __all__ = [
@@ -37,7 +35,6 @@ __all__ = [
     "OP",
     "DeltaSinkError",
     "DocumentSchemaError",
-    "RawChange",
     "base_rows",
     "cell",
     "check_table_columns",
@@ -54,7 +51,6 @@ __all__ = [
     "staged_form",
     "struct_columns",
     "table_schema",
-    "unraw",
 ]
 
 KEY = "_key"
@@ -180,14 +176,16 @@ def source_table(
 
 
 def json_texts(
-    documents: Sequence[Mapping[str, Any] | str | None], json_options: json_util.JSONOptions
+    documents: Sequence[Mapping[str, Any] | str | bytes | None],
+    json_options: json_util.JSONOptions,
 ) -> list[str | None]:
-    """The document column's texts (a text already made by :func:`staged_change` as it is)."""
-    if json_options is RELAXED:
-        return [doc if doc is None or type(doc) is str else relaxed_dumps(doc)
-                for doc in documents]
+    """The document column's texts (a text already made by :func:`staged_change` as it is;
+    BSON bytes, as :func:`stage_raw` keeps a document, decoded first)."""
+    decode = getattr(bson, "_bson_to_dict", bson.decode)  # bson.decode less its checks
+    dumps = relaxed_dumps if json_options is RELAXED else (
+        lambda doc: json_util.dumps(doc, json_options=json_options))
     return [doc if doc is None or type(doc) is str else
-            json_util.dumps(doc, json_options=json_options) for doc in documents]
+            dumps(decode(doc, RAW_CODEC) if type(doc) is bytes else doc) for doc in documents]
 
 
 _SLIMMED = frozenset({"insert", "update", "replace", "delete"})
@@ -220,68 +218,32 @@ def staged_change(change: Mapping[str, Any], json_options: json_util.JSONOptions
     return slim
 
 
-class RawChange:
-    """A change stream event staged as the server's bytes (:func:`stage_raw`): made into
-    :func:`staged_change`'s form by :func:`unraw`, on the thread that commits its batch.
-
-    Not a mapping, so nothing reads it before then: only stream events are kept so (a
-    snapshot record, a re-snapshot's bounds and every other record are decoded at once).
-    """
-
-    __slots__ = ("raw",)
-
-    def __init__(self, raw: bytes | memoryview) -> None:
-        self.raw = raw
-
-
-_DECODE_RAW: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict)
-"""How a raw event is decoded behind: the default codec (UTC datetimes, binary UUIDs as
-``Binary``), whose documents give the same JSON text as a default client's."""
-
-
-_SNAPSHOT_DATA = f"{SNAPSHOT_MARK}\x00".encode()
-"""A snapshot record's token ``_data`` as it lies in its bytes (with the string's NUL)."""
-
-
-def stage_raw(change: RawBSONDocument) -> RawChange | None:
-    """``change`` kept as bytes until its batch commits, when it is a change stream event
-    (its token's ``_data`` a string that is not a snapshot record's); else ``None``.
-
-    The fetching thread then neither decodes it nor makes its JSON text: the commit behind
-    does both (``DeltaSink.save_behind``), while the next batch is fetched.
-    """
-    raw = change.raw
-    if not token_in_raw_event(raw):
-        return None
-    head = raw[24:24 + len(_SNAPSHOT_DATA)]
-    return None if head == _SNAPSHOT_DATA else RawChange(raw)
+def stage_raw(change: RawBSONDocument, json_options: json_util.JSONOptions,
+              namespaces: dict[bytes, tuple[Any, Any]]) -> Row | None:
+    """A raw document change as its :data:`~changestream._merge.Row`, read from its bytes
+    (:mod:`changestream._raw_rows`), its document kept as BSON until the batch is collapsed
+    (:func:`json_texts`); ``None`` for anything else (snapshot records, DDL events, odd
+    shapes), which the caller decodes."""
+    return raw_row(change.raw, json_options, namespaces)
 
 
 def decode_raw(raw: bytes | memoryview) -> dict[str, Any]:
     """A raw change's bytes as the dict a default client decodes."""
-    return bson.decode(raw, _DECODE_RAW)
+    return bson.decode(raw, RAW_CODEC)
 
 
-def staged_form(change: Mapping[str, Any], json_options: json_util.JSONOptions, *,
-                whole: bool) -> Any:
+def staged_form(change: Mapping[str, Any], json_options: json_util.JSONOptions,
+                namespaces: dict[bytes, tuple[Any, Any]], *, whole: bool) -> Any:
     """What the sink keeps of one change until its batch commits: the change itself
-    (``whole``: a schema's or the history's columns read all of it), :func:`staged_change`'s
-    slim form, or a raw stream event's bytes (:class:`RawChange`, when not ``whole``).
+    (``whole``: a schema's or the history's columns read all of it), or
+    :func:`staged_change`'s slim form (raw document changes: :func:`stage_raw`'s row).
     Other raw documents are decoded here."""
     if type(change) is RawBSONDocument:
-        raw = None if whole else stage_raw(change)
-        if raw is not None:
-            return raw
+        row = None if whole else stage_raw(change, json_options, namespaces)
+        if row is not None:
+            return row
         change = decode_raw(change.raw)
     return change if whole else staged_change(change, json_options)
-
-
-def unraw(staged: Sequence[Any], json_options: json_util.JSONOptions) -> list[Any]:
-    """``staged`` with each :class:`RawChange` decoded into :func:`staged_change`'s form."""
-    if not any(type(change) is RawChange for change in staged):
-        return list(staged)
-    return [staged_change(decode_raw(change.raw), json_options)
-            if type(change) is RawChange else change for change in staged]
 
 
 def misfit(field: pa.Field, key: str, value: str, exc: BaseException) -> DocumentSchemaError:

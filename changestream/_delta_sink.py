@@ -64,15 +64,10 @@ from ._delta_rows import (
     source_table,
     staged_form,
     table_schema,
-    unraw,
 )
 from ._delta_schema import arrow_schema
 from ._delta_verify import Verification, verify_table
-from ._merge import (
-    MergeBatch,
-    MergeColumns,
-    merge_columns,
-)
+from ._merge import MergeBatch, MergeColumns, merge_columns
 from ._snapshot import SNAPSHOT_MARK, is_snapshot_position
 from ._token import ResumeToken
 from .stores import StoredToken, TokenStoreError
@@ -183,6 +178,7 @@ class DeltaSink(WriteBehind):
         self._table: DeltaTable | None = None
         self._opened_at = 0
         self._staged: list[Mapping[str, Any]] = []
+        self._namespaces: dict[bytes, tuple[Any, Any]] = {}  # raw events' ns: (db, coll)
         self._staged_table: tuple[pa.Table, bool] | None = None
         self._token_committed_at: float | None = None
         self._position: Any = _UNKNOWN
@@ -344,7 +340,7 @@ class DeltaSink(WriteBehind):
             if written is not None:
                 self._maybe_compact(written)
             return
-        staged, self._staged = unraw(self._staged, self._json_options), []
+        staged, self._staged = self._staged, []
         if not staged:
             now = time.monotonic()
             if (
@@ -461,7 +457,6 @@ class DeltaSink(WriteBehind):
     def _commit_changes(self, changes: Sequence[Mapping[str, Any]], token: Mapping[str, Any],
                         batch_id: int | None = None, *, resnapshot: str | None = None,
                         extra: Mapping[str, str] | None = None) -> DeltaTable | None:
-        changes = unraw(changes, self._json_options)  # (raw ones: decoded here, behind)
         batch = merge_columns(changes, full_document=self.full_document,
                               json_options=self._json_options) if changes else None
         return self._commit(batch, batch_id, token, changes=changes, resnapshot=resnapshot,
@@ -474,9 +469,11 @@ class DeltaSink(WriteBehind):
     # -- the handler -------------------------------------------------------------------------
     def __call__(self, change: Mapping[str, Any]) -> None:
         """Stage one change (the next :meth:`save` commits it): ``consume``'s handler. Raw
-        events (``document_class=RawBSONDocument``) are decoded by the commit, behind."""
+        events (``document_class=RawBSONDocument``) cost least: only each key's last document
+        in a batch is ever decoded, by the commit (behind, with ``save_behind``)."""
         whole = self.schema is not None or self.history is not None
-        self._staged.append(staged_form(change, self._json_options, whole=whole))
+        self._staged.append(staged_form(change, self._json_options, self._namespaces,
+                                        whole=whole))
 
     def stage(self, table: pa.Table, *, cleared: bool = False) -> None:
         """Stage a whole merge table (:func:`merge_table`'s columns); the next :meth:`save` commits it.

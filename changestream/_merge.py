@@ -75,10 +75,10 @@ class MergeBatch:
 Row = tuple[str, str, Any, Any, str, Any, bool]
 """A document change reduced to what :func:`merge_columns` reads, in one plain tuple
 (:func:`as_row`): its token's ``_data``, ``operationType``, ``ns.db``, ``ns.coll``, the key's
-text, the document as its holder keeps it (the Delta sink: its JSON text; ``None``: null)
-and whether the event had a ``fullDocument`` field.
+text, the document as its holder keeps it (the Delta sink: its JSON text, or its BSON bytes
+from a raw event; ``None``: null) and whether the event had a ``fullDocument`` field.
 
-A tuple of texts is nothing the garbage collector walks (CPython stops tracking it at the
+A tuple of texts (and bytes) is nothing the garbage collector walks (CPython stops tracking it at the
 first collection), where a decoded change keeps ~5 containers it walks again at every
 collection while the batch waits: the Delta sink stages its changes so.
 """

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
@@ -377,7 +378,10 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
                  f"(batch {stored.batch_id}); Ctrl-C to stop")
         result = consume(
             client[args.db][args.coll], resnapshot, resnapshot, initial_snapshot=True,
-            watch_options={"full_document": args.full_document, "max_await_time_ms": 500},
+            # raw events: the sink reads what it needs from their bytes and decodes only
+            # each key's last document of a batch (changestream._raw_rows)
+            watch_options={"full_document": args.full_document, "max_await_time_ms": 500,
+                           "document_class": RawBSONDocument},
             save_every=args.batch, save_interval=args.batch_seconds, stop=stop,
             oversize=args.oversize, on_history_lost=args.on_history_lost,
             gap=_resnapshot_gap if args.on_history_lost == "resnapshot" else None,

@@ -37,10 +37,18 @@ _ROW_OPERATIONS = frozenset({b"insert", b"update", b"replace", b"delete"})
 _FIXED = {0x01: 8, 0x06: 0, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8,
           0x13: 16, 0x7F: 0, 0xFF: 0}
 """Sizes of the values of a fixed size, by BSON type (undefined, null, MinKey, MaxKey: 0)."""
-_INT32 = struct.Struct("<i")
+_INT32 = struct.Struct("<I")  # unsigned: a damaged size moves forward, never back
 _OID_KEY = b"\x16\x00\x00\x00\x07_id\x00"
 """A ``documentKey`` of only an ObjectId ``_id`` (22 bytes): its text needs no decoding."""
 _DATA_AT = 13 + len(b"\x02_data\x00")
+_OPERATION = b"\x02operationType\x00"
+_CLUSTER_TIME = b"\x11clusterTime\x00"
+_WALL_TIME = b"\x09wallTime\x00"
+_UUID = b"\x05collectionUUID\x00"
+_DOCUMENT = b"\x03fullDocument\x00"
+_NO_DOCUMENT = b"\x0afullDocument\x00"
+_NS = b"\x03ns\x00"
+_KEY = b"\x03documentKey\x00"
 
 
 def raw_row(raw: bytes | memoryview, json_options: json_util.JSONOptions,
@@ -73,39 +81,70 @@ def _row(data: bytes, json_options: json_util.JSONOptions,
         return None
     operation = ns = key = document = None
     has_document = False
-    position, end = token_end, size - 1
-    find, int32 = data.index, _INT32.unpack_from
+    end, int32 = size - 1, _INT32.unpack_from
+    # the fields in the order servers write them, each one check of its header; the walk
+    # below takes whatever else follows (or comes in another order), as a decoder would
+    position = token_end
+    if data.startswith(_OPERATION, position):
+        start = position + len(_OPERATION)
+        position = start + 4 + int32(data, start)[0]
+        operation = data[start + 4:position - 1]
+    if data.startswith(_CLUSTER_TIME, position):
+        position += len(_CLUSTER_TIME) + 8
+    if data.startswith(_WALL_TIME, position):
+        position += len(_WALL_TIME) + 8
+    if data.startswith(_UUID, position):
+        start = position + len(_UUID)
+        position = start + 5 + int32(data, start)[0]
+    if data.startswith(_DOCUMENT, position):
+        start = position + len(_DOCUMENT)
+        position = start + int32(data, start)[0]
+        document, has_document = data[start:position], True
+    elif data.startswith(_NO_DOCUMENT, position):
+        position += len(_NO_DOCUMENT)
+        has_document = True
+    if data.startswith(_NS, position):
+        start = position + len(_NS)
+        position = start + int32(data, start)[0]
+        ns = data[start:position]
+    if data.startswith(_KEY, position):
+        start = position + len(_KEY)
+        position = start + int32(data, start)[0]
+        key = data[start:position]
+    if position > end:
+        return None
+    find = data.index
     while position < end:
         kind = data[position]
         start = find(0, position + 1) + 1
+        name = data[position + 1:start - 1]
+        name.decode()  # a damaged name (not UTF-8): left to the decoder, which reports it
         width = _FIXED.get(kind)
         if width is not None:
             stop = start + width
         elif kind == 0x03 or kind == 0x04:  # document, array: an int32 size counting itself
             stop = start + int32(data, start)[0]
-            if kind == 0x03:
-                name = data[position + 1:start - 1]
-                if name == b"fullDocument":
-                    document = data[start:stop]
-                    has_document = True
-                elif name == b"documentKey":
-                    key = data[start:stop]
-                elif name == b"ns":
-                    ns = data[start:stop]
         elif kind == 0x02 or kind == 0x0D or kind == 0x0E:  # string, code, symbol
             stop = start + 4 + int32(data, start)[0]
-            if kind == 0x02 and data[position + 1:start - 1] == b"operationType":
-                operation = data[start + 4:stop - 1]
         elif kind == 0x05:  # binary: int32 size, subtype, bytes
             stop = start + 5 + int32(data, start)[0]
         else:
             return None  # regex, DBPointer, code with scope ...: decoded as before
         if stop > end:
             return None
-        if kind == 0x0A and data[position + 1:start - 1] == b"fullDocument":
-            document, has_document = None, True
-        elif kind != 0x03 and data[position + 1:start - 1] == b"fullDocument":
-            return None  # not a document, not null: decoded (and refused) as before
+        if name == b"fullDocument":
+            if kind == 0x03:
+                document, has_document = data[start:stop], True
+            elif kind == 0x0A:
+                document, has_document = None, True
+            else:
+                return None  # not a document, not null: decoded (and refused) as before
+        elif kind == 0x03 and name == b"documentKey":
+            key = data[start:stop]
+        elif kind == 0x03 and name == b"ns":
+            ns = data[start:stop]
+        elif kind == 0x02 and name == b"operationType":
+            operation = data[start + 4:stop - 1]
         position = stop
     if operation not in _ROW_OPERATIONS or ns is None or key is None:
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import random
 import uuid
 from typing import Any
@@ -138,9 +139,9 @@ def test_damaged_bytes_give_none_never_an_error() -> None:
     whole = raw_row(raw, RELAXED, {})
     for end in range(len(raw)):
         assert raw_row(raw[:end], RELAXED, {}) is None
-    for at in range(len(raw)):
+    for at, flip in itertools.product(range(len(raw)), (0x5A, 0x80)):  # 0x80: a size's sign
         damaged = bytearray(raw)
-        damaged[at] ^= 0x5A
+        damaged[at] ^= flip
         row = raw_row(bytes(damaged), RELAXED, {})
         if row is None:
             continue

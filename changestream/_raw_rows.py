@@ -40,7 +40,8 @@ _FIXED = {0x01: 8, 0x06: 0, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 
 _INT32 = struct.Struct("<I")  # unsigned: a damaged size moves forward, never back
 _OID_KEY = b"\x16\x00\x00\x00\x07_id\x00"
 """A ``documentKey`` of only an ObjectId ``_id`` (22 bytes): its text needs no decoding."""
-_DATA_AT = 13 + len(b"\x02_data\x00")
+_TOKEN_AT = 4 + len(b"\x03_id\x00")  # after the event's size, the _id element's header
+_DATA_AT = _TOKEN_AT + 4 + len(b"\x02_data\x00")
 _OPERATION = b"\x02operationType\x00"
 _CLUSTER_TIME = b"\x11clusterTime\x00"
 _WALL_TIME = b"\x09wallTime\x00"
@@ -70,8 +71,8 @@ def _row(data: bytes, json_options: json_util.JSONOptions,
     size = int.from_bytes(data[:4], "little")
     if size != len(data) or data[-1] != 0 or not data.startswith(b"\x03_id\x00", 4):
         return None
-    token_end = 9 + int.from_bytes(data[9:13], "little")
-    if not data.startswith(b"\x02_data\x00", 13):
+    token_end = _TOKEN_AT + int.from_bytes(data[_TOKEN_AT:_TOKEN_AT + 4], "little")
+    if not data.startswith(b"\x02_data\x00", _TOKEN_AT + 4):
         return None
     text_end = _DATA_AT + 4 + int.from_bytes(data[_DATA_AT:_DATA_AT + 4], "little")
     if text_end != token_end - 1 or data[token_end - 1] != 0 or data[text_end - 1] != 0:

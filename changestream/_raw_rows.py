@@ -62,7 +62,7 @@ def raw_row(raw: bytes | memoryview, json_options: json_util.JSONOptions,
     data = raw if type(raw) is bytes else bytes(raw)
     try:
         return _row(data, json_options, namespaces)
-    except (IndexError, ValueError, bson.InvalidBSON):
+    except (IndexError, ValueError, struct.error, bson.InvalidBSON):
         return None  # odd framing: the caller's decoding reports it
 
 

@@ -131,6 +131,15 @@ def test_a_sharded_collections_document_key_keeps_its_id_as_the_key() -> None:
     assert row is not None and row[4] == json_util.dumps(key, separators=(",", ":"))
 
 
+def test_a_header_at_the_very_end_gives_none() -> None:
+    """A field's header with no room left for its size (a size read past the end)."""
+    head = bson.encode({"_id": token(1)})[:-1]
+    for tail in (b"\x03fullDocument\x00", b"\x02operationType\x00", b"\x03zz\x00"):
+        body = head[4:] + tail + b"\x00"
+        raw = (len(body) + 4).to_bytes(4, "little") + body
+        assert raw_row(raw, RELAXED, {}) is None
+
+
 def test_damaged_bytes_give_none_never_an_error() -> None:
     """Every truncation and every single-byte change of an event: ``None`` (left to
     decoding, which reports the damage), a row equal to the decoded one, or, where the

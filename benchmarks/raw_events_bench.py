@@ -1,9 +1,9 @@
 """The Delta sink's CPU per change: decoded events against raw events read from their bytes.
 
-    python -m benchmarks.raw_events_bench                  # 100k rows, 50k changes, 3 rounds
-    python -m benchmarks.raw_events_bench --rows 1000000 --changes 100000
+    python -m benchmarks.raw_events_bench                  # 100k and 1M rows, 50k changes
+    python -m benchmarks.raw_events_bench --sizes 100000 --rounds 5
 
-No server: a table of ``--rows`` orders is loaded once (``delta_table_bench``'s
+No server: for each of ``--sizes``, a table of that many orders is loaded once (``delta_table_bench``'s
 first load), then the same ``--changes`` change events, encoded as the server
 sends them (token, operation, cluster and wall time, the ~230-byte order as
 ``fullDocument``, namespace, key, an update's ``updateDescription``), are fed
@@ -89,39 +89,54 @@ def feed(table: str, events: list[bytes], raw: bool) -> float:
     return spent
 
 
+def compare(workdir: str, base: str, events: list[bytes], rounds: int
+            ) -> tuple[list[float], list[float]]:
+    """µs per change of each round, decoded and raw, alternated, each on a copy of ``base``;
+    the two ways' tables are checked equal."""
+    spent: dict[bool, list[float]] = {False: [], True: []}
+    tables = {}
+    for number in range(rounds):
+        for raw in ((False, True) if number % 2 == 0 else (True, False)):
+            copy = os.path.join(workdir, f"copy{number}{raw}")
+            shutil.copytree(base, copy)
+            spent[raw].append(feed(copy, events, raw) / len(events) * 1e6)
+            tables[raw] = DeltaSink(copy).read_current().sort_by("_key")
+            shutil.rmtree(copy)
+        assert tables[True].equals(tables[False]), "raw and decoded tables differ"
+    return spent[False], spent[True]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--sizes", default="100000,1000000",
+                        help="table sizes in rows, comma-separated (each its own first load)")
     parser.add_argument("--changes", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    for name in ("rows", "changes", "rounds"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1")
-    workdir = tempfile.mkdtemp(prefix="raw-events-")
     try:
-        base = os.path.join(workdir, "base")
-        first_load(DeltaSink(base), args.rows, 10_000)
-        print("| workload | decoded (µs/change) | raw (µs/change) | raw / decoded |\n"
-              "|---|---:|---:|---:|", flush=True)
-        for workload in ("a", "b"):
-            events = encoded_events(workload, args.rows, args.changes)
-            spent: dict[bool, list[float]] = {False: [], True: []}
-            tables = {}
-            for number in range(args.rounds):
-                for raw in ((False, True) if number % 2 == 0 else (True, False)):
-                    copy = os.path.join(workdir, f"{workload}{number}{raw}")
-                    shutil.copytree(base, copy)
-                    spent[raw].append(feed(copy, events, raw) / len(events) * 1e6)
-                    tables[raw] = DeltaSink(copy).read_current().sort_by("_key")
-                    shutil.rmtree(copy)
-                assert tables[True].equals(tables[False]), "raw and decoded tables differ"
-            decoded, raw_ = statistics.median(spent[False]), statistics.median(spent[True])
-            print(f"| ({workload}) | {decoded:.1f} ({min(spent[False]):.1f}-"
-                  f"{max(spent[False]):.1f}) | {raw_:.1f} ({min(spent[True]):.1f}-"
-                  f"{max(spent[True]):.1f}) | {raw_ / decoded:.2f} |", flush=True)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        sizes = [int(size) for size in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes must be integers separated by commas, not {args.sizes!r}")
+    for name, value in (("sizes", min(sizes)), ("changes", args.changes),
+                        ("rounds", args.rounds)):
+        if value < 1:
+            parser.error(f"--{name} must be >= 1")
+    print("| rows | workload | decoded (µs/change) | raw (µs/change) | raw / decoded |\n"
+          "|---:|---|---:|---:|---:|", flush=True)
+    for rows in sizes:
+        workdir = tempfile.mkdtemp(prefix="raw-events-")
+        try:
+            base = os.path.join(workdir, "base")
+            first_load(DeltaSink(base), rows, 10_000)
+            for workload in ("a", "b"):
+                decoded, raw = compare(workdir, base, encoded_events(workload, rows, args.changes),
+                                       args.rounds)
+                print(f"| {rows:,} | ({workload}) | {statistics.median(decoded):.1f} "
+                      f"({min(decoded):.1f}-{max(decoded):.1f}) | {statistics.median(raw):.1f} "
+                      f"({min(raw):.1f}-{max(raw):.1f}) | "
+                      f"{statistics.median(raw) / statistics.median(decoded):.2f} |", flush=True)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
     print(f"load average {os.getloadavg()[0]:.1f}")
 
 

@@ -25,7 +25,7 @@ from ._delta_drift import Drift
 from ._delta_json import relaxed_dumps
 from ._delta_layout import SEQ, ascending, layout_schema
 from ._delta_schema import arrow_schema
-from ._merge import CANONICAL, RELAXED, MergeBatch, Row, as_row, key_json
+from ._merge import CANONICAL, RELAXED, MergeBatch, as_row, key_json
 from ._raw_rows import RAW_CODEC, raw_row
 from .errors import ChangeStreamError
 
@@ -46,7 +46,6 @@ __all__ = [
     "merge_table",
     "misfit",
     "source_table",
-    "stage_raw",
     "staged_change",
     "staged_form",
     "struct_columns",
@@ -180,7 +179,7 @@ def json_texts(
     json_options: json_util.JSONOptions,
 ) -> list[str | None]:
     """The document column's texts (a text already made by :func:`staged_change` as it is;
-    BSON bytes, as :func:`stage_raw` keeps a document, decoded first)."""
+    BSON bytes, as :func:`staged_form` keeps a raw event's document, decoded first)."""
     decode = getattr(bson, "_bson_to_dict", bson.decode)  # bson.decode less its checks
     dumps = relaxed_dumps if json_options is RELAXED else (
         lambda doc: json_util.dumps(doc, json_options=json_options))
@@ -218,15 +217,6 @@ def staged_change(change: Mapping[str, Any], json_options: json_util.JSONOptions
     return slim
 
 
-def stage_raw(change: RawBSONDocument, json_options: json_util.JSONOptions,
-              namespaces: dict[bytes, tuple[Any, Any]]) -> Row | None:
-    """A raw document change as its :data:`~changestream._merge.Row`, read from its bytes
-    (:mod:`changestream._raw_rows`), its document kept as BSON until the batch is collapsed
-    (:func:`json_texts`); ``None`` for anything else (snapshot records, DDL events, odd
-    shapes), which the caller decodes."""
-    return raw_row(change.raw, json_options, namespaces)
-
-
 def decode_raw(raw: bytes | memoryview) -> dict[str, Any]:
     """A raw change's bytes as the dict a default client decodes."""
     return bson.decode(raw, RAW_CODEC)
@@ -236,10 +226,11 @@ def staged_form(change: Mapping[str, Any], json_options: json_util.JSONOptions,
                 namespaces: dict[bytes, tuple[Any, Any]], *, whole: bool) -> Any:
     """What the sink keeps of one change until its batch commits: the change itself
     (``whole``: a schema's or the history's columns read all of it), or
-    :func:`staged_change`'s slim form (raw document changes: :func:`stage_raw`'s row).
-    Other raw documents are decoded here."""
+    :func:`staged_change`'s slim form (raw document changes: their row read from their
+    bytes, :func:`~changestream._raw_rows.raw_row`, the document kept as BSON until the batch
+    is collapsed, :func:`json_texts`). Other raw documents are decoded here."""
     if type(change) is RawBSONDocument:
-        row = None if whole else stage_raw(change, json_options, namespaces)
+        row = None if whole else raw_row(change.raw, json_options, namespaces)
         if row is not None:
             return row
         change = decode_raw(change.raw)

@@ -78,9 +78,9 @@ Row = tuple[str, str, Any, Any, str, Any, bool]
 text, the document as its holder keeps it (the Delta sink: its JSON text, or its BSON bytes
 from a raw event; ``None``: null) and whether the event had a ``fullDocument`` field.
 
-A tuple of texts (and bytes) is nothing the garbage collector walks (CPython stops tracking it at the
-first collection), where a decoded change keeps ~5 containers it walks again at every
-collection while the batch waits: the Delta sink stages its changes so.
+A tuple of texts (and bytes) is nothing the garbage collector walks (CPython stops tracking
+it at the first collection), where a decoded change keeps ~5 containers it walks again at
+every collection while the batch waits: the Delta sink stages its changes so.
 """
 
 _ROW_OPERATIONS = frozenset({"insert", "update", "replace", "delete"})

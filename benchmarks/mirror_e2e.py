@@ -2,6 +2,7 @@
 
     python -m benchmarks.mirror_e2e                          # 100k and 1M documents
     python -m benchmarks.mirror_e2e --sizes 100000 --changes 50000
+    python -m benchmarks.mirror_e2e --against-batch 10000    # the default batch against 10,000
 
 For each size, in one run against one simulator (a child process, so its CPU
 is not this process's):
@@ -10,12 +11,13 @@ is not this process's):
    (``delta_table_bench.document``) are inserted, then
    ``consume(initial_snapshot=True)`` fills a new table with
    :class:`~changestream.delta.DeltaSink` as handler and store, as ``mirror``
-   does (``save_every`` 10,000, ``full_document="updateLookup"``, raw events:
-   ``document_class=RawBSONDocument``);
+   does (``mirror``'s defaults: ``save_every`` ``BATCH_CHANGES`` (50,000),
+   ``save_interval`` ``BATCH_SECONDS`` (5 s) and the sink's ``batch_bytes``;
+   ``full_document="updateLookup"``, raw events: ``document_class=RawBSONDocument``);
 2. a backlog of ``--changes`` changes (80% updates of the newest 5% of keys,
    20% inserts) is written while nothing consumes;
 3. **no-op**: the same stream (raw events too: the cheapest a consumer can
-   read it), from the table's position, into a handler that does nothing (a memory token store), ``save_every`` 10,000; once to
+   read it), from the table's position, into a handler that does nothing (a memory token store), with the same saves; once to
    warm the server's caches (not counted), then right before and right
    after 4: their mean is the rate 4 is compared with (it brackets 4 in
    time, so a load that drifts favours neither side; the faster of the two,
@@ -25,12 +27,14 @@ is not this process's):
    ``consume``'s defaults: the sink commits each batch behind the next
    fetch (``save_behind``). ``--rounds`` times (default 3), each into a copy
    of the table as the first load left it and followed by a no-op run, so
-   each round has a no-op run on either side.
+   each round has a no-op run on either side. With ``--against-batch N``,
+   each round also runs the mirror with ``save_every=N`` (in alternating
+   order, each followed by a no-op run): how the default batch was chosen.
 
 Reported: documents/s of the first load, changes/s of 3 and 4 and their
 ratio per round and the round of median ratio (target: the sink keeps >= 80%
 of the no-op rate; the rounds' range shows the noise of a shared 2-core
-machine), how much of 4 was
+machine), this process's CPU per change in 4 (steadier than the rates), how much of 4 was
 ``finish()`` (a fixed cost of the run: at 1M documents it rewrites the base
 files the log touches, ~200,000 rows, whatever the number of changes), this
 process's peak RSS after each step, and the load average (the machine may be
@@ -58,7 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import changestream
 from benchmarks.bench_client import simulator
 from benchmarks.delta_table_bench import document, oid
-from changestream.delta import DeltaSink
+from changestream.delta import BATCH_CHANGES, BATCH_SECONDS, DeltaSink
 from changestream.stores import MemoryTokenStore, StoredToken
 
 WATCH = {"full_document": "updateLookup", "max_await_time_ms": 200, "copy_batch_size": 10_000,
@@ -110,12 +114,20 @@ def run(coll: Any, handler: Callable[[Any], None], store: Any, count: int, **opt
             stop.set()
 
     began = time.perf_counter()
-    changestream.consume(coll, handle, store, stop=stop, save_every=10_000, watch_options=WATCH,
-                         **options)
+    options.setdefault("save_every", BATCH_CHANGES)
+    changestream.consume(coll, handle, store, stop=stop, save_interval=BATCH_SECONDS,
+                         watch_options=WATCH, **options)
     return time.perf_counter() - began
 
 
-def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int) -> dict[str, float]:
+def cpu_seconds() -> float:
+    """This process's CPU (all its threads: the stream, the commits, delta-rs)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
+             against: int | None = None) -> dict[str, float]:
     with MongoClient(uri) as client:
         coll = client.bench[f"orders_{docs}"]
         began = time.perf_counter()
@@ -140,30 +152,48 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int) -> di
         noop("warm-up")
         noops = [noop("before")]
         mirrors, ratios = [], []
+        others: list[float] = []  # --against-batch: its ratios, alternated with the default's
+        arounds: list[float] = []  # the no-op rate around each default round
         for number in range(rounds):  # each round: the table as the first load left it
-            copy = os.path.join(workdir, f"t{docs}-{number}")
-            shutil.copytree(base, copy)
-            sink = DeltaSink(copy, full_document="updateLookup")
-            began = time.perf_counter()
-            run(coll, sink, sink, changes, initial_snapshot=True)
-            finishing = time.perf_counter()
-            sink.finish()
-            ended = time.perf_counter()
-            mirrors.append(changes / (ended - began))
-            print(f"[{docs:,}] DeltaSink: {mirrors[-1]:,.0f} changes/s (of its "
-                  f"{ended - began:.1f} s, finish() took {ended - finishing:.1f} s)", flush=True)
-            noops.append(noop("after"))
-            ratios.append(mirrors[-1] / ((noops[-2] + noops[-1]) / 2))
-            state = sink.read_current().num_rows
-            assert state == coll.estimated_document_count(), (state, coll.estimated_document_count())
-            shutil.rmtree(copy)
+            batches = [BATCH_CHANGES] if against is None else (
+                [BATCH_CHANGES, against] if number % 2 == 0 else [against, BATCH_CHANGES])
+            for batch in batches:
+                copy = os.path.join(workdir, f"t{docs}-{number}-{batch}")
+                shutil.copytree(base, copy)
+                sink = DeltaSink(copy, full_document="updateLookup")
+                began, cpu = time.perf_counter(), cpu_seconds()
+                run(coll, sink, sink, changes, initial_snapshot=True, save_every=batch)
+                finishing = time.perf_counter()
+                sink.finish()
+                ended = time.perf_counter()
+                rate = changes / (ended - began)
+                print(f"[{docs:,}] DeltaSink, --batch {batch}: {rate:,.0f} changes/s (of its "
+                      f"{ended - began:.1f} s, finish() took {ended - finishing:.1f} s; "
+                      f"{(cpu_seconds() - cpu) / changes * 1e6:.0f} µs of CPU a change)",
+                      flush=True)
+                noops.append(noop("after"))
+                around = (noops[-2] + noops[-1]) / 2
+                if batch == BATCH_CHANGES:
+                    mirrors.append(rate)
+                    ratios.append(rate / around)
+                    arounds.append(around)
+                else:
+                    others.append(rate / around)
+                state = sink.read_current().num_rows
+                assert state == coll.estimated_document_count(), (
+                    state, coll.estimated_document_count())
+                shutil.rmtree(copy)
+        if others:
+            print(f"[{docs:,}] --batch {against}: ratios {', '.join(f'{r:.0%}' for r in others)};"
+                  f" median {sorted(others)[len(others) // 2]:.0%}; the default "
+                  f"({BATCH_CHANGES}): {', '.join(f'{r:.0%}' for r in ratios)}", flush=True)
         middle = sorted(range(rounds), key=ratios.__getitem__)[rounds // 2]
         print(f"[{docs:,}] DeltaSink (mirror) / no-op around it, by round: "
               f"{', '.join(f'{r:.0%}' for r in ratios)}; median {ratios[middle]:.0%} "
               f"(peak RSS {peak_rss_mb():.0f} MB; load average {os.getloadavg()[0]:.1f})",
               flush=True)
         coll.drop()
-        return {"load": docs / load_seconds, "noop": (noops[middle] + noops[middle + 1]) / 2,
+        return {"load": docs / load_seconds, "noop": arounds[middle],
                 "mirror": mirrors[middle], "low": min(ratios), "high": max(ratios)}
 
 
@@ -174,15 +204,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="mirror runs per size, each between two no-op runs (the median "
                              "ratio is reported)")
+    parser.add_argument("--against-batch", type=int, metavar="N",
+                        help="also run each round's mirror with save_every N (alternated with "
+                             "the default, each between two no-op runs) and print both ratios")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, not {args.rounds}")
+    if args.against_batch is not None and args.against_batch < 1:
+        parser.error(f"--against-batch must be >= 1, not {args.against_batch}")
     workdir = tempfile.mkdtemp(prefix="mirror-e2e-")
     rows = []
     try:
         with simulator("8.0", ("--event-cache-mb", "512")) as (uri, _pid):
             for docs in (int(size) for size in args.sizes.split(",")):
-                rows.append((docs, one_size(uri, docs, args.changes, workdir, args.rounds)))
+                rows.append((docs, one_size(uri, docs, args.changes, workdir, args.rounds,
+                                            args.against_batch)))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print("\n| documents | first load (docs/s) | no-op (changes/s) | DeltaSink (changes/s) | "

@@ -79,6 +79,8 @@ class TableSink(Protocol):
 
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None: ...
 
+    def batch_full(self) -> bool: ...
+
     def finish(self) -> Any: ...
 
 
@@ -180,6 +182,7 @@ class DatabaseTables:
         self._copy_error: BaseException | None = None
         self._closing = False
         self._copies_started = False
+        self._full = False  # a table's staged changes reached its sink's bound since the save
         self.copies = 0
         """Collection copies finished by this object."""
 
@@ -250,6 +253,7 @@ class DatabaseTables:
     def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None:
         """Commit each table's staged changes with ``token``; a table already past it is left as is."""
         self._adopt()
+        self._full = False
         if is_snapshot_position(token):
             return  # nothing came from the stream yet: every table is where it was
         self._last_token = token
@@ -304,6 +308,12 @@ class DatabaseTables:
             return
         table.sink(change)
         table.staged += 1
+        self._full = self._full or table.sink.batch_full()
+
+    def batch_full(self) -> bool:
+        """Whether a table's staged changes reached its sink's bound: ``consume`` saves then
+        (:class:`changestream.stores.BatchingTokenStore`)."""
+        return self._full
 
     def _rename(self, change: Mapping[str, Any], name: str) -> None:
         """The source's table is emptied; the target's starts again from a copy."""

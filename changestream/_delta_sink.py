@@ -66,6 +66,7 @@ from ._delta_rows import (
     table_schema,
 )
 from ._delta_schema import arrow_schema
+from ._delta_sizes import BATCH_BYTES, check_sizes, staged_size
 from ._delta_verify import Verification, verify_table
 from ._merge import MergeBatch, MergeColumns, merge_columns
 from ._snapshot import SNAPSHOT_MARK, is_snapshot_position
@@ -114,17 +115,17 @@ class DeltaSink(WriteBehind):
     :func:`changestream.merge_ready`). Token-only commits (an idle stream's
     position) are made at most every ``idle_commit_seconds``.
 
-    The table is a base plus an append-only change log (``docs/mirror.md``,
-    "The table's layout"): each batch is appended, and the log is compacted
-    into the base when it reaches ``log_fraction`` of the base rows a
-    compaction would rewrite and ``min_log_rows`` rows (below, a compaction's fixed
-    cost, ~0.1 s, outweighs its work), or ``max_log_rows`` rows (compaction holds the
-    logged keys in memory, and one unit of the base). :meth:`finish` compacts it all: then the
-    table read by anything is the collection's current state; in between,
-    :meth:`read_current` (or :data:`CURRENT_SQL`) reads it.
-    Compaction and the first load's merges write base files of about ``file_rows``
-    rows (at most ``target_file_size`` bytes): a compaction rewrites each file
-    that holds a logged key, whole.
+    The table is a base plus an append-only change log (``docs/mirror.md``, "The table's
+    layout"): each batch is appended, and the log is compacted into the base when it reaches
+    ``log_fraction`` of the base rows a compaction would rewrite and ``min_log_rows`` rows
+    (below, a compaction's fixed cost, ~0.1 s, outweighs its work), or ``max_log_rows``
+    rows (compaction holds the logged keys in memory, and one unit of the base).
+    :meth:`finish` compacts it all: then the table read by anything is the collection's
+    current state; in between, :meth:`read_current` (or :data:`CURRENT_SQL`) reads it.
+    Compaction and the first load's merges write base files of about ``file_rows`` rows
+    (at most ``target_file_size`` bytes): a compaction rewrites each file that holds a
+    logged key, whole. ``consume`` saves once the staged changes hold about
+    ``batch_bytes`` bytes (:meth:`batch_full`; ``None``: only ``save_every`` counts).
     """
 
     def __init__(
@@ -145,17 +146,13 @@ class DeltaSink(WriteBehind):
         history: str | os.PathLike[str] | None = None,
         on_mismatch: Literal["fail", "rescue"] = "fail",
         evolve: bool = False,
+        batch_bytes: int | None = BATCH_BYTES,
     ) -> None:
         if not isinstance(app_id, str) or not app_id:
             raise ValueError(f"app_id must be a non-empty string, not {app_id!r}")
-        if not log_fraction > 0:
-            raise ValueError(f"log_fraction must be > 0, not {log_fraction!r}")
-        for name, rows, least in (("max_log_rows", max_log_rows, 1),
-                                  ("min_log_rows", min_log_rows, 0), ("file_rows", file_rows, 1)):
-            if isinstance(rows, bool) or not isinstance(rows, int) or rows < least:
-                raise ValueError(f"{name} must be an integer >= {least}, not {rows!r}")
-        self.path = os.fspath(path)
-        self.app_id = app_id
+        check_sizes(log_fraction=log_fraction, max_log_rows=max_log_rows,
+                    min_log_rows=min_log_rows, file_rows=file_rows, batch_bytes=batch_bytes)
+        self.path, self.app_id = os.fspath(path), app_id
         self.schema: pa.Schema | None = None if schema is None else arrow_schema(schema)
         """The document columns as Arrow (``None``: one JSON column)."""
         self.json_mode = json_mode
@@ -169,7 +166,7 @@ class DeltaSink(WriteBehind):
         self._table_schema = table_schema(self.schema if self._drift is None else self._drift.schema)
         self.full_document = full_document
         self.storage_options = storage_options
-        self.idle_commit_seconds = idle_commit_seconds
+        self.idle_commit_seconds, self.batch_bytes = idle_commit_seconds, batch_bytes
         self.log_fraction = log_fraction
         self.max_log_rows, self.min_log_rows = max_log_rows, min_log_rows
         self.target_file_size, self.file_rows = target_file_size, file_rows
@@ -178,6 +175,7 @@ class DeltaSink(WriteBehind):
         self._table: DeltaTable | None = None
         self._opened_at = 0
         self._staged: list[Mapping[str, Any]] = []
+        self._staged_bytes = 0  # of _staged, about (a batch staged again is not recounted)
         self._namespaces: dict[bytes, tuple[Any, Any]] = {}  # raw events' ns: (db, coll)
         self._staged_table: tuple[pa.Table, bool] | None = None
         self._token_committed_at: float | None = None
@@ -468,12 +466,17 @@ class DeltaSink(WriteBehind):
 
     # -- the handler -------------------------------------------------------------------------
     def __call__(self, change: Mapping[str, Any]) -> None:
-        """Stage one change (the next :meth:`save` commits it): ``consume``'s handler. Raw
-        events (``document_class=RawBSONDocument``) cost least: only each key's last document
-        in a batch is ever decoded, by the commit (behind, with ``save_behind``)."""
+        """Stage one change (the next :meth:`save` commits it): ``consume``'s handler. Raw events
+        (``document_class=RawBSONDocument``) cost least: only a key's last document is decoded."""
         whole = self.schema is not None or self.history is not None
-        self._staged.append(staged_form(change, self._json_options, self._namespaces,
-                                        whole=whole))
+        form = staged_form(change, self._json_options, self._namespaces, whole=whole)
+        self._staged_bytes = staged_size(change, form) + (self._staged_bytes if self._staged else 0)
+        self._staged.append(form)
+
+    def batch_full(self) -> bool:
+        """Whether the staged changes reached ``batch_bytes`` (``consume`` saves then)."""
+        limit = self.batch_bytes
+        return limit is not None and bool(self._staged) and self._staged_bytes >= limit
 
     def stage(self, table: pa.Table, *, cleared: bool = False) -> None:
         """Stage a whole merge table (:func:`merge_table`'s columns); the next :meth:`save` commits it.

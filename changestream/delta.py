@@ -45,11 +45,13 @@ from ._delta_rows import document_columns as document_columns
 from ._delta_rows import struct_columns as struct_columns
 from ._delta_schema import SchemaTextError
 from ._delta_sink import DeltaSink
+from ._delta_sizes import BATCH_BYTES, BATCH_CHANGES, BATCH_SECONDS
 from ._delta_verify import Verification
 from ._parallel_copy import parallel_copy
 
 __all__ = [
-    "AS_OF_SQL", "CURRENT_SQL", "HISTORY_SQL", "KEY", "OP", "RESCUED", "SEQ", "Compaction",
+    "AS_OF_SQL", "BATCH_BYTES", "BATCH_CHANGES", "BATCH_SECONDS", "CURRENT_SQL", "HISTORY_SQL", "KEY", "OP",
+    "RESCUED", "SEQ", "Compaction",
     "DatabaseDroppedError", "DatabaseSink", "DeltaResnapshot", "DeltaSink", "DeltaSinkError",
     "DocumentSchemaError", "ResnapshotProgress", "SchemaTextError", "Verification",
     "merge_table", "parallel_copy", "table_path",

@@ -41,6 +41,7 @@ __all__ = [
     "AsyncMongoTokenStore",
     "AsyncTokenStore",
     "BackgroundTokenStore",
+    "BatchingTokenStore",
     "FileTokenStore",
     "MemoryTokenStore",
     "MongoTokenStore",
@@ -110,6 +111,25 @@ class BackgroundTokenStore(Protocol):
 
     def flush(self) -> None:
         """Wait until the last :meth:`save_behind` is durable; raise its failure."""
+        ...
+
+
+@runtime_checkable
+class BatchingTokenStore(Protocol):
+    """A store that also keeps what the handler stages, and says when that batch is full.
+
+    ``save_every`` counts changes, which bounds a batch's memory only for small
+    documents. :func:`changestream.consume` also saves as soon as :meth:`batch_full`
+    is true after a change, as if ``save_every`` had been reached (with ``workers=1``).
+    :class:`changestream.delta.DeltaSink` is one: it counts the bytes it stages.
+    """
+
+    def load(self) -> StoredToken | None: ...
+
+    def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None: ...
+
+    def batch_full(self) -> bool:
+        """Whether to save now: the staged batch reached the store's own bound."""
         ...
 
 

@@ -359,6 +359,9 @@ class CrashingSink:
     def finish(self) -> Any:
         return self.sink.finish()
 
+    def batch_full(self) -> bool:
+        return self.sink.batch_full()
+
     def save(self, token: Any, *, batch_id: int | None = None) -> None:
         self.counter[0] += 1
         if self.counter[0] == self.at and not self.after:

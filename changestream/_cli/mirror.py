@@ -26,6 +26,7 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from .. import StreamInvalidatedError, consume, describe_error
+from .._delta_sizes import BATCH_BYTES, BATCH_CHANGES, BATCH_SECONDS
 from .common import (
     DEFAULT_CONNECT_TIMEOUT,
     Parser,
@@ -123,11 +124,15 @@ def _parser() -> argparse.ArgumentParser:
         "valid_to by a query), SCD type 2; committed exactly once with the table",
     )
     parser.add_argument(
-        "--batch", type=positive_int, default=10_000, metavar="N",
+        "--batch", type=positive_int, default=BATCH_CHANGES, metavar="N",
         help="commit after N changes at most (default %(default)s)",
     )
     parser.add_argument(
-        "--batch-seconds", type=seconds, default=5.0, metavar="S",
+        "--batch-mb", type=positive_int, default=BATCH_BYTES >> 20, metavar="MB",
+        help="commit once the staged changes hold about MB megabytes (default %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-seconds", type=seconds, default=BATCH_SECONDS, metavar="S",
         help="commit at least every S seconds while changes come (default %(default)s)",
     )
     parser.add_argument(
@@ -242,7 +247,8 @@ def main(argv: list[str]) -> int:
             return mirror_database(args, client)
     sink = DeltaSink(args.to, app_id=args.app_id, full_document=args.full_document,
                      json_mode=args.json_mode, schema=schema, history=args.history,
-                     on_mismatch=args.on_mismatch, evolve=args.evolve)
+                     on_mismatch=args.on_mismatch, evolve=args.evolve,
+                     batch_bytes=args.batch_mb << 20)
     with panics_held():  # delta-rs's writer threads may panic on a failed write: one line, ours
         if args.verify:
             return _verify(args, client, sink)

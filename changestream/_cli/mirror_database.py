@@ -54,6 +54,7 @@ def mirror_database(args: argparse.Namespace, client: MongoClient[dict[str, Any]
     sink = DatabaseSink(
         args.to, client[args.db], app_id=args.app_id, include=_include(args),
         full_document=args.full_document, json_mode=args.json_mode,
+        batch_bytes=args.batch_mb << 20,
         watch_options={"max_await_time_ms": 500,
                        **({"reassemble_split_events": True} if args.oversize == "split" else {})},
     )

@@ -19,7 +19,7 @@ from .._diagnosis import not_a_store_message
 from .._metrics import StatsReporter
 from .._stream_view import StreamView
 from ..errors import ConsumeError, describe_error, one_line
-from ..stores import StoredToken
+from ..stores import BatchingTokenStore, StoredToken
 from .bounds import DEFAULT_CALL_TIMEOUT, check_call_timeout
 from .dead_ends import (
     DEAD_END_MARK,
@@ -97,7 +97,8 @@ class Run:
         check_call_timeout(call_timeout)
         self.call_timeout = call_timeout
         self.policy = RetryPolicy(retry_for, backoff_initial, backoff_max)
-        self.progress = SaveSchedule(save_every, save_interval)
+        self.progress = SaveSchedule(save_every, save_interval, full=(
+            store.batch_full if isinstance(store, BatchingTokenStore) else None))
         self.store = store
         self.stats = stats
         self.opened = 0

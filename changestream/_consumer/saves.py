@@ -43,6 +43,9 @@ class SaveSchedule:
     _last_save: float = dataclasses.field(default_factory=time.monotonic, init=False)
     _watermark: Any = dataclasses.field(default=None, init=False)
     """The workers' watermark at the last :meth:`on_watermark` (moved or not)."""
+    full: Callable[[], bool] | None = None
+    """The store's own bound of a batch (:class:`~changestream.stores.BatchingTokenStore`):
+    ``True`` saves now, whatever ``save_every`` says."""
     present: Callable[[Any], Any] | None = dataclasses.field(default=None, init=False)
     """The stream's token presentation: workers get raw tokens or the raw events holding
     them (most are never stored), and the one taken as :attr:`token` becomes a token
@@ -79,7 +82,7 @@ class SaveSchedule:
         due = self.save_interval is not None and (
             time.monotonic() - self._last_save >= self.save_interval
         )
-        return self._unsaved >= self.save_every or due
+        return self._unsaved >= self.save_every or due or (self.full is not None and self.full())
 
     def on_watermark(self, token: Any, handled: int, *, healthy: bool = True) -> bool:
         """Parallel handlers: ``handled`` changes so far, ``token`` their low watermark;

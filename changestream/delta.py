@@ -50,8 +50,8 @@ from ._delta_verify import Verification
 from ._parallel_copy import parallel_copy
 
 __all__ = [
-    "AS_OF_SQL", "BATCH_BYTES", "BATCH_CHANGES", "BATCH_SECONDS", "CURRENT_SQL", "HISTORY_SQL", "KEY", "OP",
-    "RESCUED", "SEQ", "Compaction",
+    "AS_OF_SQL", "BATCH_BYTES", "BATCH_CHANGES", "BATCH_SECONDS", "CURRENT_SQL", "HISTORY_SQL",
+    "KEY", "OP", "RESCUED", "SEQ", "Compaction",
     "DatabaseDroppedError", "DatabaseSink", "DeltaResnapshot", "DeltaSink", "DeltaSinkError",
     "DocumentSchemaError", "ResnapshotProgress", "SchemaTextError", "Verification",
     "merge_table", "parallel_copy", "table_path",

@@ -13,7 +13,9 @@ is not this process's):
    :class:`~changestream.delta.DeltaSink` as handler and store, as ``mirror``
    does (``mirror``'s defaults: ``save_every`` ``BATCH_CHANGES`` (50,000),
    ``save_interval`` ``BATCH_SECONDS`` (5 s) and the sink's ``batch_bytes``;
-   ``full_document="updateLookup"``, raw events: ``document_class=RawBSONDocument``);
+   ``full_document="updateLookup"``, raw events: ``document_class=RawBSONDocument``),
+   until the switch to the stream is committed (:func:`first_load`), as ``mirror
+   --until-idle`` ends it; the runs below start from that stream position;
 2. a backlog of ``--changes`` changes (80% updates of the newest 5% of keys,
    20% inserts) is written while nothing consumes;
 3. **no-op**: the same stream (raw events too: the cheapest a consumer can
@@ -29,7 +31,8 @@ is not this process's):
    of the table as the first load left it and followed by a no-op run, so
    each round has a no-op run on either side. With ``--against-batch N``,
    each round also runs the mirror with ``save_every=N`` (in alternating
-   order, each followed by a no-op run): how the default batch was chosen.
+   order, each followed by a no-op run): how the default batch was chosen;
+   ``--against-log-fraction F`` does the same for the sink's ``log_fraction``.
 
 Reported: documents/s of the first load, changes/s of 3 and 4 and their
 ratio per round and the round of median ratio (target: the sink keeps >= 80%
@@ -102,21 +105,58 @@ def backlog(coll: Any, docs: int, changes: int) -> int:
 
 
 def run(coll: Any, handler: Callable[[Any], None], store: Any, count: int, **options: Any
-        ) -> float:
-    """Seconds until ``count`` changes were handled (and stored)."""
+        ) -> tuple[float, float]:
+    """Seconds until ``count`` changes were handled and stored, and until the last of them
+    was handed to ``handler`` (before the final commit)."""
     stop = threading.Event()
     seen = [0]
+    handled = [0.0]
 
     def handle(change: Any) -> None:
         handler(change)
         seen[0] += 1
         if seen[0] >= count:
+            handled[0] = time.perf_counter()
             stop.set()
 
     began = time.perf_counter()
     options.setdefault("save_every", BATCH_CHANGES)
     changestream.consume(coll, handle, store, stop=stop, save_interval=BATCH_SECONDS,
                          watch_options=WATCH, **options)
+    return time.perf_counter() - began, handled[0] - began
+
+
+def first_load(coll: Any, path: str, docs: int) -> float:
+    """Seconds until the first load is over: ``docs`` snapshot records handled and the
+    switch to the stream committed (the table's position is no longer the copy's), as
+    ``mirror --until-idle`` ends it. Stopped at the last record instead, the table's position
+    would still be in the copy, and every run from it would first copy the backlog's new
+    documents again (as snapshot records) and then replay the stream from the copy's start."""
+    sink = DeltaSink(path, full_document="updateLookup")
+    copied, stop = threading.Event(), threading.Event()
+    seen = [0]
+
+    def handle(change: Any) -> None:
+        sink(change)
+        seen[0] += 1
+        if seen[0] >= docs:
+            copied.set()
+
+    def switched() -> None:
+        copied.wait()
+        reader = DeltaSink(path, full_document="updateLookup")
+        while not stop.wait(0.1):
+            stored = reader.load()
+            if stored is not None and stored.token.get("phase") != "copy":
+                stop.set()
+
+    watcher = threading.Thread(target=switched, daemon=True)
+    watcher.start()
+    began = time.perf_counter()
+    changestream.consume(coll, handle, sink, stop=stop, save_every=BATCH_CHANGES,
+                         save_interval=BATCH_SECONDS, watch_options=WATCH,
+                         initial_snapshot=True)
+    watcher.join()
     return time.perf_counter() - began
 
 
@@ -126,54 +166,66 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+DEFAULT = {"save_every": BATCH_CHANGES}
+"""The mirror's options as ``mirror`` runs it (``save_every``, and the sink's defaults)."""
+
+
+def label(variant: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in variant.items())
+
+
 def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
-             against: int | None = None) -> dict[str, float]:
+             against: dict[str, Any] | None = None) -> dict[str, float]:
     with MongoClient(uri) as client:
         coll = client.bench[f"orders_{docs}"]
         began = time.perf_counter()
         preload(coll, docs)
         print(f"[{docs:,}] preloaded in {time.perf_counter() - began:.0f} s", flush=True)
         base = os.path.join(workdir, f"t{docs}")
-        sink = DeltaSink(base, full_document="updateLookup")
-        load_seconds = run(coll, sink, sink, docs, initial_snapshot=True)
+        load_seconds = first_load(coll, base, docs)
         print(f"[{docs:,}] first load: {docs / load_seconds:,.0f} docs/s "
               f"(peak RSS {peak_rss_mb():.0f} MB)", flush=True)
-        stored = sink.load()
-        assert stored is not None
+        stored = DeltaSink(base, full_document="updateLookup").load()
+        assert stored is not None and stored.token.get("phase") != "copy", stored
         start = StoredToken(stored.token, None, stored.saved_at)
         backlog(coll, docs, changes)
 
         def noop(label: str) -> float:
-            rate = changes / run(coll, lambda change: None, MemoryTokenStore(start), changes,
-                                 initial_snapshot=True)
+            seconds, _ = run(coll, lambda change: None, MemoryTokenStore(start), changes,
+                             initial_snapshot=True)
+            rate = changes / seconds
             print(f"[{docs:,}] no-op consumer ({label}): {rate:,.0f} changes/s", flush=True)
             return rate
 
         noop("warm-up")
         noops = [noop("before")]
         mirrors, ratios = [], []
-        others: list[float] = []  # --against-batch: its ratios, alternated with the default's
+        others: list[float] = []  # --against-*: its ratios, alternated with the default's
         arounds: list[float] = []  # the no-op rate around each default round
         for number in range(rounds):  # each round: the table as the first load left it
-            batches = [BATCH_CHANGES] if against is None else (
-                [BATCH_CHANGES, against] if number % 2 == 0 else [against, BATCH_CHANGES])
-            for batch in batches:
-                copy = os.path.join(workdir, f"t{docs}-{number}-{batch}")
+            variants = [DEFAULT] if against is None else (
+                [DEFAULT, against] if number % 2 == 0 else [against, DEFAULT])
+            for index, variant in enumerate(variants):
+                copy = os.path.join(workdir, f"t{docs}-{number}-{index}")
                 shutil.copytree(base, copy)
-                sink = DeltaSink(copy, full_document="updateLookup")
+                options = dict(variant)
+                batch = options.pop("save_every", BATCH_CHANGES)
+                sink = DeltaSink(copy, full_document="updateLookup", **options)
                 began, cpu = time.perf_counter(), cpu_seconds()
-                run(coll, sink, sink, changes, initial_snapshot=True, save_every=batch)
+                _, handled = run(coll, sink, sink, changes, initial_snapshot=True,
+                                 save_every=batch)
                 finishing = time.perf_counter()
                 sink.finish()
                 ended = time.perf_counter()
                 rate = changes / (ended - began)
-                print(f"[{docs:,}] DeltaSink, --batch {batch}: {rate:,.0f} changes/s (of its "
-                      f"{ended - began:.1f} s, finish() took {ended - finishing:.1f} s; "
+                print(f"[{docs:,}] DeltaSink, {label(variant)}: {rate:,.0f} changes/s (of its "
+                      f"{ended - began:.1f} s, the last change handled at {handled:.1f} s, "
+                      f"finish() took {ended - finishing:.1f} s; "
                       f"{(cpu_seconds() - cpu) / changes * 1e6:.0f} µs of CPU a change)",
                       flush=True)
                 noops.append(noop("after"))
                 around = (noops[-2] + noops[-1]) / 2
-                if batch == BATCH_CHANGES:
+                if variant is DEFAULT:
                     mirrors.append(rate)
                     ratios.append(rate / around)
                     arounds.append(around)
@@ -184,9 +236,10 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
                     state, coll.estimated_document_count())
                 shutil.rmtree(copy)
         if others:
-            print(f"[{docs:,}] --batch {against}: ratios {', '.join(f'{r:.0%}' for r in others)};"
-                  f" median {sorted(others)[len(others) // 2]:.0%}; the default "
-                  f"({BATCH_CHANGES}): {', '.join(f'{r:.0%}' for r in ratios)}", flush=True)
+            print(f"[{docs:,}] {label(against or {})}: ratios "
+                  f"{', '.join(f'{r:.0%}' for r in others)}; median "
+                  f"{sorted(others)[len(others) // 2]:.0%}; the default ({label(DEFAULT)}): "
+                  f"{', '.join(f'{r:.0%}' for r in ratios)}", flush=True)
         middle = sorted(range(rounds), key=ratios.__getitem__)[rounds // 2]
         print(f"[{docs:,}] DeltaSink (mirror) / no-op around it, by round: "
               f"{', '.join(f'{r:.0%}' for r in ratios)}; median {ratios[middle]:.0%} "
@@ -207,18 +260,28 @@ def main() -> None:
     parser.add_argument("--against-batch", type=int, metavar="N",
                         help="also run each round's mirror with save_every N (alternated with "
                              "the default, each between two no-op runs) and print both ratios")
+    parser.add_argument("--against-log-fraction", type=float, metavar="F",
+                        help="as --against-batch, for the sink's log_fraction (how big its "
+                             "change log grows before a compaction)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, not {args.rounds}")
     if args.against_batch is not None and args.against_batch < 1:
         parser.error(f"--against-batch must be >= 1, not {args.against_batch}")
+    if args.against_log_fraction is not None and not args.against_log_fraction > 0:
+        parser.error(f"--against-log-fraction must be > 0, not {args.against_log_fraction}")
+    against: dict[str, Any] = {}
+    if args.against_batch is not None:
+        against["save_every"] = args.against_batch
+    if args.against_log_fraction is not None:
+        against["log_fraction"] = args.against_log_fraction
     workdir = tempfile.mkdtemp(prefix="mirror-e2e-")
     rows = []
     try:
         with simulator("8.0", ("--event-cache-mb", "512")) as (uri, _pid):
             for docs in (int(size) for size in args.sizes.split(",")):
                 rows.append((docs, one_size(uri, docs, args.changes, workdir, args.rounds,
-                                            args.against_batch)))
+                                            against or None)))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print("\n| documents | first load (docs/s) | no-op (changes/s) | DeltaSink (changes/s) | "

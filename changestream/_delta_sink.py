@@ -349,7 +349,7 @@ class DeltaSink(WriteBehind):
                 return  # nothing handled since: an older durable token loses nothing
             self._commit(None, None, token)
             return
-        if any(boundary(change) for change in staged):
+        if any(not isinstance(change, tuple) and boundary(change) for change in staged):
             self._save_bounded(staged, token, batch_id)
             return
         try:

@@ -18,6 +18,7 @@ not know, a framing error) gives ``None``: the caller decodes the event as befor
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any
 
@@ -52,6 +53,15 @@ _DOCUMENT = b"\x03fullDocument\x00"
 _NO_DOCUMENT = b"\x0afullDocument\x00"
 _NS = b"\x03ns\x00"
 _KEY = b"\x03documentKey\x00"
+_UPDATE = b"\x03updateDescription\x00"
+_HEAD = re.compile(
+    rb"\x03_id\x00(.{4})\x02_data\x00(.{4})([^\x00]*)\x00\x00"
+    rb"\x02operationType\x00(.{4})([^\x00]*)\x00"
+    rb"\x11clusterTime\x00.{8}(?:\x09wallTime\x00.{8})?", re.DOTALL)
+"""An event's head as servers write it (a token of only ``_data``, ``operationType``,
+``clusterTime``, ``wallTime``): one match instead of a check of each field's header, and
+``updateDescription`` stepped over by its header: 6.8 µs a row instead of 8.0 on the
+benchmark machine (a sixth). Any other head is read field by field."""
 
 
 def raw_row(raw: bytes | memoryview, json_options: json_util.JSONOptions,
@@ -73,29 +83,27 @@ def _row(data: bytes, json_options: json_util.JSONOptions,
     size = int.from_bytes(data[:4], "little")
     if size != len(data) or data[-1] != 0:
         return None
-    token_end = raw_token_end(data)  # _id first, a document, well framed (0: not)
-    if not token_end or not data.startswith(b"\x02_data\x00", _TOKEN_AT + 4):
-        return None
-    text_end = _DATA_AT + 4 + int.from_bytes(data[_DATA_AT:_DATA_AT + 4], "little")
-    if text_end != token_end - 1 or data[token_end - 1] != 0 or data[text_end - 1] != 0:
-        return None  # a token with more than _data: decoded as before
-    token = data[_DATA_AT + 4:text_end - 1].decode()
+    match = _HEAD.match(data, 4)
+    if match is not None:
+        id_size, text_size, text, operation_size, operation = match.groups()
+        if not (int.from_bytes(text_size, "little") == len(text) + 1
+                and int.from_bytes(id_size, "little") == len(text) + 17
+                and int.from_bytes(operation_size, "little") == len(operation) + 1):
+            match = None  # sizes that disagree with the bytes: read field by field
+    if match is not None:
+        token, position = text.decode(), match.end()
+    else:
+        head = _head_by_fields(data)
+        if head is None:
+            return None  # a token with more than _data: decoded as before
+        token, operation, position = head
     if token == SNAPSHOT_MARK:
         return None
-    operation = ns = key = document = None
+    ns = key = document = None
     has_document = False
     end, int32 = size - 1, _INT32.unpack_from
     # the fields in the order servers write them, each one check of its header; the walk
     # below takes whatever else follows (or comes in another order), as a decoder would
-    position = token_end
-    if data.startswith(_OPERATION, position):
-        start = position + len(_OPERATION)
-        position = start + 4 + int32(data, start)[0]
-        operation = data[start + 4:position - 1]
-    if data.startswith(_CLUSTER_TIME, position):
-        position += len(_CLUSTER_TIME) + 8
-    if data.startswith(_WALL_TIME, position):
-        position += len(_WALL_TIME) + 8
     if data.startswith(_UUID, position):
         start = position + len(_UUID)
         position = start + 5 + int32(data, start)[0]
@@ -114,6 +122,9 @@ def _row(data: bytes, json_options: json_util.JSONOptions,
         start = position + len(_KEY)
         position = start + int32(data, start)[0]
         key = data[start:position]
+    if data.startswith(_UPDATE, position):  # not read: the sink takes the whole document
+        start = position + len(_UPDATE)
+        position = start + int32(data, start)[0]
     if position > end:
         return None
     find = data.index
@@ -165,3 +176,25 @@ def _row(data: bytes, json_options: json_util.JSONOptions,
             return None
         key_text = key_json(fields["_id"], json_options)
     return (token, operation.decode(), where[0], where[1], key_text, document, has_document)
+
+
+def _head_by_fields(data: bytes) -> tuple[str, bytes | None, int] | None:
+    """The token's text, the ``operationType`` (``None``: not there) and where the fields
+    after the head start, field by field; ``None``: not a token of only ``_data``."""
+    token_end = raw_token_end(data)  # _id first, a document, well framed (0: not)
+    if not token_end or not data.startswith(b"\x02_data\x00", _TOKEN_AT + 4):
+        return None
+    text_end = _DATA_AT + 4 + int.from_bytes(data[_DATA_AT:_DATA_AT + 4], "little")
+    if text_end != token_end - 1 or data[token_end - 1] != 0 or data[text_end - 1] != 0:
+        return None
+    token = data[_DATA_AT + 4:text_end - 1].decode()
+    operation, position = None, token_end
+    if data.startswith(_OPERATION, position):
+        start = position + len(_OPERATION)
+        position = start + 4 + _INT32.unpack_from(data, start)[0]
+        operation = data[start + 4:position - 1]
+    if data.startswith(_CLUSTER_TIME, position):
+        position += len(_CLUSTER_TIME) + 8
+    if data.startswith(_WALL_TIME, position):
+        position += len(_WALL_TIME) + 8
+    return token, operation, position

@@ -123,6 +123,35 @@ def test_anything_else_is_left_to_decoding(change: dict[str, Any]) -> None:
     assert raw_row(bson.encode(change), RELAXED, {}) is None
 
 
+def without(change: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {name: value for name, value in change.items() if name not in names}
+
+
+def reordered(change: dict[str, Any], *names: str) -> dict[str, Any]:
+    """``change`` with ``names`` moved to the end, in that order."""
+    return {**without(change, *names), **{name: change[name] for name in names}}
+
+
+@pytest.mark.parametrize("change", [
+    without(event(1, "update", 1, {"_id": 1, "v": 2}), "wallTime"),  # servers before 6.0
+    without(event(2, "insert", 2, {"_id": 2}), "wallTime", "collectionUUID"),
+    reordered(event(3, "update", 3, {"_id": 3}), "operationType"),  # after the rest
+    reordered(event(4, "replace", 4, {"_id": 4}), "clusterTime", "wallTime"),
+    reordered(event(5, "update", 5, {"_id": 5}), "updateDescription", "fullDocument"),
+    {**event(6, "update", 6, {"_id": 6}), "updateDescription": {"updatedFields": {
+        "fullDocument": 1, "documentKey": {"_id": 0}}}},  # field names inside, not read
+    {**event(7, "delete", 7), "_id": {"_data": "82" + "0" * 200}},  # a long token
+], ids=["no-wall-time", "no-wall-time-no-uuid", "operation-last", "times-last",
+        "document-last", "names-inside-update", "long-token"])
+def test_heads_in_another_shape_give_the_decoded_events_row(change: dict[str, Any]) -> None:
+    """The usual head is read in one match; any other shape of it, and any order of the
+    fields after it, still gives the decoded event's row."""
+    raw = bson.encode(change)
+    row = raw_row(raw, RELAXED, {})
+    assert row is not None
+    assert as_staged(row, RELAXED) == staged_change(bson.decode(raw, RAW_CODEC), RELAXED)
+
+
 def test_a_sharded_collections_document_key_keeps_its_id_as_the_key() -> None:
     key = ObjectId()
     change = event(1, "update", key, {"_id": key, "region": "eu"})

@@ -60,8 +60,8 @@ _HEAD = re.compile(
     rb"\x11clusterTime\x00.{8}(?:\x09wallTime\x00.{8})?", re.DOTALL)
 """An event's head as servers write it (a token of only ``_data``, ``operationType``,
 ``clusterTime``, ``wallTime``): one match instead of a check of each field's header, and
-``updateDescription`` stepped over by its header: 6.8 µs a row instead of 8.0 on the
-benchmark machine (a sixth). Any other head is read field by field."""
+``updateDescription`` stepped over by its header: 6.6-6.8 µs a row instead of 7.8-8.0 on
+the benchmark machine (a seventh). Any other head is read field by field."""
 
 
 def raw_row(raw: bytes | memoryview, json_options: json_util.JSONOptions,

@@ -9,6 +9,10 @@ that ordinary documents hold (ObjectId, UTC datetimes after 1970), in the
 very form ``json_util`` gives them; any other value (a NaN, bytes, a
 Decimal128, a RawBSONDocument, ...) sends the whole document to
 ``json_util.dumps``, so the text never differs from it.
+
+JavaScript code, which the C encoder would write as a plain string, is held as a
+``JsCode`` by the documents decoded here (:func:`decode_marked`) and searched for in the
+others (:mod:`._js_code`).
 """
 
 from __future__ import annotations
@@ -18,12 +22,18 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import bson
 from bson import json_util
+from bson.codec_options import CodecOptions
 from bson.objectid import ObjectId
 
-__all__ = ["relaxed_dumps", "relaxed_key"]
+from ._js_code import HOLDING, PLAIN, JsCode, code_json, holds_code, may_hold_code, unmarked
+
+__all__ = ["decode_marked", "relaxed_dumps", "relaxed_key", "relaxed_text"]
 
 _RELAXED = json_util.RELAXED_JSON_OPTIONS
+_decode: Callable[[bytes, CodecOptions[dict[str, Any]]], dict[str, Any]] = getattr(
+    bson, "_bson_to_dict", bson.decode)  # bson.decode less its checks
 
 
 class _Unusual(Exception):
@@ -48,6 +58,8 @@ def _default(value: Any) -> Any:
                     value.second, millis)}
             return {"$date": "%04d-%02d-%02dT%02d:%02d:%02dZ" % (  # noqa: UP031
                 value.year, value.month, value.day, value.hour, value.minute, value.second)}
+    if kind is JsCode:
+        return code_json(value)
     raise _Unusual
 
 
@@ -74,19 +86,43 @@ _ENCODE = _encoder(", ", ": ")
 _ENCODE_COMPACT = _encoder(",", ":")
 
 
-def relaxed_dumps(document: Any) -> str:
-    """``json_util.dumps(document, json_options=RELAXED_JSON_OPTIONS)``, faster."""
+def relaxed_dumps(document: Any, *, marked: bool = False) -> str:
+    """``json_util.dumps(document, json_options=RELAXED_JSON_OPTIONS)``, faster.
+
+    ``marked``: the document was decoded by :func:`decode_marked` (no search for ``Code``;
+    a decoded change that holds one may carry its ``JsCode`` here unmarked too)."""
+    if not marked and holds_code(document):
+        return json_util.dumps(document, json_options=_RELAXED)
     try:
         return _ENCODE(document)
     except (_Unusual, ValueError, TypeError):
-        return json_util.dumps(document, json_options=_RELAXED)
+        return json_util.dumps(unmarked(document), json_options=_RELAXED)
+
+
+def decode_marked(raw: bytes | memoryview) -> dict[str, Any]:
+    """A BSON document's bytes decoded, JavaScript code held as ``JsCode`` (for this module's
+    encoders only: :func:`relaxed_dumps` with ``marked``, :func:`relaxed_key`)."""
+    if type(raw) is not bytes:
+        raw = bytes(raw)
+    return _decode(raw, HOLDING if may_hold_code(raw) else PLAIN)
+
+
+def relaxed_text(raw: bytes) -> str:
+    """``relaxed_dumps`` of a BSON document given as its bytes (the sink's documents)."""
+    try:
+        return _ENCODE(decode_marked(raw))
+    except (_Unusual, ValueError, TypeError):
+        return json_util.dumps(_decode(raw, PLAIN), json_options=_RELAXED)
 
 
 def relaxed_key(key: Any) -> str:
-    """The key column's text of an ``_id`` (compact relaxed Extended JSON), faster."""
+    """The key column's text of an ``_id`` (compact relaxed Extended JSON), faster
+    (a key from :func:`decode_marked` may hold a ``JsCode``)."""
     if type(key) is ObjectId:
         return f'{{"$oid":"{key.binary.hex()}"}}'
+    if holds_code(key):
+        return json_util.dumps(key, json_options=_RELAXED, separators=(",", ":"))
     try:
         return _ENCODE_COMPACT(key)
     except (_Unusual, ValueError, TypeError):
-        return json_util.dumps(key, json_options=_RELAXED, separators=(",", ":"))
+        return json_util.dumps(unmarked(key), json_options=_RELAXED, separators=(",", ":"))

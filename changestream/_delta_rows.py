@@ -22,7 +22,7 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 
 from ._delta_drift import Drift
-from ._delta_json import relaxed_dumps
+from ._delta_json import decode_marked, relaxed_dumps, relaxed_text
 from ._delta_layout import SEQ, ascending, layout_schema
 from ._delta_schema import arrow_schema
 from ._merge import CANONICAL, RELAXED, MergeBatch, as_row, key_json
@@ -180,17 +180,20 @@ def json_texts(
 ) -> list[str | None]:
     """The document column's texts (a text already made by :func:`staged_change` as it is;
     BSON bytes, as :func:`staged_form` keeps a raw event's document, decoded first)."""
-    decode = getattr(bson, "_bson_to_dict", bson.decode)  # bson.decode less its checks
-    dumps = relaxed_dumps if json_options is RELAXED else (
-        lambda doc: json_util.dumps(doc, json_options=json_options))
+    if json_options is RELAXED:
+        return [doc if doc is None or type(doc) is str else
+                relaxed_text(doc) if type(doc) is bytes else relaxed_dumps(doc)
+                for doc in documents]
     return [doc if doc is None or type(doc) is str else
-            dumps(decode(doc, RAW_CODEC) if type(doc) is bytes else doc) for doc in documents]
+            json_util.dumps(bson.decode(doc, RAW_CODEC) if type(doc) is bytes else doc,
+                            json_options=json_options) for doc in documents]
 
 
 _SLIMMED = frozenset({"insert", "update", "replace", "delete"})
 
 
-def staged_change(change: Mapping[str, Any], json_options: json_util.JSONOptions) -> Any:
+def staged_change(change: Mapping[str, Any], json_options: json_util.JSONOptions, *,
+                  marked: bool = False) -> Any:
     """What the sink keeps of a document change until its batch commits (the one JSON
     column): the fields the merge reads, the document already as the text the table stores.
 
@@ -205,7 +208,7 @@ def staged_change(change: Mapping[str, Any], json_options: json_util.JSONOptions
         return change
     document = change.get("fullDocument")
     text = None if document is None or type(document) is str else (
-        relaxed_dumps(document) if json_options is RELAXED
+        relaxed_dumps(document, marked=marked) if json_options is RELAXED
         else json_util.dumps(document, json_options=json_options))
     row = as_row(change, json_options, text)
     if row is not None:
@@ -233,7 +236,10 @@ def staged_form(change: Mapping[str, Any], json_options: json_util.JSONOptions,
         row = None if whole else raw_row(change.raw, json_options, namespaces)
         if row is not None:
             return row
-        change = decode_raw(change.raw)
+        if whole or json_options is not RELAXED:
+            change = decode_raw(change.raw)
+        else:  # JavaScript code marked, for the relaxed encoder only
+            return staged_change(decode_marked(change.raw), json_options, marked=True)
     return change if whole else staged_change(change, json_options)
 
 

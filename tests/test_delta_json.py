@@ -10,15 +10,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import bson
 import deltalake
 import pyarrow as pa
 from bson import json_util
+from bson.binary import Binary
+from bson.code import Code
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
 from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
+from bson.regex import Regex
+from bson.timestamp import Timestamp
 from bson.tz_util import FixedOffset, utc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from changestream._delta_json import relaxed_dumps, relaxed_key
+from changestream._delta_json import decode_marked, relaxed_dumps, relaxed_key, relaxed_text
 from changestream._delta_merger import SmallFileMerger
 from changestream._delta_rows import RELAXED, base_rows
 
@@ -66,6 +74,74 @@ def test_odd_documents_are_json_utils_text() -> None:
         {"a": b"\x00\xff", "b": 1.5e-300, "c": ObjectId(b"\x00" * 12)},
     ]:
         assert relaxed_dumps(doc) == json_util.dumps(doc, json_options=_RELAXED)
+
+
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-2**31, 2**31 - 1), st.integers(-2**63, 2**63 - 1),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
+    st.builds(ObjectId, st.binary(min_size=12, max_size=12)),
+    st.datetimes(min_value=datetime.datetime(1960, 1, 1)).map(
+        lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000)),
+    st.builds(lambda b: Binary(b, 0), st.binary(max_size=4)),
+    st.builds(lambda i: Decimal128(str(i)), st.integers(-999, 999)),
+    st.builds(lambda s: Regex(s, "i"), st.text(alphabet="ab^$", max_size=3)),
+    st.builds(Timestamp, st.integers(0, 2**31), st.integers(0, 9)),
+    st.builds(Code, st.text(max_size=6)),  # JavaScript code (type 0x0D): a str subclass
+    st.builds(lambda c, v: Code(c, {"v": v}), st.text(max_size=4), st.integers(0, 9)),  # 0x0F
+    st.just(Int64(-1)),  # 0xFF bytes, and carriage returns, for the byte check below
+)
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3),
+    st.dictionaries(st.text(alphabet="abc\r", min_size=1, max_size=3), inner, max_size=3)),
+    max_leaves=12)
+
+
+@settings(max_examples=600, deadline=None)
+@given(document=st.dictionaries(st.text(alphabet="xyz", min_size=1, max_size=2), _VALUES,
+                                max_size=5), key=_SCALARS)
+def test_documents_of_every_bson_type_are_json_utils_text_from_bytes_and_decoded(
+    document: dict[str, Any], key: Any
+) -> None:
+    """JavaScript code decodes to a ``str`` subclass the C encoder writes as a plain string:
+    every path still gives ``{"$code": ...}`` as ``json_util`` does."""
+    raw = bson.encode({"_id": key, **document})
+    decoded = bson.decode(raw)
+    expected = json_util.dumps(decoded, json_options=_RELAXED)
+    assert relaxed_text(raw) == expected
+    assert relaxed_dumps(decoded) == expected
+    marked = decode_marked(raw)
+    assert relaxed_dumps(marked, marked=True) == expected
+    key_text = json_util.dumps(decoded["_id"], json_options=_RELAXED, separators=(",", ":"))
+    assert relaxed_key(decoded["_id"]) == relaxed_key(marked["_id"]) == key_text
+
+
+def test_a_mirror_of_raw_events_stores_javascript_code_as_json_util_does(tmp_path: Path) -> None:
+    """Through the sink: a stream's change (read from its bytes) and a snapshot record
+    (decoded in the handler) of documents holding code, with and without scope."""
+    from changestream.delta import DeltaSink
+
+    documents = [{"_id": 1, "f": Code("return 1"), "n": [{"g": Code("x", {"a": Code("y")})}]},
+                 {"_id": 2, "f": Code("\r"), "nan": float("nan")},
+                 {"_id": Code("k"), "v": 1}]
+    sink = DeltaSink(tmp_path / "t", app_id="a", full_document="updateLookup")
+    sink.load()
+    ns = {"db": "shop", "coll": "orders"}
+    sink(RawBSONDocument(bson.encode(
+        {"_id": {"_data": "snapshot", "phase": "copy"}, "operationType": "insert", "ns": ns,
+         "documentKey": {"_id": 1}, "fullDocument": documents[0]})))
+    sink.save({"_data": "snapshot", "phase": "stream", "at": Timestamp(1_800_000_000, 1)})
+    for n, doc in enumerate(documents[1:], start=2):
+        sink(RawBSONDocument(bson.encode(
+            {"_id": {"_data": f"82{n:016X}2B042C0100296E5A1004"}, "operationType": "insert",
+             "clusterTime": Timestamp(1_800_000_000, n), "ns": ns,
+             "documentKey": {"_id": doc["_id"]}, "fullDocument": doc})))
+    sink.save({"_data": "82" + "F" * 16})
+    sink.finish()
+    stored = dict(zip(*deltalake.DeltaTable(str(tmp_path / "t")).to_pyarrow_table(
+        columns=["_key", "document"]).to_pydict().values(), strict=True))
+    assert stored == {json_util.dumps(doc["_id"], json_options=_RELAXED, separators=(",", ":")):
+                      json_util.dumps(doc, json_options=_RELAXED) for doc in documents}
+    assert '{"$code": "x", "$scope": {"a": {"$code": "y"}}}' in stored["1"]
 
 
 def _records(keys: list[Any]) -> list[dict[str, Any]]:

@@ -54,6 +54,7 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from .._js_code import JsCode, code_held, code_json, decode_all_held, unmarked
 from .._token import raw_token_bytes
 from ._errors import SchemaMismatchError
 from ._schema import ENVELOPE_COLUMNS
@@ -74,6 +75,8 @@ _RELAXED = json_util.RELAXED_JSON_OPTIONS
 
 
 def _json_default(value: Any) -> Any:
+    if type(value) is JsCode:  # decoded by _decoded: written as json_util writes Code
+        return code_json(value)
     try:
         return json_util.default(value, _RELAXED)
     except TypeError:
@@ -94,7 +97,7 @@ def relaxed_json(value: Any) -> str | None:
     try:
         return _encode(value)
     except ValueError:  # NaN / Infinity: json_util spells them {"$numberDouble": ...}
-        return json_util.dumps(value, json_options=_RELAXED)
+        return json_util.dumps(unmarked(value), json_options=_RELAXED)
 
 
 class _Mismatch(Exception):
@@ -184,6 +187,8 @@ def _to_string(value: Any) -> str | None:
     """Strings as they are, ObjectIds as 24 hex digits, anything else as relaxed JSON."""
     if value is None or isinstance(value, str):
         return value
+    if type(value) is JsCode:  # a string, as mirror's schema columns take Code
+        return str(value.code)
     if isinstance(value, ObjectId):
         return str(value)
     return relaxed_json(value)
@@ -479,7 +484,10 @@ def event_token(event: Event) -> Any:
 
 
 def _decoded(events: Sequence[Event]) -> Docs:
-    """Plain dicts for a chunk of events; raw ones are decoded in one C call."""
+    """Plain dicts for a chunk of events; raw ones are decoded in one C call.
+
+    JavaScript code (``Code``, a ``str`` subclass the JSON encoder would write as a plain
+    string) is held as a ``JsCode``, which ``_json_default`` writes as ``json_util`` does."""
     try:
         data = b"".join(events)  # type: ignore[arg-type]  # raw bytes: the fast path
     except TypeError:
@@ -487,8 +495,9 @@ def _decoded(events: Sequence[Event]) -> Docs:
         if all(isinstance(raw, bytes) for raw in raws):
             data = b"".join(raws)
         else:
-            return [bson.decode(raw) if isinstance(raw, bytes) else raw for raw in raws]
-    return list(bson.decode_all(data))
+            return [decode_all_held(raw)[0] if isinstance(raw, bytes) else code_held(raw)
+                    for raw in raws]
+    return list(decode_all_held(data))
 
 
 class EventConverter:
@@ -551,7 +560,7 @@ class EventConverter:
         """One record batch for raw events given as groups of BSON documents back to back
         (:func:`._readahead.unpack_chunks`, best :data:`DECODE_CHUNK` a group), on an
         executor: each group is decoded in one call, no step per event before it."""
-        decoded: Iterable[Docs] = map(bson.decode_all, chunks)  # type: ignore[arg-type]
+        decoded: Iterable[Docs] = (list(decode_all_held(chunk)) for chunk in chunks)
         return self._convert(decoded, share_gil=False)
 
     def _convert(self, chunks: Iterable[Docs], share_gil: bool) -> pa.RecordBatch:

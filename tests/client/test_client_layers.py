@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "changestream._match", "changestream._lanes", "changestream._hub_items",
         "changestream._snapshot", "changestream.stores", "changestream._diagnosis",
         "changestream._stream_view", "changestream._merge", "changestream._delta_schema",
-        "changestream._delta_json", "changestream._raw_rows",
+        "changestream._delta_json", "changestream._js_code", "changestream._raw_rows",
         "changestream._metrics", "changestream._headroom", "changestream._probe",
         "changestream._server_metrics",
         "changestream._consumer",

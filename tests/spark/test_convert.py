@@ -8,6 +8,7 @@ import json
 import pickle
 from typing import Any
 
+import bson
 import pyarrow as pa
 import pytest
 from bson import Binary, Decimal128, Int64, ObjectId, Timestamp, json_util
@@ -227,6 +228,38 @@ def test_json_columns_encoded_together_read_as_each_alone(spark: Any) -> None:
     assert _converter(spark).convert(events[:1] + events[4:]).column(
         "full_document"
     ).to_pylist() == [expected[0], expected[4]]
+
+
+def test_javascript_code_is_written_as_json_util_writes_it_from_every_event_form(
+    spark: Any
+) -> None:
+    """``Code`` is a ``str`` the JSON encoder would write as a plain string: raw events,
+    decoded ones and joined partitions all give its
+    ``{"$code": ...}`` (with ``$scope``, nested, and beside a NaN); a schema's string
+    column takes the code's text, as ``mirror``'s do."""
+    from bson.code import Code
+
+    from changestream._js_code import decode_all_held
+
+    documents: list[Any] = [
+        {"_id": 1, "f": Code("return 1"), "s": Code("x", {"a": Code("y")})},
+        {"_id": 2, "n": [{"f": Code("\r")}], "nan": float("nan")},
+        {"_id": 3, "plain": "code-free"},
+    ]
+    events = [{"_id": TOKEN, "operationType": "insert", "fullDocument": doc,
+               "documentKey": {"_id": doc["_id"]}} for doc in documents]
+    expected = [json_util.dumps(doc, json_options=json_util.RELAXED_JSON_OPTIONS)
+                for doc in documents]
+    raws = [bson.encode(event) for event in events]
+    converter = _converter(spark)
+    for form in (events, raws, [RawBSONDocument(raw) for raw in raws]):
+        assert converter.convert(form).column("full_document").to_pylist() == expected
+    joined = converter.convert_joined([b"".join(raws)]).column("full_document").to_pylist()
+    assert joined == expected
+    assert decode_all_held(b"".join(raws))[2]["fullDocument"] == documents[2]
+    schema = _converter(spark, "f STRING, plain STRING", publish=True)
+    rows = schema.convert(raws).to_pylist()
+    assert [row["f"] for row in rows] == ["return 1", None, None]
 
 
 def test_shipped_partitions_give_the_rows_of_the_events_in_bounded_batches(spark: Any) -> None:

@@ -37,7 +37,11 @@ is not this process's):
 Reported: documents/s of the first load, changes/s of 3 and 4 and their
 ratio per round and the round of median ratio (target: the sink keeps >= 80%
 of the no-op rate; the rounds' range shows the noise of a shared 2-core
-machine), this process's CPU per change in 4 (steadier than the rates), how much of 4 was
+machine), the sustained ratio (4's rate to its last change handled, before
+that change's batch is committed: what a mirror of an endless stream keeps up
+with; the ratio above also pays the last batch's commit, once per run), the CPU
+per change of this process and of the simulator in 3 and 4 and the cores they
+kept busy (steadier than the rates), how much of 4 was
 ``finish()`` (a fixed cost of the run: at 1M documents it rewrites the base
 files the log touches, ~200,000 rows, whatever the number of changes), this
 process's peak RSS after each step, and the load average (the machine may be
@@ -166,6 +170,23 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def process_cpu(pid: int | None) -> float:
+    """Another process's CPU seconds (the simulator's; 0 where /proc is not there)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_line(changes: int, seconds: float, client: float, server: float) -> str:
+    """CPU per change of this process and the simulator, and the cores they kept busy."""
+    return (f"µs of CPU a change: {client / changes * 1e6:.0f} here, {server / changes * 1e6:.0f}"
+            f" in the simulator; cores busy {(client + server) / seconds:.2f} of "
+            f"{os.cpu_count()}")
+
+
 DEFAULT = {"save_every": BATCH_CHANGES}
 """The mirror's options as ``mirror`` runs it (``save_every``, and the sink's defaults)."""
 
@@ -175,7 +196,8 @@ def label(variant: dict[str, Any]) -> str:
 
 
 def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
-             against: dict[str, Any] | None = None) -> dict[str, float]:
+             against: dict[str, Any] | None = None, server_pid: int | None = None
+             ) -> dict[str, float]:
     with MongoClient(uri) as client:
         coll = client.bench[f"orders_{docs}"]
         began = time.perf_counter()
@@ -191,15 +213,18 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
         backlog(coll, docs, changes)
 
         def noop(label: str) -> float:
+            cpu, server = cpu_seconds(), process_cpu(server_pid)
             seconds, _ = run(coll, lambda change: None, MemoryTokenStore(start), changes,
                              initial_snapshot=True)
             rate = changes / seconds
-            print(f"[{docs:,}] no-op consumer ({label}): {rate:,.0f} changes/s", flush=True)
+            print(f"[{docs:,}] no-op consumer ({label}): {rate:,.0f} changes/s ("
+                  + cpu_line(changes, seconds, cpu_seconds() - cpu,
+                             process_cpu(server_pid) - server) + ")", flush=True)
             return rate
 
         noop("warm-up")
         noops = [noop("before")]
-        mirrors, ratios = [], []
+        mirrors, ratios, sustained = [], [], []
         others: list[float] = []  # --against-*: its ratios, alternated with the default's
         arounds: list[float] = []  # the no-op rate around each default round
         for number in range(rounds):  # each round: the table as the first load left it
@@ -211,7 +236,7 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
                 options = dict(variant)
                 batch = options.pop("save_every", BATCH_CHANGES)
                 sink = DeltaSink(copy, full_document="updateLookup", **options)
-                began, cpu = time.perf_counter(), cpu_seconds()
+                began, cpu, server = time.perf_counter(), cpu_seconds(), process_cpu(server_pid)
                 _, handled = run(coll, sink, sink, changes, initial_snapshot=True,
                                  save_every=batch)
                 finishing = time.perf_counter()
@@ -221,16 +246,19 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
                 print(f"[{docs:,}] DeltaSink, {label(variant)}: {rate:,.0f} changes/s (of its "
                       f"{ended - began:.1f} s, the last change handled at {handled:.1f} s, "
                       f"finish() took {ended - finishing:.1f} s; "
-                      f"{(cpu_seconds() - cpu) / changes * 1e6:.0f} µs of CPU a change)",
-                      flush=True)
+                      + cpu_line(changes, ended - began, cpu_seconds() - cpu,
+                                 process_cpu(server_pid) - server) + ")", flush=True)
                 noops.append(noop("after"))
                 around = (noops[-2] + noops[-1]) / 2
                 if variant is DEFAULT:
                     mirrors.append(rate)
                     ratios.append(rate / around)
+                    sustained.append(changes / handled / around)
                     arounds.append(around)
                 else:
                     others.append(rate / around)
+                    print(f"[{docs:,}] {label(variant)}: sustained "
+                          f"{changes / handled / around:.0%}", flush=True)
                 state = sink.read_current().num_rows
                 assert state == coll.estimated_document_count(), (
                     state, coll.estimated_document_count())
@@ -242,12 +270,16 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
                   f"{', '.join(f'{r:.0%}' for r in ratios)}", flush=True)
         middle = sorted(range(rounds), key=ratios.__getitem__)[rounds // 2]
         print(f"[{docs:,}] DeltaSink (mirror) / no-op around it, by round: "
-              f"{', '.join(f'{r:.0%}' for r in ratios)}; median {ratios[middle]:.0%} "
+              f"{', '.join(f'{r:.0%}' for r in ratios)}; median {ratios[middle]:.0%}; "
+              f"sustained (to the last change handled, before its batch's commit): "
+              f"{', '.join(f'{r:.0%}' for r in sustained)}; median "
+              f"{sorted(sustained)[rounds // 2]:.0%} "
               f"(peak RSS {peak_rss_mb():.0f} MB; load average {os.getloadavg()[0]:.1f})",
               flush=True)
         coll.drop()
         return {"load": docs / load_seconds, "noop": arounds[middle],
-                "mirror": mirrors[middle], "low": min(ratios), "high": max(ratios)}
+                "mirror": mirrors[middle], "low": min(ratios), "high": max(ratios),
+                "sustained": sorted(sustained)[rounds // 2]}
 
 
 def main() -> None:
@@ -278,17 +310,19 @@ def main() -> None:
     workdir = tempfile.mkdtemp(prefix="mirror-e2e-")
     rows = []
     try:
-        with simulator("8.0", ("--event-cache-mb", "512")) as (uri, _pid):
+        with simulator("8.0", ("--event-cache-mb", "512")) as (uri, pid):
             for docs in (int(size) for size in args.sizes.split(",")):
                 rows.append((docs, one_size(uri, docs, args.changes, workdir, args.rounds,
-                                            against or None)))
+                                            against or None, pid)))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print("\n| documents | first load (docs/s) | no-op (changes/s) | DeltaSink (changes/s) | "
-          "ratio (median) | rounds' range |\n|---:|---:|---:|---:|---:|---:|")
+          "ratio (median) | rounds' range | sustained (median) |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|")
     for docs, r in rows:
         print(f"| {docs:,} | {r['load']:,.0f} | {r['noop']:,.0f} | {r['mirror']:,.0f} | "
-              f"{r['mirror'] / r['noop']:.0%} | {r['low']:.0%}-{r['high']:.0%} |")
+              f"{r['mirror'] / r['noop']:.0%} | {r['low']:.0%}-{r['high']:.0%} | "
+              f"{r['sustained']:.0%} |")
     print(f"peak RSS {peak_rss_mb():.0f} MB; load average {os.getloadavg()}")
 
 

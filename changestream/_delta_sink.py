@@ -66,10 +66,10 @@ from ._delta_rows import (
     table_schema,
 )
 from ._delta_schema import arrow_schema
-from ._delta_sizes import BATCH_BYTES, check_sizes, staged_size
+from ._delta_sizes import BATCH_BYTES, check_sizes, is_record, staged_size
 from ._delta_verify import Verification, verify_table
 from ._merge import MergeBatch, MergeColumns, merge_columns
-from ._snapshot import SNAPSHOT_MARK, is_snapshot_position
+from ._snapshot import is_snapshot_position
 from ._token import ResumeToken
 from .stores import StoredToken, TokenStoreError
 from .stores import _stored as _validated  # the other stores' validation, one wording
@@ -175,7 +175,7 @@ class DeltaSink(WriteBehind):
         self._table: DeltaTable | None = None
         self._opened_at = 0
         self._staged: list[Mapping[str, Any]] = []
-        self._staged_bytes = 0  # of _staged, about (a batch staged again is not recounted)
+        self._staged_bytes = self._staged_records = 0  # of _staged: bytes, about; snapshot records
         self._namespaces: dict[bytes, tuple[Any, Any]] = {}  # raw events' ns: (db, coll)
         self._staged_table: tuple[pa.Table, bool] | None = None
         self._token_committed_at: float | None = None
@@ -402,18 +402,10 @@ class DeltaSink(WriteBehind):
                 and not (is_snapshot_position(token) and token.get("phase") == "copy"))
 
     def _first_load(self, staged: Sequence[Any]) -> bool:
-        """Are these snapshot records of this app id's first load (appended as base rows)?
-
-        Only while the position is a copy of a new table: each key comes
-        once, in no earlier row; after that, snapshot records are changes.
-        """
-        try:
-            if any(type(change) is tuple  # a stream event's row (_merge.Row)
-                   or change["_id"]["_data"] != SNAPSHOT_MARK or change["_id"]["phase"] != "copy"
-                   for change in staged):
-                return False
-        except (KeyError, TypeError):
-            return False
+        """Are these snapshot records of this app id's first load (appended as base rows)? Only
+        while the position is a copy of a new table (after that, snapshot records are changes)."""
+        if not all(type(change) is not tuple and is_record(change) for change in staged):
+            return False  # (a tuple: a stream event's row, _merge.Row)
         if self._position is _UNKNOWN:
             self.load()
         position = self._position
@@ -470,13 +462,18 @@ class DeltaSink(WriteBehind):
         (``document_class=RawBSONDocument``) cost least: only a key's last document is decoded."""
         whole = self.schema is not None or self.history is not None
         form = staged_form(change, self._json_options, self._namespaces, whole=whole)
-        self._staged_bytes = staged_size(change, form) + (self._staged_bytes if self._staged else 0)
+        if not self._staged:  # (a batch staged again is not recounted)
+            self._staged_bytes = self._staged_records = 0
+        self._staged_bytes += staged_size(change, form)
+        self._staged_records += type(form) is not tuple and is_record(form)
         self._staged.append(form)
 
     def batch_full(self) -> bool:
-        """Whether the staged changes reached ``batch_bytes`` (``consume`` saves then)."""
+        """Whether the staged changes reached ``batch_bytes``, or the snapshot records a base
+        file's ``file_rows`` (a first load's commit is one base file): ``consume`` saves then."""
         limit = self.batch_bytes
-        return limit is not None and bool(self._staged) and self._staged_bytes >= limit
+        return bool(self._staged) and ((limit is not None and self._staged_bytes >= limit)
+                                       or self._staged_records >= self.file_rows)
 
     def stage(self, table: pa.Table, *, cleared: bool = False) -> None:
         """Stage a whole merge table (:func:`merge_table`'s columns); the next :meth:`save` commits it.

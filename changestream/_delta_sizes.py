@@ -18,12 +18,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import bson
 from bson.raw_bson import RawBSONDocument
 
-__all__ = ["BATCH_BYTES", "BATCH_CHANGES", "BATCH_SECONDS", "check_sizes", "staged_size"]
+from ._snapshot import SNAPSHOT_MARK
+from ._token import raw_token_bytes
 
-BATCH_CHANGES = 50_000
-"""Changes per commit at most (``mirror --batch``)."""
+__all__ = [
+    "BATCH_BYTES", "BATCH_CHANGES", "BATCH_SECONDS", "check_sizes", "is_record", "staged_size",
+]
+
+BATCH_CHANGES = 100_000
+"""Changes per commit at most (``mirror --batch``). A first load's commits hold at most the
+sink's ``file_rows`` snapshot records (one base file each: ``DeltaSink.batch_full``)."""
 
 BATCH_SECONDS = 5.0
 """Seconds between commits at most while changes come (``mirror --batch-seconds``)."""
@@ -41,6 +48,20 @@ def staged_size(change: Mapping[str, Any], staged: Any) -> int:
         document = staged[5]
         return 0 if document is None else len(document)
     return 0  # a decoded event kept whole (DDL, a schema's columns): not counted
+
+
+def is_record(staged: Any) -> bool:
+    """Whether a staged change that is not a stream's row is a snapshot record of a copy (a
+    raw one's token read alone: the event is decoded once, when its batch is committed)."""
+    try:
+        if type(staged) is RawBSONDocument:
+            token = raw_token_bytes(staged.raw)
+            token_id = {} if token is None else bson.decode(token)
+        else:
+            token_id = staged["_id"]
+        return bool(token_id["_data"] == SNAPSHOT_MARK and token_id["phase"] == "copy")
+    except (KeyError, TypeError, IndexError, bson.InvalidBSON):
+        return False
 
 
 def check_sizes(*, log_fraction: float, max_log_rows: int, min_log_rows: int, file_rows: int,

@@ -190,3 +190,20 @@ def test_a_bad_batch_mb_exits_2_with_one_line(value: str, tmp_path: Path) -> Non
                      "--to", str(tmp_path / "t"), "--batch-mb", value)
     assert result.returncode == 2
     assert "--batch-mb" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_first_loads_commits_hold_one_base_file_of_records_and_the_streams_do_not(
+        test_coll: Collection[dict[str, Any]], tmp_path: Path) -> None:
+    """The copy's commits hold at most ``file_rows`` snapshot records (each is one base file,
+    the size compactions rewrite), whatever ``save_every``; the stream's are not cut so."""
+    test_coll.insert_many([{"_id": n, "v": 0} for n in range(250)])
+    sink = DeltaSink(tmp_path / "t", full_document="updateLookup", batch_bytes=None)
+    sink.file_rows = 100
+    mirror_until(test_coll, sink, 250, initial_snapshot=True, save_every=BATCH_CHANGES)
+    test_coll.insert_many([{"_id": n, "v": 1} for n in range(250, 500)])
+    mirror_until(test_coll, sink, 250, save_every=BATCH_CHANGES)
+    sink.finish()
+    assert_mirrors(tmp_path / "t", test_coll, "changestream")
+    sizes = batch_sizes(tmp_path / "t")
+    assert sizes[:3] == [100, 100, 50], sizes  # the copy: a base file of records a commit
+    assert 250 in sizes[3:], sizes  # the stream's 250 changes: one batch, not cut at 100

@@ -372,7 +372,8 @@ def _mirror(args: argparse.Namespace, client: MongoClient[dict[str, Any]], sink:
 
             say(f"copying {namespace} into {args.to} with {args.snapshot_readers} readers")
             copied = parallel_copy(client[args.db][args.coll], sink,
-                                   readers=args.snapshot_readers, batch=args.batch)
+                                   readers=args.snapshot_readers,
+                                   batch=min(args.batch, sink.file_rows))  # a base file each
             if copied.too_old:
                 say("the server no longer keeps the copy's cluster time (SnapshotTooOld): the "
                     "copy goes on with one reader at a new time")

@@ -11,8 +11,8 @@ Decimal128, a RawBSONDocument, ...) sends the whole document to
 ``json_util.dumps``, so the text never differs from it.
 
 JavaScript code, which the C encoder would write as a plain string, is held as a
-``JsCode`` by the documents decoded here (:func:`decode_marked`) and searched for in the
-others (:mod:`._js_code`).
+``JsCode`` in documents decoded from their bytes (:func:`._js_code.decode_held`) and
+searched for in the others (:mod:`._js_code`).
 """
 
 from __future__ import annotations
@@ -22,18 +22,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import bson
 from bson import json_util
-from bson.codec_options import CodecOptions
 from bson.objectid import ObjectId
 
-from ._js_code import HOLDING, PLAIN, JsCode, code_json, holds_code, may_hold_code, unmarked
+from ._js_code import JsCode, code_json, decode_held, holds_code, unmarked
 
-__all__ = ["decode_marked", "relaxed_dumps", "relaxed_key", "relaxed_text"]
+__all__ = ["relaxed_dumps", "relaxed_key", "relaxed_text"]
 
 _RELAXED = json_util.RELAXED_JSON_OPTIONS
-_decode: Callable[[bytes, CodecOptions[dict[str, Any]]], dict[str, Any]] = getattr(
-    bson, "_bson_to_dict", bson.decode)  # bson.decode less its checks
 
 
 class _Unusual(Exception):
@@ -86,12 +82,12 @@ _ENCODE = _encoder(", ", ": ")
 _ENCODE_COMPACT = _encoder(",", ":")
 
 
-def relaxed_dumps(document: Any, *, marked: bool = False) -> str:
+def relaxed_dumps(document: Any, *, held: bool = False) -> str:
     """``json_util.dumps(document, json_options=RELAXED_JSON_OPTIONS)``, faster.
 
-    ``marked``: the document was decoded by :func:`decode_marked` (no search for ``Code``;
-    a decoded change that holds one may carry its ``JsCode`` here unmarked too)."""
-    if not marked and holds_code(document):
+    ``held``: decoded by :func:`._js_code.decode_held`, so no ``Code`` to search for (a
+    ``JsCode`` is written as ``json_util`` writes code, with ``held`` or without)."""
+    if not held and holds_code(document):
         return json_util.dumps(document, json_options=_RELAXED)
     try:
         return _ENCODE(document)
@@ -99,25 +95,14 @@ def relaxed_dumps(document: Any, *, marked: bool = False) -> str:
         return json_util.dumps(unmarked(document), json_options=_RELAXED)
 
 
-def decode_marked(raw: bytes | memoryview) -> dict[str, Any]:
-    """A BSON document's bytes decoded, JavaScript code held as ``JsCode`` (for this module's
-    encoders only: :func:`relaxed_dumps` with ``marked``, :func:`relaxed_key`)."""
-    if type(raw) is not bytes:
-        raw = bytes(raw)
-    return _decode(raw, HOLDING if may_hold_code(raw) else PLAIN)
-
-
 def relaxed_text(raw: bytes) -> str:
     """``relaxed_dumps`` of a BSON document given as its bytes (the sink's documents)."""
-    try:
-        return _ENCODE(decode_marked(raw))
-    except (_Unusual, ValueError, TypeError):
-        return json_util.dumps(_decode(raw, PLAIN), json_options=_RELAXED)
+    return relaxed_dumps(decode_held(raw), held=True)
 
 
 def relaxed_key(key: Any) -> str:
     """The key column's text of an ``_id`` (compact relaxed Extended JSON), faster
-    (a key from :func:`decode_marked` may hold a ``JsCode``)."""
+    (a key from :func:`._js_code.decode_held` may hold a ``JsCode``)."""
     if type(key) is ObjectId:
         return f'{{"$oid":"{key.binary.hex()}"}}'
     if holds_code(key):

@@ -22,9 +22,10 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 
 from ._delta_drift import Drift
-from ._delta_json import decode_marked, relaxed_dumps, relaxed_text
+from ._delta_json import relaxed_dumps, relaxed_text
 from ._delta_layout import SEQ, ascending, layout_schema
 from ._delta_schema import arrow_schema
+from ._js_code import decode_held
 from ._merge import CANONICAL, RELAXED, MergeBatch, as_row, key_json
 from ._raw_rows import RAW_CODEC, raw_row
 from .errors import ChangeStreamError
@@ -193,7 +194,7 @@ _SLIMMED = frozenset({"insert", "update", "replace", "delete"})
 
 
 def staged_change(change: Mapping[str, Any], json_options: json_util.JSONOptions, *,
-                  marked: bool = False) -> Any:
+                  held: bool = False) -> Any:
     """What the sink keeps of a document change until its batch commits (the one JSON
     column): the fields the merge reads, the document already as the text the table stores.
 
@@ -208,7 +209,7 @@ def staged_change(change: Mapping[str, Any], json_options: json_util.JSONOptions
         return change
     document = change.get("fullDocument")
     text = None if document is None or type(document) is str else (
-        relaxed_dumps(document, marked=marked) if json_options is RELAXED
+        relaxed_dumps(document, held=held) if json_options is RELAXED
         else json_util.dumps(document, json_options=json_options))
     row = as_row(change, json_options, text)
     if row is not None:
@@ -238,8 +239,8 @@ def staged_form(change: Mapping[str, Any], json_options: json_util.JSONOptions,
             return row
         if whole or json_options is not RELAXED:
             change = decode_raw(change.raw)
-        else:  # JavaScript code marked, for the relaxed encoder only
-            return staged_change(decode_marked(change.raw), json_options, marked=True)
+        else:  # JavaScript code held, for the relaxed encoder only
+            return staged_change(decode_held(change.raw), json_options, held=True)
     return change if whole else staged_change(change, json_options)
 
 

@@ -50,13 +50,16 @@ def staged_size(change: Mapping[str, Any], staged: Any) -> int:
     return 0  # a decoded event kept whole (DDL, a schema's columns): not counted
 
 
+_MARK = SNAPSHOT_MARK.encode()
+
+
 def is_record(staged: Any) -> bool:
     """Whether a staged change that is not a stream's row is a snapshot record of a copy (a
     raw one's token read alone: the event is decoded once, when its batch is committed)."""
     try:
-        if type(staged) is RawBSONDocument:
+        if type(staged) is RawBSONDocument:  # (a stream's token is not decoded)
             token = raw_token_bytes(staged.raw)
-            token_id = {} if token is None else bson.decode(token)
+            token_id = bson.decode(token) if token and _MARK in token else {}
         else:
             token_id = staged["_id"]
         return bool(token_id["_data"] == SNAPSHOT_MARK and token_id["phase"] == "copy")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import bson
 from bson.code import Code
@@ -20,8 +20,8 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 
 __all__ = [
-    "HOLDING", "PLAIN", "JsCode", "code_held", "code_json", "decode_all_held", "held",
-    "holds_code", "may_hold_code", "unmarked",
+    "HOLDING", "PLAIN", "JsCode", "code_held", "code_json", "decode_all_held", "decode_held",
+    "held", "holds_code", "may_hold_code", "unmarked",
 ]
 
 
@@ -116,12 +116,21 @@ _LEAVES = frozenset({str, int, Int64, float, bool, type(None), ObjectId, datetim
 """Types that hold no ``Code`` (the walk steps over them)."""
 
 
-def decode_all_held(data: bytes) -> list[dict[str, Any]]:
+_decode: Any = getattr(bson, "_bson_to_dict", bson.decode)  # bson.decode less its checks
+
+
+def decode_held(raw: bytes | memoryview) -> dict[str, Any]:
+    """A BSON document's bytes decoded, code held (when the bytes may hold any)."""
+    if type(raw) is not bytes:
+        raw = bytes(raw)
+    return cast("dict[str, Any]", _decode(raw, HOLDING if may_hold_code(raw) else PLAIN))
+
+
+def decode_all_held(data: bytes) -> list[Mapping[str, Any]]:
     """BSON documents back to back, decoded in one call, code held (when the bytes may
     hold any)."""
-    decoded: list[dict[str, Any]] = bson.decode_all(data, HOLDING if may_hold_code(data)
-                                                    else PLAIN)
-    return decoded
+    return cast("list[Mapping[str, Any]]",
+                bson.decode_all(data, HOLDING if may_hold_code(data) else PLAIN))
 
 
 def code_held(value: Any) -> Any:

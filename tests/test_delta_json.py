@@ -26,9 +26,10 @@ from bson.tz_util import FixedOffset, utc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from changestream._delta_json import decode_marked, relaxed_dumps, relaxed_key, relaxed_text
+from changestream._delta_json import relaxed_dumps, relaxed_key, relaxed_text
 from changestream._delta_merger import SmallFileMerger
 from changestream._delta_rows import RELAXED, base_rows
+from changestream._js_code import decode_held
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.delta_table_bench import document
@@ -109,8 +110,8 @@ def test_documents_of_every_bson_type_are_json_utils_text_from_bytes_and_decoded
     expected = json_util.dumps(decoded, json_options=_RELAXED)
     assert relaxed_text(raw) == expected
     assert relaxed_dumps(decoded) == expected
-    marked = decode_marked(raw)
-    assert relaxed_dumps(marked, marked=True) == expected
+    marked = decode_held(raw)
+    assert relaxed_dumps(marked, held=True) == expected
     key_text = json_util.dumps(decoded["_id"], json_options=_RELAXED, separators=(",", ":"))
     assert relaxed_key(decoded["_id"]) == relaxed_key(marked["_id"]) == key_text
 

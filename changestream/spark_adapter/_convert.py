@@ -497,7 +497,7 @@ def _decoded(events: Sequence[Event]) -> Docs:
         else:
             return [decode_all_held(raw)[0] if isinstance(raw, bytes) else code_held(raw)
                     for raw in raws]
-    return list(decode_all_held(data))
+    return decode_all_held(data)
 
 
 class EventConverter:
@@ -560,7 +560,7 @@ class EventConverter:
         """One record batch for raw events given as groups of BSON documents back to back
         (:func:`._readahead.unpack_chunks`, best :data:`DECODE_CHUNK` a group), on an
         executor: each group is decoded in one call, no step per event before it."""
-        decoded: Iterable[Docs] = (list(decode_all_held(chunk)) for chunk in chunks)
+        decoded: Iterable[Docs] = map(decode_all_held, chunks)
         return self._convert(decoded, share_gil=False)
 
     def _convert(self, chunks: Iterable[Docs], share_gil: bool) -> pa.RecordBatch:

@@ -32,7 +32,8 @@ is not this process's):
    each round has a no-op run on either side. With ``--against-batch N``,
    each round also runs the mirror with ``save_every=N`` (in alternating
    order, each followed by a no-op run): how the default batch was chosen;
-   ``--against-log-fraction F`` does the same for the sink's ``log_fraction``.
+   ``--against-log-fraction F`` does the same for the sink's ``log_fraction``, and
+   ``--against-no-json-worker`` with the JSON texts made in process.
 
 Reported: documents/s of the first load, changes/s of 3 and 4 and their
 ratio per round and the round of median ratio (target: the sink keeps >= 80%
@@ -170,6 +171,13 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def helper_seconds() -> float:
+    """The CPU of this process's helpers that ended (the sink's JSON worker, which
+    ``finish()`` stops; the simulator ends last)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def process_cpu(pid: int | None) -> float:
     """Another process's CPU seconds (the simulator's; 0 where /proc is not there)."""
     try:
@@ -180,11 +188,14 @@ def process_cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_line(changes: int, seconds: float, client: float, server: float) -> str:
-    """CPU per change of this process and the simulator, and the cores they kept busy."""
-    return (f"µs of CPU a change: {client / changes * 1e6:.0f} here, {server / changes * 1e6:.0f}"
-            f" in the simulator; cores busy {(client + server) / seconds:.2f} of "
-            f"{os.cpu_count()}")
+def cpu_line(changes: int, seconds: float, client: float, server: float,
+             helper: float = 0.0) -> str:
+    """CPU per change of this process, its JSON worker and the simulator, and the cores they
+    kept busy."""
+    return (f"µs of CPU a change: {client / changes * 1e6:.0f} here"
+            + (f" + {helper / changes * 1e6:.0f} in the JSON worker" if helper else "")
+            + f", {server / changes * 1e6:.0f} in the simulator; cores busy "
+            f"{(client + helper + server) / seconds:.2f} of {os.cpu_count()}")
 
 
 DEFAULT = {"save_every": BATCH_CHANGES}
@@ -237,6 +248,7 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
                 batch = options.pop("save_every", BATCH_CHANGES)
                 sink = DeltaSink(copy, full_document="updateLookup", **options)
                 began, cpu, server = time.perf_counter(), cpu_seconds(), process_cpu(server_pid)
+                helper = helper_seconds()
                 _, handled = run(coll, sink, sink, changes, initial_snapshot=True,
                                  save_every=batch)
                 finishing = time.perf_counter()
@@ -247,7 +259,8 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
                       f"{ended - began:.1f} s, the last change handled at {handled:.1f} s, "
                       f"finish() took {ended - finishing:.1f} s; "
                       + cpu_line(changes, ended - began, cpu_seconds() - cpu,
-                                 process_cpu(server_pid) - server) + ")", flush=True)
+                                 process_cpu(server_pid) - server, helper_seconds() - helper)
+                      + ")", flush=True)
                 noops.append(noop("after"))
                 around = (noops[-2] + noops[-1]) / 2
                 if variant is DEFAULT:
@@ -295,6 +308,9 @@ def main() -> None:
     parser.add_argument("--against-log-fraction", type=float, metavar="F",
                         help="as --against-batch, for the sink's log_fraction (how big its "
                              "change log grows before a compaction)")
+    parser.add_argument("--against-no-json-worker", action="store_true",
+                        help="as --against-batch, with the sink's JSON texts made in process "
+                             "(json_worker=False)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, not {args.rounds}")
@@ -307,6 +323,8 @@ def main() -> None:
         against["save_every"] = args.against_batch
     if args.against_log_fraction is not None:
         against["log_fraction"] = args.against_log_fraction
+    if args.against_no_json_worker:
+        against["json_worker"] = False
     workdir = tempfile.mkdtemp(prefix="mirror-e2e-")
     rows = []
     try:

@@ -9,7 +9,8 @@ conversions, so every writer of a table writes the same text and the same types.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -26,6 +27,7 @@ from ._delta_json import relaxed_dumps, relaxed_text
 from ._delta_layout import SEQ, ascending, layout_schema
 from ._delta_schema import arrow_schema
 from ._js_code import decode_held
+from ._json_worker import JsonWorker
 from ._merge import CANONICAL, RELAXED, MergeBatch, as_row, key_json
 from ._raw_rows import RAW_CODEC, raw_row
 from .errors import ChangeStreamError
@@ -44,6 +46,7 @@ __all__ = [
     "document_columns",
     "json_options_for",
     "json_texts",
+    "json_worker_for",
     "merge_table",
     "misfit",
     "source_table",
@@ -160,19 +163,33 @@ def source_table(
     drift: Drift | None = None,
     *,
     count: bool = True,
+    texts: Callable[[Sequence[Any], json_util.JSONOptions], list[str | None]] | None = None,
 ) -> pa.Table:
+    """The merge's source table. ``texts``: what makes the document column (a sink's
+    :class:`~._json_worker.JsonWorker`; default :func:`json_texts`)."""
     columns: dict[str, pa.Array] = {
         KEY: pa.array(keys, pa.string()),
         OP: pa.array(ops, pa.string()),
     }
     if schema is None:
-        columns[DOCUMENT] = pa.array(json_texts(documents, json_options), pa.string())
+        columns[DOCUMENT] = pa.array((texts or json_texts)(documents, json_options), pa.string())
         return pa.table(columns)
     if drift is not None:  # rescue or evolve (_delta_drift)
         columns.update(drift.columns(keys, documents, json_options, count=count))
     else:
         columns.update(document_columns(keys, documents, schema, json_options))
     return pa.table(columns)
+
+
+def json_worker_for(setting: Any) -> JsonWorker:
+    """A sink's :class:`~._json_worker.JsonWorker` from its ``json_worker`` option: ``None``
+    (on where the machine has more than one core), ``True``, ``False``, or one to share."""
+    if isinstance(setting, JsonWorker):
+        return setting
+    if setting is not None and type(setting) is not bool:
+        raise ValueError(f"json_worker must be True, False or None (on where the machine has "
+                         f"more than one core), or a JsonWorker to share, not {setting!r}")
+    return JsonWorker(json_texts, (os.cpu_count() or 1) > 1 if setting is None else setting)
 
 
 def json_texts(

@@ -60,6 +60,7 @@ from ._delta_rows import (
     check_table_columns,
     commit_retries,
     json_options_for,
+    json_worker_for,
     misfit,
     source_table,
     staged_form,
@@ -68,6 +69,7 @@ from ._delta_rows import (
 from ._delta_schema import arrow_schema
 from ._delta_sizes import BATCH_BYTES, check_sizes, is_record, staged_size
 from ._delta_verify import Verification, verify_table
+from ._json_worker import JsonWorker
 from ._merge import MergeBatch, MergeColumns, merge_columns
 from ._snapshot import is_snapshot_position
 from ._token import ResumeToken
@@ -126,6 +128,9 @@ class DeltaSink(WriteBehind):
     (at most ``target_file_size`` bytes): a compaction rewrites each file that holds a
     logged key, whole. ``consume`` saves once the staged changes hold about
     ``batch_bytes`` bytes (:meth:`batch_full`; ``None``: only ``save_every`` counts).
+    ``json_worker``: a large batch's JSON texts are made in a helper process (``None``: on a
+    machine of more than one core; or a :class:`JsonWorker` to share): the stream's own
+    interpreter is a mirror's bound.
     """
 
     def __init__(
@@ -147,6 +152,7 @@ class DeltaSink(WriteBehind):
         on_mismatch: Literal["fail", "rescue"] = "fail",
         evolve: bool = False,
         batch_bytes: int | None = BATCH_BYTES,
+        json_worker: bool | JsonWorker | None = None,
     ) -> None:
         if not isinstance(app_id, str) or not app_id:
             raise ValueError(f"app_id must be a non-empty string, not {app_id!r}")
@@ -178,6 +184,8 @@ class DeltaSink(WriteBehind):
         self._staged_bytes = self._staged_records = 0  # of _staged: bytes, about; snapshot records
         self._namespaces: dict[bytes, tuple[Any, Any]] = {}  # raw events' ns: (db, coll)
         self._staged_table: tuple[pa.Table, bool] | None = None
+        self.json_worker = json_worker_for(json_worker)
+        """Makes large batches' JSON texts in a helper process (``docs/mirror.md``)."""
         self._token_committed_at: float | None = None
         self._position: Any = _UNKNOWN
         """The token of this app id's last commit (``None``: none), once read."""
@@ -564,18 +572,11 @@ class DeltaSink(WriteBehind):
         if drift is not None and drift.evolve:
             self.table()  # an evolved table's columns first (a restart), then new ones
         if isinstance(batch, MergeBatch):
-            cleared = batch.cleared
-            merge_rows = batch.rows
-            source: pa.Table | None = source_table(
-                [r.key_json for r in merge_rows], [r.op for r in merge_rows],
-                [r.document for r in merge_rows],
-                self.schema, self._json_options, drift)
-        elif isinstance(batch, MergeColumns):
-            cleared = batch.cleared
-            source = source_table(batch.keys, batch.ops, batch.documents, self.schema,
-                             self._json_options, drift)
-        else:
-            source = batch
+            batch = batch.columns()
+        source = batch if not isinstance(batch, MergeColumns) else source_table(
+            batch.keys, batch.ops, batch.documents, self.schema, self._json_options, drift,
+            texts=self.json_worker)
+        cleared = batch.cleared if isinstance(batch, MergeColumns) else cleared
         if drift is not None and drift.evolve:
             self._table_schema = table_schema(drift.schema)  # new fields, new columns
         metadata = {**(self.commit_metadata if extra is None else extra), _META_APP: self.app_id}
@@ -744,4 +745,5 @@ class DeltaSink(WriteBehind):
         ``changestream mirror --until-idle`` calls it before it exits.
         """
         self._merger.close()
+        self.json_worker.close()  # (started again by the next large batch)
         return self.compact()

@@ -71,6 +71,12 @@ class MergeBatch:
     last_token: Mapping[str, Any] | None
     """The token of the batch's last change (``None`` for an empty batch)."""
 
+    def columns(self) -> MergeColumns:
+        """The same batch as :class:`MergeColumns`."""
+        rows = self.rows
+        return MergeColumns([r.key_json for r in rows], [r.op for r in rows],
+                            [r.document for r in rows], self.cleared, self.last_token)
+
 
 Row = tuple[str, str, Any, Any, str, Any, bool]
 """A document change reduced to what :func:`merge_columns` reads, in one plain tuple

@@ -40,20 +40,21 @@ from ._delta_history import AS_OF_SQL, HISTORY_SQL
 from ._delta_layout import CURRENT_SQL, SEQ, Compaction
 from ._delta_resnapshot import DeltaResnapshot, ResnapshotProgress
 from ._delta_rows import DOCUMENT as DOCUMENT  # (the Spark writers build the same columns)
-from ._delta_rows import KEY, OP, DeltaSinkError, DocumentSchemaError, merge_table
+from ._delta_rows import KEY, OP, DeltaSinkError, DocumentSchemaError, json_worker_for, merge_table
 from ._delta_rows import document_columns as document_columns
 from ._delta_rows import struct_columns as struct_columns
 from ._delta_schema import SchemaTextError
 from ._delta_sink import DeltaSink
 from ._delta_sizes import BATCH_BYTES, BATCH_CHANGES, BATCH_SECONDS
 from ._delta_verify import Verification
+from ._json_worker import JsonWorker
 from ._parallel_copy import parallel_copy
 
 __all__ = [
     "AS_OF_SQL", "BATCH_BYTES", "BATCH_CHANGES", "BATCH_SECONDS", "CURRENT_SQL", "HISTORY_SQL",
     "KEY", "OP", "RESCUED", "SEQ", "Compaction",
     "DatabaseDroppedError", "DatabaseSink", "DeltaResnapshot", "DeltaSink", "DeltaSinkError",
-    "DocumentSchemaError", "ResnapshotProgress", "SchemaTextError", "Verification",
+    "DocumentSchemaError", "JsonWorker", "ResnapshotProgress", "SchemaTextError", "Verification",
     "merge_table", "parallel_copy", "table_path",
 ]
 
@@ -69,7 +70,8 @@ class DatabaseSink(DatabaseTables):
     ``drop`` empties a table; a ``rename`` empties the source's table and
     starts the target's from a copy. ``include(name)`` picks the collections
     (default: all but ``system.*``); the other keyword arguments are each
-    table's :class:`DeltaSink`'s. See ``docs/mirror.md``, "A whole database".
+    table's :class:`DeltaSink`'s (the tables share one :class:`JsonWorker`). See
+    ``docs/mirror.md``, "A whole database".
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class DatabaseSink(DatabaseTables):
         if sink_options.get("history") is not None:
             raise ValueError("DatabaseSink: history= would be one history table for every "
                              "collection; keep history with a DeltaSink per collection")
+        sink_options["json_worker"] = json_worker_for(sink_options.get("json_worker"))  # shared
         DeltaSink(os.path.join(os.fspath(path), "_"), app_id=app_id, full_document=full_document,
                   **sink_options)  # the options' mistakes, named before anything is read
         self.app_id = app_id

@@ -57,6 +57,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "changestream._delta_resnapshot", "changestream._parallel_copy",
         "changestream._delta_verify", "changestream._delta_recopy",
         "changestream._delta_merger", "changestream._delta_behind", "changestream._delta_sizes",
+        "changestream._json_worker",
         "changestream.exporters", "changestream.exporters.*",
         "changestream.spark_adapter", "changestream.spark_adapter.*", "changestream._cli",
         "changestream._cli.*", "changestream.__main__",

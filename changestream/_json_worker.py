@@ -1,0 +1,214 @@
+"""A batch's document texts made in a helper process, while the stream's interpreter reads on.
+
+Why: a mirror is bound by one interpreter lock, which the stream's loop, the reading of
+each event and the commits' conversion share. Decoding each key's last document and
+making its relaxed Extended JSON text (~15 µs a document) is about a third of that lock's
+time at 1M rows (``benchmarks/README.md``); a process of its own takes it to a core the
+mirror otherwise leaves idle. The texts are the very ones :func:`._delta_json.relaxed_text`
+makes in process, because the worker runs that function.
+
+The worker is ``python -m changestream._json_worker`` on pipes (no ``multiprocessing``:
+its spawn and forkserver re-import the user's main module). A request is a batch's
+documents as their BSON bytes, back to back; the reply is their texts, one a line (JSON
+text holds no newline). Anything odd (the worker would not start, died, replied out of
+frame, or failed on a document) makes that batch's texts in process, which raises the
+real error if there is one; after a failure of the worker itself the sink stays in
+process, with one warning. The worker exits when its input closes, so when the sink's
+process ends, even by kill -9; it ignores SIGINT (the terminal's Ctrl-C is the parent's).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+from bson import json_util
+
+from ._delta_json import relaxed_dumps, relaxed_text
+from ._merge import RELAXED
+
+__all__ = ["LEAST_DOCUMENTS", "JsonWorker"]
+
+LEAST_DOCUMENTS = 1_000
+"""Documents in a batch below which the texts are made in process (a round trip and the
+copies cost more than the work they move)."""
+
+_HEADER = 8  # a frame's size, little-endian
+_READY = b"R"
+_FAILED, _MADE = b"\x01", b"\x00"
+
+_log = logging.getLogger("changestream")
+
+
+def _read(stream: IO[bytes], size: int) -> bytes:
+    """Exactly ``size`` bytes, or ``EOFError``."""
+    data = stream.read(size)
+    if data is None or len(data) != size:
+        raise EOFError(f"the JSON worker's pipe closed after {0 if not data else len(data)} "
+                       f"of {size} bytes")
+    return data
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Close the worker's input (it exits) and reap it; kill it if it does not go."""
+    try:
+        if process.stdin is not None:
+            process.stdin.close()
+        process.wait(timeout=5)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        process.kill()
+        process.wait()
+    finally:
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+class JsonWorker:
+    """The document column's texts of a batch (``json_texts``'s job), made in a helper process.
+
+    A :class:`~changestream.delta.DeltaSink` has one (:attr:`DeltaSink.json_worker`); a
+    :class:`~changestream.delta.DatabaseSink`'s tables share one. :attr:`enabled`,
+    :attr:`pid` and :attr:`batches` say whether it is used, runs, and how much it made.
+
+    Called as :func:`._delta_rows.json_texts`, which is ``in_process`` (the sink gives it:
+    this module stays free of pyarrow). ``enabled=False``: always in process.
+    The process starts with the first batch of at least :data:`LEAST_DOCUMENTS` BSON
+    documents, and :meth:`close` stops it (the next such batch starts it again).
+    """
+
+    def __init__(self, in_process: Callable[[Sequence[Any], json_util.JSONOptions],
+                                            list[str | None]],
+                 enabled: bool = True, *, least: int = LEAST_DOCUMENTS) -> None:
+        self.in_process = in_process
+        self.enabled = enabled
+        self.least = least
+        self.batches = 0
+        """Batches whose texts the worker made."""
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stopper: weakref.finalize | None = None  # type: ignore[type-arg]
+        self._lock = threading.Lock()  # one exchange at a time (commits run on threads)
+
+    def __repr__(self) -> str:
+        state = "off" if not self.enabled else "running" if self._process else "idle"
+        return f"JsonWorker({state}, batches={self.batches})"
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id (``None``: not running)."""
+        return None if self._process is None else self._process.pid
+
+    def __call__(self, documents: Sequence[Any], json_options: json_util.JSONOptions,
+                 ) -> list[str | None]:
+        raw = [doc for doc in documents if type(doc) is bytes] \
+            if self.enabled and json_options is RELAXED else ()
+        made = self._exchange(raw) if len(raw) >= self.least else None
+        if made is None:
+            return self.in_process(documents, json_options)
+        texts = iter(made)
+        return [next(texts) if type(doc) is bytes else
+                doc if doc is None or type(doc) is str else relaxed_dumps(doc)
+                for doc in documents]
+
+    def _exchange(self, raw: Sequence[bytes]) -> list[str] | None:
+        """The worker's texts of ``raw``, or ``None``: make them in process."""
+        with self._lock:
+            process = self._process or self._start()
+            if process is None:
+                return None
+            assert process.stdin is not None and process.stdout is not None
+            joined = b"".join(raw)
+            try:
+                process.stdin.write(len(joined).to_bytes(_HEADER, "little"))
+                process.stdin.write(joined)
+                process.stdin.flush()
+                status = _read(process.stdout, 1)
+                body = _read(process.stdout,
+                             int.from_bytes(_read(process.stdout, _HEADER), "little"))
+            except (OSError, ValueError, EOFError) as exc:
+                self._fail(f"its pipe broke ({exc})")
+                return None
+            if status != _MADE:
+                return None  # a document it could not make: in process, with the real error
+            texts = body.decode("ascii").split("\n")
+            if len(texts) != len(raw):
+                self._fail(f"it sent {len(texts)} texts for {len(raw)} documents")
+                return None
+            self.batches += 1
+            return texts
+
+    def _start(self) -> subprocess.Popen[bytes] | None:
+        if not sys.executable:
+            self._fail("no Python executable is known (sys.executable is empty)")
+            return None
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        try:
+            process = subprocess.Popen([sys.executable, "-m", "changestream._json_worker"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        except OSError as exc:
+            self._fail(f"it could not start ({exc})")
+            return None
+        assert process.stdout is not None
+        try:
+            ready = _read(process.stdout, len(_READY))
+        except EOFError:
+            ready = b""
+        if ready != _READY:
+            _stop(process)
+            self._fail(f"it exited as it started (exit code {process.returncode})")
+            return None
+        self._process = process
+        self._stopper = weakref.finalize(self, _stop, process)
+        return process
+
+    def _fail(self, why: str) -> None:
+        _log.warning("changestream: the JSON worker process is not used from now on, %s; "
+                     "the sink makes its documents' texts in process", why)
+        self.enabled = False
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker (it exits once its input closes)."""
+        stopper, self._stopper, self._process = self._stopper, None, None
+        if stopper is not None:
+            stopper()
+
+
+def serve(source: IO[bytes], sink: IO[bytes]) -> None:
+    """The worker's loop: a frame of BSON documents in, their texts out, until ``source`` ends."""
+    sink.write(_READY)
+    sink.flush()
+    while True:
+        header = source.read(_HEADER)
+        if len(header) < _HEADER:
+            return  # the sink's process closed the pipe, or ended
+        data = _read(source, int.from_bytes(header, "little"))
+        try:
+            texts, position, end = [], 0, len(data)
+            while position < end:
+                size = int.from_bytes(data[position:position + 4], "little")
+                if size < 5 or position + size > end:
+                    raise ValueError(f"a document's size {size} at byte {position} is out of frame")
+                texts.append(relaxed_text(data[position:position + size]))
+                position += size
+            reply, status = "\n".join(texts).encode("ascii"), _MADE
+        except Exception as exc:  # the sink makes this batch in process, with the error
+            reply, status = repr(exc).encode(), _FAILED
+        sink.write(status + len(reply).to_bytes(_HEADER, "little"))
+        sink.write(reply)
+        sink.flush()
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _source, _sink = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # a stray print must not break the frames
+    serve(_source, _sink)

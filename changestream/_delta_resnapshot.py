@@ -84,8 +84,7 @@ def request_snapshot(path: str, storage_options: dict[str, str] | None = None) -
     when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     write_deltalake(table, empty, mode="append", storage_options=storage_options,
                     commit_properties=CommitProperties(custom_metadata={REQUEST: when}))
-    table.update_incremental()
-    return table.version()
+    return table.version()  # the write's own (read again, a running mirror's next commit)
 
 
 # -- progress ----------------------------------------------------------------------------------

@@ -414,6 +414,31 @@ def test_resnapshot_of_a_missing_table_says_so(tmp_path: Path) -> None:
     assert "no Delta table at" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_request_returns_its_own_version_while_the_mirror_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The running mirror commits every few seconds: a commit landing right after the
+    request's must not be taken for it (the caller waits for the request by its version;
+    the mirror then never reports that version done)."""
+    import pyarrow as pa
+
+    import changestream._delta_resnapshot as resnapshot
+
+    path = str(tmp_path / "t")
+    deltalake.write_deltalake(path, pa.table({"_key": ["1"]}))
+    real = resnapshot.write_deltalake
+
+    def then_the_mirrors_commit(table: Any, data: Any, **options: Any) -> None:
+        real(table, data, **options)
+        deltalake.write_deltalake(path, pa.table({"_key": ["2"]}), mode="append")
+
+    monkeypatch.setattr(resnapshot, "write_deltalake", then_the_mirrors_commit)
+    version = DeltaSink(path).request_snapshot()
+    history = {entry["version"]: entry for entry in deltalake.DeltaTable(path).history()}
+    assert resnapshot.REQUEST in history[version], (version, history)
+    assert max(history) == version + 1
+
+
 def test_snapshot_readers_must_be_positive(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "changestream", "mirror", "mongodb://127.0.0.1:1", "--db", "d",

@@ -93,7 +93,8 @@ class JsonWorker:
         """Batches whose texts the worker made."""
         self._process: subprocess.Popen[bytes] | None = None
         self._stopper: weakref.finalize | None = None  # type: ignore[type-arg]
-        self._lock = threading.Lock()  # one exchange at a time (commits run on threads)
+        self._lock = threading.RLock()  # one exchange at a time (commits run on threads); a
+        # close waits for the exchange under way (a failing exchange closes, holding it)
 
     def __repr__(self) -> str:
         state = "off" if not self.enabled else "running" if self._process else "idle"
@@ -176,8 +177,9 @@ class JsonWorker:
         self.close()
 
     def close(self) -> None:
-        """Stop the worker (it exits once its input closes)."""
-        stopper, self._stopper, self._process = self._stopper, None, None
+        """Stop the worker (it exits once its input closes), after the batch it is making."""
+        with self._lock:
+            stopper, self._stopper, self._process = self._stopper, None, None
         if stopper is not None:
             stopper()
 

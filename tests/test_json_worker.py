@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,6 +129,25 @@ def test_a_worker_that_cannot_start_leaves_the_sink_in_process(
     with caplog.at_level(logging.WARNING, logger="changestream"):
         assert worker(batch, RELAXED) == json_texts(batch, RELAXED)
     assert "could not start" in caplog.text and not worker.enabled
+
+
+def test_a_close_while_a_batch_is_made_waits_for_it(caplog: pytest.LogCaptureFixture) -> None:
+    """``finish()`` may close the worker while the batch committed behind is in it: the batch
+    gets its texts, and the worker is not taken for broken."""
+    worker = JsonWorker(json_texts, least=1)
+    batch = [bson.encode({"_id": ObjectId(), "n": n, "s": "x" * 100}) for n in range(100_000)]
+    worker(batch[:1], RELAXED)  # started
+    made: list[Any] = []
+    maker = threading.Thread(target=lambda: made.append(worker(batch, RELAXED)))
+    with caplog.at_level(logging.WARNING, logger="changestream"):
+        maker.start()
+        time.sleep(0.05)
+        worker.close()
+        maker.join()
+    assert made == [json_texts(batch, RELAXED)]
+    assert (worker.enabled, worker.batches) == (True, 2)
+    assert not caplog.records
+    worker.close()
 
 
 def test_the_worker_ignores_ctrl_c_and_exits_when_its_sinks_process_is_killed(

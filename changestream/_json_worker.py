@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from bson import json_util
 
-from ._delta_json import relaxed_dumps, relaxed_text
+from ._delta_json import relaxed_text
 from ._merge import RELAXED
 
 __all__ = ["LEAST_DOCUMENTS", "JsonWorker"]
@@ -93,8 +93,9 @@ class JsonWorker:
         """Batches whose texts the worker made."""
         self._process: subprocess.Popen[bytes] | None = None
         self._stopper: weakref.finalize | None = None  # type: ignore[type-arg]
-        self._lock = threading.RLock()  # one exchange at a time (commits run on threads); a
-        # close waits for the exchange under way (a failing exchange closes, holding it)
+        self._lock = threading.RLock()
+        """One exchange at a time (commits run on threads); :meth:`close` waits for the one
+        under way (re-entrant: a failing exchange closes while it holds the lock)."""
 
     def __repr__(self) -> str:
         state = "off" if not self.enabled else "running" if self._process else "idle"
@@ -112,10 +113,11 @@ class JsonWorker:
         made = self._exchange(raw) if len(raw) >= self.least else None
         if made is None:
             return self.in_process(documents, json_options)
-        texts = iter(made)
-        return [next(texts) if type(doc) is bytes else
-                doc if doc is None or type(doc) is str else relaxed_dumps(doc)
-                for doc in documents]
+        texts = iter(made)  # the rest (None, texts made already, decoded documents): in process
+        others = self.in_process([None if type(doc) is bytes else doc for doc in documents],
+                                 json_options)
+        return [next(texts) if type(doc) is bytes else other
+                for doc, other in zip(documents, others, strict=True)]
 
     def _exchange(self, raw: Sequence[bytes]) -> list[str] | None:
         """The worker's texts of ``raw``, or ``None``: make them in process."""

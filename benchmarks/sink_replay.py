@@ -2,6 +2,7 @@
 
     python -m benchmarks.sink_replay                          # 1M rows, 300,000 changes
     python -m benchmarks.sink_replay --rows 100000 --against-no-json-worker
+    python -m benchmarks.sink_replay --against-unshared
 
 In production the server runs on a machine of its own, so a mirror's rate is set by its
 own process: ``benchmarks.mirror_e2e`` runs the simulator on the same two cores, where the
@@ -15,7 +16,9 @@ thread as ``consume`` does, with ``save_behind`` every ``BATCH_CHANGES`` (the ba
 commits on the sink's thread while the next is staged), then ``flush()`` and
 ``finish()``. Each round replays into a copy of the loaded table. With
 ``--against-no-json-worker``, rounds alternate with the sink's JSON texts made in process
-(``json_worker=False``).
+(``json_worker=False``); with ``--against-unshared``, with a worker that makes every text
+itself, its caller never helping (the default: while the caller waits for the commit, as at
+the end of the run, its thread makes parts of the batch in process beside the worker).
 
 Reported per run: changes/s over the whole run and up to the last change handed over
 (before its batch's commit), and the CPU per change of this process and of the sink's JSON
@@ -43,7 +46,8 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from benchmarks.delta_table_bench import Tokens, first_load, realistic_changes
-from changestream.delta import BATCH_CHANGES, DeltaSink
+from changestream._delta_rows import json_texts
+from changestream.delta import BATCH_CHANGES, DeltaSink, JsonWorker
 
 _WALL = datetime.datetime(2026, 12, 4, tzinfo=datetime.timezone.utc)
 
@@ -75,8 +79,19 @@ def cpu(who: int = resource.RUSAGE_SELF) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class Unshared(JsonWorker):
+    """The JSON worker as it was before 5 December: it makes a batch's every text, its
+    caller waiting even when the stream has nothing else to run."""
+
+    def __call__(self, documents: Any, json_options: Any, *,
+                 idle: Any = None) -> list[str | None]:
+        return super().__call__(documents, json_options)
+
+
 def replay(path: str, events: list[RawBSONDocument], **options: Any) -> dict[str, float]:
     """Hand ``events`` to a sink on ``path`` as ``consume`` does; the rates and CPU."""
+    if options.get("json_worker") == "unshared":
+        options["json_worker"] = Unshared(json_texts)
     sink = DeltaSink(path, full_document="updateLookup", **options)
     sink.load()
     own, helpers = cpu(), cpu(resource.RUSAGE_CHILDREN)
@@ -103,6 +118,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--against-no-json-worker", action="store_true",
                         help="alternate each round with json_worker=False")
+    parser.add_argument("--against-unshared", action="store_true",
+                        help="alternate each round with a worker whose caller never helps")
     args = parser.parse_args()
     for name in ("rows", "changes", "rounds"):
         if getattr(args, name) < 1:
@@ -110,6 +127,8 @@ def main() -> None:
     variants: list[dict[str, Any]] = [{}]
     if args.against_no_json_worker:
         variants.append({"json_worker": False})
+    if args.against_unshared:
+        variants.append({"json_worker": "unshared"})
     workdir = tempfile.mkdtemp(prefix="sink-replay-")
     try:
         base = os.path.join(workdir, "base")

@@ -59,6 +59,8 @@ class WriteBehind:
 
     _behind: Behind | None = None
     """The batch :meth:`save_behind` is committing."""
+    _awaiting = False
+    """The caller waits for the batch behind (its stream has nothing else to run meanwhile)."""
     _settling: threading.Lock
     """Held by the one caller that takes the batch behind over (the sink makes it)."""
     _staged: list[Mapping[str, Any]]
@@ -119,7 +121,11 @@ class WriteBehind:
             job = self._behind
             if job is None:
                 return
-            job.wait()
+            self._awaiting = True
+            try:
+                job.wait()
+            finally:
+                self._awaiting = False
             self._behind = None
         if job.error is not None:
             if not job.committed:
@@ -131,3 +137,7 @@ class WriteBehind:
         job = self._behind
         if job is not None:
             job.wait()
+
+    def _awaited(self) -> bool:
+        """Whether a caller waits for the batch behind: its commit may use the stream's core."""
+        return self._awaiting

@@ -8,6 +8,7 @@ writers retried or refused, and compaction triggered (``_delta_layout``).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -575,7 +576,7 @@ class DeltaSink(WriteBehind):
             batch = batch.columns()
         source = batch if not isinstance(batch, MergeColumns) else source_table(
             batch.keys, batch.ops, batch.documents, self.schema, self._json_options, drift,
-            texts=self.json_worker)
+            texts=functools.partial(self.json_worker, idle=self._awaited))
         cleared = batch.cleared if isinstance(batch, MergeColumns) else cleared
         if drift is not None and drift.evolve:
             self._table_schema = table_schema(drift.schema)  # new fields, new columns

@@ -19,27 +19,40 @@ process ends, even by kill -9; it ignores SIGINT (the terminal's Ctrl-C is the p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import IO, Any
+from concurrent import futures
+from typing import IO, Any, cast
 
 from bson import json_util
+
+try:
+    import fcntl
+except ImportError:  # (Windows)
+    fcntl = None  # type: ignore[assignment]
 
 from ._delta_json import relaxed_text
 from ._merge import RELAXED
 
-__all__ = ["LEAST_DOCUMENTS", "JsonWorker"]
+__all__ = ["LEAST_DOCUMENTS", "SHARED_PART", "JsonWorker"]
 
 LEAST_DOCUMENTS = 1_000
 """Documents in a batch below which the texts are made in process (a round trip and the
 copies cost more than the work they move)."""
 
+SHARED_PART = 4_096
+"""Documents in each part of a batch the worker and an idle caller share (:meth:`JsonWorker.__call__`)."""
+
+_PIPE_BYTES = 1 << 20
+_TURN = 256  # documents made in process between two yields of the interpreter lock
 _HEADER = 8  # a frame's size, little-endian
 _READY = b"R"
 _FAILED, _MADE = b"\x01", b"\x00"
@@ -54,6 +67,15 @@ def _read(stream: IO[bytes], size: int) -> bytes:
         raise EOFError(f"the JSON worker's pipe closed after {0 if not data else len(data)} "
                        f"of {size} bytes")
     return data
+
+
+def _widen(pipe: IO[bytes]) -> None:
+    """A pipe of up to 1 MB where Linux allows (64 KB otherwise): a part's frame in one
+    system call, not one per 64 KB, each of which takes the interpreter lock again."""
+    setting = getattr(fcntl, "F_SETPIPE_SZ", None) if fcntl is not None else None
+    if setting is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(pipe.fileno(), setting, _PIPE_BYTES)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -93,6 +115,9 @@ class JsonWorker:
         """Batches whose texts the worker made."""
         self._process: subprocess.Popen[bytes] | None = None
         self._stopper: weakref.finalize | None = None  # type: ignore[type-arg]
+        self._helper: futures.ThreadPoolExecutor | None = None
+        """Runs the worker's side of a shared batch (started with the first such batch)."""
+        self._helper_lock = threading.Lock()
         self._lock = threading.RLock()
         """One exchange at a time (commits run on threads); :meth:`close` waits for the one
         under way (re-entrant: a failing exchange closes while it holds the lock)."""
@@ -106,11 +131,15 @@ class JsonWorker:
         """The worker's process id (``None``: not running)."""
         return None if self._process is None else self._process.pid
 
-    def __call__(self, documents: Sequence[Any], json_options: json_util.JSONOptions,
-                 ) -> list[str | None]:
+    def __call__(self, documents: Sequence[Any], json_options: json_util.JSONOptions, *,
+                 idle: Callable[[], bool] | None = None) -> list[str | None]:
+        """``json_texts``'s texts. ``idle``: whether the caller's process has nothing else to
+        run (a sink's stream waits for this commit); while it does, the caller makes parts
+        of the batch in process beside the worker (:meth:`_shared`)."""
         raw = [doc for doc in documents if type(doc) is bytes] \
-            if self.enabled and json_options is RELAXED else ()
-        made = self._exchange(raw) if len(raw) >= self.least else None
+            if self.enabled and json_options is RELAXED else []
+        made = None if len(raw) < self.least else self._exchange(raw) \
+            if idle is None or len(raw) < 2 * SHARED_PART else self._shared(raw, idle)
         if made is None:
             return self.in_process(documents, json_options)
         texts = iter(made)  # the rest (None, texts made already, decoded documents): in process
@@ -119,9 +148,67 @@ class JsonWorker:
         return [next(texts) if type(doc) is bytes else other
                 for doc, other in zip(documents, others, strict=True)]
 
+    def _shared(self, raw: list[bytes], idle: Callable[[], bool]) -> list[str] | None:
+        """The texts of ``raw`` in parts: the worker takes them from the front (on a helper
+        thread) and, whenever ``idle()``, this thread takes them from the back in process.
+
+        Why: at the end of a backlog the stream waits for the last commit, and its core and
+        the server's are free; the worker alone would use one. ``None``: the worker failed
+        (the caller makes the batch in process, raising the real error if there is one).
+        """
+        parts = [raw[at:at + SHARED_PART] for at in range(0, len(raw), SHARED_PART)]
+        made: list[list[str] | None] = [None] * len(parts)
+        ends = [0, len(parts)]  # the worker's next part; one past this thread's next
+        claim = threading.Lock()
+
+        def front() -> bool:
+            while True:
+                with claim:
+                    if ends[0] >= ends[1]:
+                        return True
+                    at = ends[0]
+                    ends[0] += 1
+                made[at] = self._exchange(parts[at])
+                if made[at] is None:
+                    return False
+
+        with self._helper_lock:
+            if self._helper is None:
+                self._helper = futures.ThreadPoolExecutor(1, "changestream-json-worker")
+            worker = self._helper.submit(front)
+        try:
+            while not worker.done():
+                at = None
+                if idle():
+                    with claim:
+                        if ends[1] > ends[0]:
+                            at = ends[1] = ends[1] - 1
+                if at is None:
+                    futures.wait([worker], timeout=0.005)
+                else:
+                    made[at] = self._in_turns(parts[at])
+        finally:
+            with claim:
+                ends[1] = ends[0]  # (after an error here the worker claims no more)
+        if not worker.result():
+            return None
+        return [text for part in made for text in cast(list[str], part)]
+
+    def _in_turns(self, part: list[bytes]) -> list[str]:
+        """``part``'s texts in process, the interpreter lock given up every few hundred: the
+        helper thread's exchange needs it for a moment at each step, and would otherwise wait
+        for the switch interval each time (the worker idle meanwhile)."""
+        texts: list[str] = []
+        for at in range(0, len(part), _TURN):
+            texts += cast(list[str], self.in_process(part[at:at + _TURN], RELAXED))
+            time.sleep(0)
+        return texts
+
     def _exchange(self, raw: Sequence[bytes]) -> list[str] | None:
         """The worker's texts of ``raw``, or ``None``: make them in process."""
         with self._lock:
+            if not self.enabled:
+                return None  # (it failed while a shared batch was under way)
             process = self._process or self._start()
             if process is None:
                 return None
@@ -159,7 +246,9 @@ class JsonWorker:
         except OSError as exc:
             self._fail(f"it could not start ({exc})")
             return None
-        assert process.stdout is not None
+        assert process.stdin is not None and process.stdout is not None
+        for pipe in (process.stdin, process.stdout):
+            _widen(pipe)
         try:
             ready = _read(process.stdout, len(_READY))
         except EOFError:
@@ -176,10 +265,17 @@ class JsonWorker:
         _log.warning("changestream: the JSON worker process is not used from now on, %s; "
                      "the sink makes its documents' texts in process", why)
         self.enabled = False
-        self.close()
+        self._stop_process()  # (the helper thread may be the caller: it is not joined here)
 
     def close(self) -> None:
         """Stop the worker (it exits once its input closes), after the batch it is making."""
+        with self._helper_lock:
+            helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.shutdown(wait=True)
+        self._stop_process()
+
+    def _stop_process(self) -> None:
         with self._lock:
             stopper, self._stopper, self._process = self._stopper, None, None
         if stopper is not None:

@@ -31,7 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from changestream._delta_rows import RELAXED, json_texts
-from changestream._json_worker import LEAST_DOCUMENTS, JsonWorker
+from changestream._json_worker import LEAST_DOCUMENTS, SHARED_PART, JsonWorker
 from tests.test_delta_json import _VALUES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,6 +148,105 @@ def test_a_close_while_a_batch_is_made_waits_for_it(caplog: pytest.LogCaptureFix
     assert (worker.enabled, worker.batches) == (True, 2)
     assert not caplog.records
     worker.close()
+
+
+class Counted(JsonWorker):
+    """A worker that counts the BSON documents its caller made in process."""
+
+    def __init__(self) -> None:
+        super().__init__(self.counted)
+        self.here = 0
+
+    def counted(self, documents: Any, json_options: Any) -> list[str | None]:
+        self.here += sum(type(doc) is bytes for doc in documents)
+        return json_texts(documents, json_options)
+
+
+def _orders(count: int) -> list[bytes]:
+    return [bson.encode({"_id": ObjectId(), "n": n, "s": "x" * 120}) for n in range(count)]
+
+
+def test_an_idle_caller_makes_parts_of_a_batch_beside_the_worker() -> None:
+    """At the end of a backlog the stream waits for the last commit: its thread makes parts
+    from the back while the worker makes them from the front, each text in its place."""
+    worker = Counted()
+    batch: list[Any] = _orders(SHARED_PART * 6)
+    batch[5] = None  # a delete's place, kept
+    expected = json_texts(batch, RELAXED)
+    assert worker(batch, RELAXED, idle=lambda: True) == expected
+    assert 0 < worker.here < len(batch) - 1 and worker.batches >= 1, (worker.here, worker)
+    worker.close()
+
+
+def test_a_busy_caller_leaves_the_whole_batch_to_the_worker() -> None:
+    worker = Counted()
+    batch = _orders(SHARED_PART * 3)
+    assert worker(batch, RELAXED, idle=lambda: False) == json_texts(batch, RELAXED)
+    assert worker.here == 0 and worker.batches == 3  # one exchange a part
+    worker.close()
+
+
+def test_a_shared_batch_with_a_damaged_document_raises_the_real_error() -> None:
+    """Whichever side meets it: the worker's part is made again in process (the worker is
+    kept), the caller's raises at once."""
+    for at, idle in ((0, False), (SHARED_PART * 4 - 1, True)):
+        worker = Counted()
+        batch = _orders(SHARED_PART * 4)
+        batch[at] = b"\x07\x00\x00\x00\x10a"  # a size past its bytes
+        with pytest.raises(bson.InvalidBSON):
+            worker(batch, RELAXED, idle=lambda idle=idle: idle)
+        assert worker.enabled
+        worker.close()
+
+
+def test_a_worker_killed_during_a_shared_batch_leaves_it_in_process(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = Counted()
+    batch = _orders(SHARED_PART * 8)
+    worker(batch[:LEAST_DOCUMENTS], RELAXED)  # started
+    pid = worker.pid
+    assert pid is not None
+    killer = threading.Timer(0.05, os.kill, (pid, signal.SIGKILL))
+    with caplog.at_level(logging.WARNING, logger="changestream"):
+        killer.start()
+        assert worker(batch, RELAXED, idle=lambda: False) == json_texts(batch, RELAXED)
+    killer.join()
+    assert not worker.enabled and worker.pid is None and gone(pid)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    worker.close()
+
+
+def test_the_sinks_commit_behind_sees_its_caller_waiting(tmp_path: Path) -> None:
+    """The sink tells its text maker whether the stream waits for this commit (``flush``,
+    the next save): not while the stream goes on, yes once it waits."""
+    from changestream.delta import DeltaSink
+
+    seen: list[bool] = []
+
+    class Watching(JsonWorker):
+        def __call__(self, documents: Any, json_options: Any, *,
+                     idle: Any = None) -> list[str | None]:
+            seen.append(idle())
+            deadline = time.monotonic() + 10
+            while not idle() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.append(idle())
+            return super().__call__(documents, json_options, idle=idle)
+
+    worker = Watching(json_texts)
+    sink = DeltaSink(tmp_path / "t", full_document="updateLookup", json_worker=worker)
+    sink.load()
+    documents = [{"_id": ObjectId(), "n": n} for n in range(LEAST_DOCUMENTS * 3)]
+    for n, document in enumerate(documents, start=1):
+        sink(_change(n, document))
+    sink.save_behind({"_data": "82" + "F" * 16})
+    time.sleep(0.5)  # the stream goes on meanwhile
+    sink.flush()
+    assert seen == [False, True]
+    assert sink.read_current().num_rows == len(documents)
+    sink.finish()
 
 
 def test_the_worker_ignores_ctrl_c_and_exits_when_its_sinks_process_is_killed(

@@ -112,7 +112,8 @@ class JsonWorker:
         self.enabled = enabled
         self.least = least
         self.batches = 0
-        """Batches whose texts the worker made."""
+        """Exchanges with the worker: batches whose texts it made (a shared batch counts
+        each part it made)."""
         self._process: subprocess.Popen[bytes] | None = None
         self._stopper: weakref.finalize | None = None  # type: ignore[type-arg]
         self._helper: futures.ThreadPoolExecutor | None = None

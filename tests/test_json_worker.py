@@ -224,11 +224,13 @@ def test_the_sinks_commit_behind_sees_its_caller_waiting(tmp_path: Path) -> None
     from changestream.delta import DeltaSink
 
     seen: list[bool] = []
+    called = threading.Event()
 
     class Watching(JsonWorker):
         def __call__(self, documents: Any, json_options: Any, *,
                      idle: Any = None) -> list[str | None]:
             seen.append(idle())
+            called.set()
             deadline = time.monotonic() + 10
             while not idle() and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -242,7 +244,7 @@ def test_the_sinks_commit_behind_sees_its_caller_waiting(tmp_path: Path) -> None
     for n, document in enumerate(documents, start=1):
         sink(_change(n, document))
     sink.save_behind({"_data": "82" + "F" * 16})
-    time.sleep(0.5)  # the stream goes on meanwhile
+    assert called.wait(10)  # the commit makes the texts while the stream goes on
     sink.flush()
     assert seen == [False, True]
     assert sink.read_current().num_rows == len(documents)

@@ -24,7 +24,8 @@ __all__ = ["Behind", "WriteBehind"]
 
 
 class Behind:
-    """One batch's commit under way on its own thread (started at once)."""
+    """One batch's commit on its own thread (:meth:`start`: once the sink holds it, so the
+    commit finds itself as the sink's batch behind)."""
 
     def __init__(self, staged: Sequence[Mapping[str, Any]],
                  work: Callable[[Behind], None]) -> None:
@@ -35,6 +36,8 @@ class Behind:
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(work,),
                                         name="changestream-delta-commit")
+
+    def start(self) -> None:
         self._thread.start()
 
     def _run(self, work: Callable[[Behind], None]) -> None:
@@ -104,6 +107,7 @@ class WriteBehind:
 
         self._staged = []
         self._behind = Behind(staged, work)
+        self._behind.start()
 
     def flush(self) -> None:
         """Wait for the commit :meth:`save_behind` left under way; raise its failure."""
@@ -139,5 +143,8 @@ class WriteBehind:
             job.wait()
 
     def _awaited(self) -> bool:
-        """Whether a caller waits for the batch behind: its commit may use the stream's core."""
-        return self._awaiting
+        """Whether the commit under way holds up its caller, so it may use the caller's core:
+        a commit on the caller's own thread (:meth:`save`) always does, one behind only while
+        a caller waits for it."""
+        job = self._behind
+        return job is None or not job.mine or self._awaiting

@@ -15,6 +15,8 @@ frame, or failed on a document) makes that batch's texts in process, which raise
 real error if there is one; after a failure of the worker itself the sink stays in
 process, with one warning. The worker exits when its input closes, so when the sink's
 process ends, even by kill -9; it ignores SIGINT (the terminal's Ctrl-C is the parent's).
+While the caller has nothing else to run (the stream waits for the commit), the batch is
+shared: the caller makes parts of it in process beside the worker, on two cores.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ class JsonWorker:
         self._helper_lock = threading.Lock()
         self._lock = threading.RLock()
         """One exchange at a time (commits run on threads); :meth:`close` waits for the one
-        under way (re-entrant: a failing exchange closes while it holds the lock)."""
+        under way (re-entrant: a failing exchange stops the process while it holds it)."""
 
     def __repr__(self) -> str:
         state = "off" if not self.enabled else "running" if self._process else "idle"

@@ -220,7 +220,8 @@ def test_a_worker_killed_during_a_shared_batch_leaves_it_in_process(
 
 def test_the_sinks_commit_behind_sees_its_caller_waiting(tmp_path: Path) -> None:
     """The sink tells its text maker whether the stream waits for this commit (``flush``,
-    the next save): not while the stream goes on, yes once it waits."""
+    the next save): not while the stream goes on, yes once it waits, and always for a
+    commit made on the caller's own thread (``save``)."""
     from changestream.delta import DeltaSink
 
     seen: list[bool] = []
@@ -248,6 +249,10 @@ def test_the_sinks_commit_behind_sees_its_caller_waiting(tmp_path: Path) -> None
     sink.flush()
     assert seen == [False, True]
     assert sink.read_current().num_rows == len(documents)
+    for n, document in enumerate(documents, start=len(documents) + 1):  # a commit in save()
+        sink(_change(n, {**document, "again": True}))
+    sink.save({"_data": "82" + "F" * 17 + "0"})
+    assert seen[2:] == [True, True]  # on the caller's own thread: it has nothing else to run
     sink.finish()
 
 

@@ -3,6 +3,7 @@
     python -m benchmarks.sink_replay                          # 1M rows, 300,000 changes
     python -m benchmarks.sink_replay --rows 100000 --against-no-json-worker
     python -m benchmarks.sink_replay --against-unshared
+    python -m benchmarks.sink_replay --against-eager-compaction
 
 In production the server runs on a machine of its own, so a mirror's rate is set by its
 own process: ``benchmarks.mirror_e2e`` runs the simulator on the same two cores, where the
@@ -18,7 +19,10 @@ commits on the sink's thread while the next is staged), then ``flush()`` and
 ``--against-no-json-worker``, rounds alternate with the sink's JSON texts made in process
 (``json_worker=False``); with ``--against-unshared``, with a worker that makes every text
 itself, its caller never helping (the default: while the caller waits for the commit, as at
-the end of the run, its thread makes parts of the batch in process beside the worker).
+the end of the run, its thread makes parts of the batch in process beside the worker);
+with ``--against-eager-compaction``, with a sink that compacts after a batch behind as soon
+as a compaction is due, even while the stream waits for that batch (the default puts it off
+until twice the log: ``LogSize.due``).
 
 Reported per run: changes/s over the whole run and up to the last change handed over
 (before its batch's commit), and the CPU per change of this process and of the sink's JSON
@@ -88,11 +92,20 @@ class Unshared(JsonWorker):
         return super().__call__(documents, json_options)
 
 
+class Eager(DeltaSink):
+    """The sink as it was before 5 December (late): a compaction due after a batch committed
+    behind runs even while the stream waits for that batch."""
+
+    def _maybe_compact(self, table: Any = None, *, waited: bool = False) -> None:
+        super()._maybe_compact(table)
+
+
 def replay(path: str, events: list[RawBSONDocument], **options: Any) -> dict[str, float]:
     """Hand ``events`` to a sink on ``path`` as ``consume`` does; the rates and CPU."""
     if options.get("json_worker") == "unshared":
         options["json_worker"] = Unshared(json_texts)
-    sink = DeltaSink(path, full_document="updateLookup", **options)
+    kind = Eager if options.pop("compaction", None) == "eager" else DeltaSink
+    sink = kind(path, full_document="updateLookup", **options)
     sink.load()
     own, helpers = cpu(), cpu(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
@@ -120,6 +133,9 @@ def main() -> None:
                         help="alternate each round with json_worker=False")
     parser.add_argument("--against-unshared", action="store_true",
                         help="alternate each round with a worker whose caller never helps")
+    parser.add_argument("--against-eager-compaction", action="store_true",
+                        help="alternate each round with a sink that compacts even while the "
+                        "stream waits for the batch")
     args = parser.parse_args()
     for name in ("rows", "changes", "rounds"):
         if getattr(args, name) < 1:
@@ -129,6 +145,8 @@ def main() -> None:
         variants.append({"json_worker": False})
     if args.against_unshared:
         variants.append({"json_worker": "unshared"})
+    if args.against_eager_compaction:
+        variants.append({"compaction": "eager"})
     workdir = tempfile.mkdtemp(prefix="sink-replay-")
     try:
         base = os.path.join(workdir, "base")

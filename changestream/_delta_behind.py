@@ -73,7 +73,7 @@ class WriteBehind:
     if TYPE_CHECKING:  # the sink's own steps
         def save(self, token: Mapping[str, Any], *, batch_id: int | None = None) -> None: ...
         def _first_load(self, staged: Sequence[Any]) -> bool: ...
-        def _maybe_compact(self, table: Any = None) -> None: ...
+        def _maybe_compact(self, table: Any = None, *, waited: bool = False) -> None: ...
         def _commit_changes(self, changes: Sequence[Mapping[str, Any]],
                             token: Mapping[str, Any], batch_id: int | None = None, *,
                             resnapshot: str | None = None,
@@ -102,8 +102,8 @@ class WriteBehind:
         def work(job: Behind) -> None:
             written = self._commit_changes(job.staged, token, batch_id, extra=metadata)
             job.committed = True
-            if written is not None:
-                self._maybe_compact(written)
+            if written is not None:  # put off while the stream waits for this batch
+                self._maybe_compact(written, waited=self._awaiting)
 
         self._staged = []
         self._behind = Behind(staged, work)

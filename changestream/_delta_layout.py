@@ -147,13 +147,22 @@ class LogSize:
     touched_rows: int
     """Base rows in files whose key range overlaps a log file's (an upper bound of the rewrite)."""
 
-    def due(self, fraction: float, min_rows: int, max_rows: int) -> bool:
+    def due(self, fraction: float, min_rows: int, max_rows: int, *, waited: bool = False
+            ) -> bool:
         """Is a compaction due: ``max_rows`` log rows, or ``min_rows`` and ``fraction`` of the
         base rows it would rewrite (below ``min_rows`` its fixed cost, the table's listing,
-        dataset and commit, ~0.1 s, is most of a compaction's time)?"""
+        dataset and commit, ~0.1 s, is most of a compaction's time)?
+
+        ``waited``: the stream waits for the commit the compaction would follow (the end of
+        a backlog, or a sink slower than its stream). It is put off until twice the log
+        (``2 * min_rows``, ``2 * fraction``; ``max_rows`` still holds), so a run's end pays
+        one compaction (``finish()``'s), not two back to back, and a stream never waits for
+        more than one batch's worth of put-off rewriting: the next commit, or ``finish()``,
+        makes it."""
         rows = self.log_rows
+        twice = 2 if waited else 1
         return rows > 0 and (rows >= max_rows or (
-            rows >= min_rows and rows >= fraction * self.touched_rows))
+            rows >= twice * min_rows and rows >= twice * fraction * self.touched_rows))
 
 
 def log_size(table: DeltaTable) -> LogSize:

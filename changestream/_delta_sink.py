@@ -653,15 +653,15 @@ class DeltaSink(WriteBehind):
         return commit_retries(self.path)
 
     # -- compaction ----------------------------------------------------------------------------
-    def _maybe_compact(self, table: DeltaTable | None = None) -> None:
-        """Compact when the log is large enough; ``table``: as the batch's commit left it
-        (not listed again)."""
+    def _maybe_compact(self, table: DeltaTable | None = None, *, waited: bool = False) -> None:
+        """Compact when the log is large enough (``waited``: :meth:`LogSize.due`'s); ``table``:
+        as the batch's commit left it (not listed again)."""
         if self._resnapshot_from is not None:
             return  # compaction renumbers rows to _seq 0: wait for the resnapshot's end
-        if table is None:
-            table = self.table()
+        table = self.table() if table is None else table
         assert table is not None
-        if log_size(table).due(self.log_fraction, self.min_log_rows, self.max_log_rows):
+        if log_size(table).due(self.log_fraction, self.min_log_rows, self.max_log_rows,
+                               waited=waited):
             self.compact()
 
     def compact(self) -> Compaction | None:

@@ -503,6 +503,65 @@ def test_a_log_below_min_log_rows_waits_for_finish(tmp_path: Path) -> None:
         DeltaSink(tmp_path / "v", min_log_rows=-1)
 
 
+def test_a_compaction_the_stream_would_wait_for_is_put_off_until_twice_the_log() -> None:
+    from changestream._delta_layout import LogSize
+
+    size = LogSize(log_rows=60, touched_rows=100)
+    assert size.due(0.5, 50, 1_000) and not size.due(0.5, 50, 1_000, waited=True)
+    assert LogSize(120, 100).due(0.5, 50, 1_000, waited=True)
+    assert not LogSize(120, 300).due(0.5, 50, 1_000, waited=True)  # < twice the fraction
+    assert LogSize(1_000, 10**9).due(0.5, 50, 1_000, waited=True)  # max_log_rows still holds
+    assert not LogSize(0, 0).due(0.5, 0, 1_000)
+
+
+def test_a_batch_committed_behind_compacts_unless_the_stream_waits_for_it(
+    tmp_path: Path
+) -> None:
+    """A compaction due after a commit behind runs while the stream goes on; while the stream
+    waits for that commit (the run's end, ``flush``) it is put off until the log is twice
+    as large, so the run's end pays one compaction (the next commit's, or ``finish()``'s)."""
+    changes = Changes()
+    sink = DeltaSink(tmp_path / "t", app_id="a", log_fraction=0.01, min_log_rows=50)
+    apply(sink, changes.snapshot(list(range(200))))
+
+    def stage(value: str) -> None:
+        for key in range(0, 120, 2):  # 60 log rows: due alone, not twice
+            sink(changes.event("update", key, value))
+        sink.save_behind(changes.token())
+
+    stage("a")  # nobody waits: compacted behind the stream
+    deadline = time.monotonic() + 30
+    while not sink.compactions and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sink.flush()
+    assert [c.log_rows for c in sink.compactions] == [60]
+
+    committing = sink._commit_changes
+    waited: list[bool] = []
+
+    def once_waited_for(*args: Any, **kwargs: Any) -> Any:  # the stream waits, then it commits
+        deadline = time.monotonic() + 30
+        while not sink._awaited() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waited.append(sink._awaited())
+        return committing(*args, **kwargs)
+
+    sink._commit_changes = once_waited_for  # type: ignore[method-assign]
+    stage("b")
+    sink.flush()
+    assert waited == [True] and len(sink.compactions) == 1  # put off: 60 rows
+    assert table_state(tmp_path / "t") == changes.state
+    stage("c")
+    sink.flush()
+    assert waited == [True, True]
+    assert [c.log_rows for c in sink.compactions] == [60, 120]  # twice the log: compacted
+    assert plain_state(tmp_path / "t") == changes.state
+    stage("d")
+    sink.flush()
+    assert len(sink.compactions) == 2
+    assert sink.finish() is not None and plain_state(tmp_path / "t") == changes.state
+
+
 def test_compaction_rewrites_only_the_files_whose_key_range_a_change_touches(
     tmp_path: Path
 ) -> None:

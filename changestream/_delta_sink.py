@@ -121,8 +121,8 @@ class DeltaSink(WriteBehind):
     The table is a base plus an append-only change log (``docs/mirror.md``, "The table's
     layout"): each batch is appended, and the log is compacted into the base when it reaches
     ``log_fraction`` of the base rows a compaction would rewrite and ``min_log_rows`` rows
-    (below, a compaction's fixed cost, ~0.1 s, outweighs its work), or ``max_log_rows``
-    rows (compaction holds the logged keys in memory, and one unit of the base).
+    (below, its fixed cost, ~0.1 s, outweighs its work; both doubled while the stream waits
+    for the batch), or ``max_log_rows`` rows (it holds the logged keys and a unit of base).
     :meth:`finish` compacts it all: then the table read by anything is the collection's
     current state; in between, :meth:`read_current` (or :data:`CURRENT_SQL`) reads it.
     Compaction and the first load's merges write base files of about ``file_rows`` rows

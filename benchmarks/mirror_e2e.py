@@ -34,8 +34,10 @@ is not this process's):
    each round has a no-op run on either side. With ``--against-batch N``,
    each round also runs the mirror with ``save_every=N`` (in alternating
    order, each followed by a no-op run): how the default batch was chosen;
-   ``--against-log-fraction F`` does the same for the sink's ``log_fraction``, and
-   ``--against-no-json-worker`` with the JSON texts made in process.
+   ``--against-log-fraction F`` does the same for the sink's ``log_fraction``,
+   ``--against-no-json-worker`` with the JSON texts made in process, and
+   ``--against-worker-niceness N`` with the JSON worker N below this process's
+   priority (the default: ``NICENESS``, 10).
 
 Reported: documents/s of the first load, changes/s of 3 and 4 and their
 ratio per round and the round of median ratio (target: the sink keeps >= 80%
@@ -72,7 +74,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import changestream
 from benchmarks.bench_client import simulator
 from benchmarks.delta_table_bench import document, oid
-from changestream.delta import BATCH_CHANGES, BATCH_SECONDS, DeltaSink
+from changestream._delta_rows import json_texts
+from changestream.delta import BATCH_CHANGES, BATCH_SECONDS, DeltaSink, JsonWorker
 from changestream.stores import MemoryTokenStore, StoredToken
 
 WATCH = {"full_document": "updateLookup", "max_await_time_ms": 200, "copy_batch_size": 10_000,
@@ -249,6 +252,9 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
                 shutil.copytree(base, copy)
                 options = dict(variant)
                 batch = options.pop("save_every", BATCH_CHANGES)
+                if "json_worker_niceness" in options:
+                    options["json_worker"] = JsonWorker(
+                        json_texts, niceness=options.pop("json_worker_niceness"))
                 sink = DeltaSink(copy, full_document="updateLookup", **options)
                 began, cpu, server = time.perf_counter(), cpu_seconds(), process_cpu(server_pid)
                 helper = helper_seconds()
@@ -314,6 +320,9 @@ def main() -> None:
     parser.add_argument("--against-no-json-worker", action="store_true",
                         help="as --against-batch, with the sink's JSON texts made in process "
                              "(json_worker=False)")
+    parser.add_argument("--against-worker-niceness", type=int, metavar="N",
+                        help="as --against-batch, with the JSON worker N (0-19) below this "
+                             "process's priority")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, not {args.rounds}")
@@ -328,6 +337,11 @@ def main() -> None:
         against["log_fraction"] = args.against_log_fraction
     if args.against_no_json_worker:
         against["json_worker"] = False
+    if args.against_worker_niceness is not None:
+        if not 0 <= args.against_worker_niceness <= 19:
+            parser.error(f"--against-worker-niceness must be from 0 to 19, not "
+                         f"{args.against_worker_niceness}")
+        against["json_worker_niceness"] = args.against_worker_niceness
     workdir = tempfile.mkdtemp(prefix="mirror-e2e-")
     rows = []
     try:

@@ -4,6 +4,7 @@
     python -m benchmarks.sink_replay --rows 100000 --against-no-json-worker
     python -m benchmarks.sink_replay --against-unshared
     python -m benchmarks.sink_replay --against-eager-compaction
+    python -m benchmarks.sink_replay --against-worker-niceness 0
 
 In production the server runs on a machine of its own, so a mirror's rate is set by its
 own process: ``benchmarks.mirror_e2e`` runs the simulator on the same two cores, where the
@@ -22,7 +23,8 @@ itself, its caller never helping (the default: while the caller waits for the co
 the end of the run, its thread makes parts of the batch in process beside the worker);
 with ``--against-eager-compaction``, with a sink that compacts after a batch behind as soon
 as a compaction is due, even while the stream waits for that batch (the default puts it off
-until twice the log: ``LogSize.due``).
+until twice the log: ``LogSize.due``); with ``--against-worker-niceness N``, with the JSON
+worker N below this process's priority (the default: ``NICENESS``, 10).
 
 Reported per run: changes/s over the whole run and up to the last change handed over
 (before its batch's commit), and the CPU per change of this process and of the sink's JSON
@@ -104,6 +106,9 @@ def replay(path: str, events: list[RawBSONDocument], **options: Any) -> dict[str
     """Hand ``events`` to a sink on ``path`` as ``consume`` does; the rates and CPU."""
     if options.get("json_worker") == "unshared":
         options["json_worker"] = Unshared(json_texts)
+    if "json_worker_niceness" in options:
+        options["json_worker"] = JsonWorker(json_texts,
+                                            niceness=options.pop("json_worker_niceness"))
     kind = Eager if options.pop("compaction", None) == "eager" else DeltaSink
     sink = kind(path, full_document="updateLookup", **options)
     sink.load()
@@ -136,10 +141,16 @@ def main() -> None:
     parser.add_argument("--against-eager-compaction", action="store_true",
                         help="alternate each round with a sink that compacts even while the "
                         "stream waits for the batch")
+    parser.add_argument("--against-worker-niceness", type=int, metavar="N",
+                        help="alternate each round with the JSON worker N (0-19) below this "
+                        "process's priority")
     args = parser.parse_args()
     for name in ("rows", "changes", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, not {getattr(args, name)}")
+    if args.against_worker_niceness is not None and not 0 <= args.against_worker_niceness <= 19:
+        parser.error(f"--against-worker-niceness must be from 0 to 19, not "
+                     f"{args.against_worker_niceness}")
     variants: list[dict[str, Any]] = [{}]
     if args.against_no_json_worker:
         variants.append({"json_worker": False})
@@ -147,6 +158,8 @@ def main() -> None:
         variants.append({"json_worker": "unshared"})
     if args.against_eager_compaction:
         variants.append({"compaction": "eager"})
+    if args.against_worker_niceness is not None:
+        variants.append({"json_worker_niceness": args.against_worker_niceness})
     workdir = tempfile.mkdtemp(prefix="sink-replay-")
     try:
         base = os.path.join(workdir, "base")

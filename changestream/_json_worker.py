@@ -15,6 +15,8 @@ frame, or failed on a document) makes that batch's texts in process, which raise
 real error if there is one; after a failure of the worker itself the sink stays in
 process, with one warning. The worker exits when its input closes, so when the sink's
 process ends, even by kill -9; it ignores SIGINT (the terminal's Ctrl-C is the parent's).
+It runs at a lower priority (:data:`NICENESS`): its texts are background work until the
+stream waits for them, so it takes only what the stream and the server leave of the cores.
 While the caller has nothing else to run (the stream waits for the commit), the batch is
 shared: the caller makes parts of it in process beside the worker, on two cores.
 """
@@ -44,11 +46,21 @@ except ImportError:  # (Windows)
 from ._delta_json import relaxed_text
 from ._merge import RELAXED
 
-__all__ = ["LEAST_DOCUMENTS", "SHARED_PART", "JsonWorker"]
+__all__ = ["LEAST_DOCUMENTS", "NICENESS", "SHARED_PART", "JsonWorker"]
 
 LEAST_DOCUMENTS = 1_000
 """Documents in a batch below which the texts are made in process (a round trip and the
 copies cost more than the work they move)."""
+
+NICENESS = 10
+"""How much lower than its parent's the worker's priority is (POSIX ``nice``; 0: the same).
+
+Why: a batch's texts are made while the stream reads the next batch, so they are wanted only
+by the commit behind it; at the same priority the worker took a core's time from the
+stream's loop and from a server on the same machine, which the stream waits for. Niced, it
+runs on what they leave, and when the stream does wait for the batch the caller makes parts
+of it at its own priority (:meth:`JsonWorker._shared`). Measured: ``benchmarks/README.md``,
+"The JSON worker niced"."""
 
 SHARED_PART = 4_096
 """Documents in each part of a batch the worker and an idle caller share (:meth:`JsonWorker.__call__`)."""
@@ -104,12 +116,19 @@ class JsonWorker:
     Called as :func:`._delta_rows.json_texts`, which is ``in_process`` (the sink gives it:
     this module stays free of pyarrow). ``enabled=False``: always in process.
     The process starts with the first batch of at least :data:`LEAST_DOCUMENTS` BSON
-    documents, and :meth:`close` stops it (the next such batch starts it again).
+    documents, and :meth:`close` stops it (the next such batch starts it again). It runs
+    ``niceness`` (0-19, default :data:`NICENESS`) below its parent's priority where the
+    system has one (POSIX).
     """
 
     def __init__(self, in_process: Callable[[Sequence[Any], json_util.JSONOptions],
                                             list[str | None]],
-                 enabled: bool = True, *, least: int = LEAST_DOCUMENTS) -> None:
+                 enabled: bool = True, *, least: int = LEAST_DOCUMENTS,
+                 niceness: int = NICENESS) -> None:
+        if type(niceness) is not int or not 0 <= niceness <= 19:
+            raise ValueError(f"niceness must be an int from 0 to 19 (how much lower than "
+                             f"this process's the JSON worker's priority is), not {niceness!r}")
+        self.niceness = niceness
         self.in_process = in_process
         self.enabled = enabled
         self.least = least
@@ -244,7 +263,8 @@ class JsonWorker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
-            process = subprocess.Popen([sys.executable, "-m", "changestream._json_worker"],
+            process = subprocess.Popen([sys.executable, "-m", "changestream._json_worker",
+                                        str(self.niceness)],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         except OSError as exc:
             self._fail(f"it could not start ({exc})")
@@ -285,6 +305,15 @@ class JsonWorker:
             stopper()
 
 
+def lower_priority(niceness: int) -> None:
+    """The worker's own priority, ``niceness`` below its parent's (nothing where ``os.nice``
+    is missing, or refused)."""
+    nice = getattr(os, "nice", None)
+    if niceness and nice is not None:
+        with contextlib.suppress(OSError):
+            nice(niceness)
+
+
 def serve(source: IO[bytes], sink: IO[bytes]) -> None:
     """The worker's loop: a frame of BSON documents in, their texts out, until ``source`` ends."""
     sink.write(_READY)
@@ -312,6 +341,7 @@ def serve(source: IO[bytes], sink: IO[bytes]) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lower_priority(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     _source, _sink = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not break the frames
     serve(_source, _sink)

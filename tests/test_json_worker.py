@@ -31,7 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from changestream._delta_rows import RELAXED, json_texts
-from changestream._json_worker import LEAST_DOCUMENTS, SHARED_PART, JsonWorker
+from changestream._json_worker import LEAST_DOCUMENTS, NICENESS, SHARED_PART, JsonWorker
 from tests.test_delta_json import _VALUES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -327,3 +327,25 @@ def test_json_worker_takes_only_true_false_or_none(tmp_path: Path, given_: Any) 
 
     with pytest.raises(ValueError, match="json_worker must be True, False or None"):
         DeltaSink(tmp_path / "t", json_worker=given_)
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="no process priorities here (os.getpriority is POSIX)")
+@pytest.mark.parametrize("niceness", [NICENESS, 0])
+def test_the_worker_runs_niceness_below_its_parents_priority(niceness: int) -> None:
+    """Background work: the worker's texts are wanted only by the commit behind the stream,
+    so it takes what the stream and a server beside it leave of the cores."""
+    made = JsonWorker(json_texts, least=1, niceness=niceness)
+    try:
+        assert made([bson.encode({"_id": 1})], RELAXED) == ['{"_id": 1}']
+        assert made.pid is not None
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, made.pid) == min(19, own + niceness)
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize("given_", [-1, 20, 1.5, True, "10"])
+def test_a_workers_niceness_is_an_int_from_0_to_19(given_: Any) -> None:
+    with pytest.raises(ValueError, match=r"niceness must be an int from 0 to 19 .*"
+                                         + repr(given_).replace(".", r"\.")):
+        JsonWorker(json_texts, niceness=given_)

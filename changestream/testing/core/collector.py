@@ -14,8 +14,13 @@ the process has used almost no CPU for :data:`IDLE_SECONDS`, and at the latest e
 (``gc.freeze``): the next full collection walks only what came since, so even one that a
 client's burst runs into is short. Frozen objects that become garbage are freed by their
 reference counts as always (the simulator's data are trees); only cycles among them wait
-for the sweep that unfreezes everything, which runs while idle at most every
-:data:`SWEEP_SECONDS` (under load, every :data:`BUSY_SWEEPS` times that). The young
+for the sweep that unfreezes everything, which runs at most every :data:`SWEEP_SECONDS`
+(under load, every :data:`BUSY_SWEEPS` times that), and only once the process has been idle
+for :data:`SWEEP_IDLE_SECONDS`: a sweep walks the whole heap (8 s at 1M documents with a
+300,000-change backlog and its events cached), and a client that comes meanwhile waits for
+all of it. After a quarter of a second of quiet, the pause between two steps of a client's
+work, one did: ten minutes into a ``benchmarks/mirror_e2e.py`` run a change stream read at
+a third of its rate, the simulator spending three times its CPU per event. The young
 generations are collected as always. A simulator started inside another process (a test
 suite's ``ReplicaSet``) leaves that process's collector alone.
 """
@@ -27,7 +32,8 @@ import threading
 import time
 from typing import Final
 
-__all__ = ["BUSY_SECONDS", "BUSY_SWEEPS", "IDLE_SECONDS", "SWEEP_SECONDS", "IdleCollector"]
+__all__ = ["BUSY_SECONDS", "BUSY_SWEEPS", "IDLE_SECONDS", "SWEEP_IDLE_SECONDS", "SWEEP_SECONDS",
+           "IdleCollector"]
 
 IDLE_SECONDS: Final = 0.25
 """How long the process must have been (almost) idle before a full collection runs."""
@@ -35,6 +41,9 @@ BUSY_SECONDS: Final = 60.0
 """The longest time between full collections under sustained load."""
 SWEEP_SECONDS: Final = 600.0
 """The longest time (while idle) between sweeps of the whole heap, frozen objects included."""
+SWEEP_IDLE_SECONDS: Final = 30.0
+"""How long the process must have been (almost) idle before a sweep runs: longer than a
+client pauses between two steps of its work (a test's set-up, a benchmark's next run)."""
 BUSY_SWEEPS: Final = 6
 """Under sustained load, a sweep is due after this many :data:`SWEEP_SECONDS` all the same."""
 IDLE_SHARE: Final = 0.05
@@ -47,8 +56,10 @@ class IdleCollector:
     """Runs the full collections of this process when it is idle (see the module)."""
 
     def __init__(self, idle_seconds: float = IDLE_SECONDS, busy_seconds: float = BUSY_SECONDS,
-                 sweep_seconds: float = SWEEP_SECONDS, idle_share: float = IDLE_SHARE) -> None:
+                 sweep_seconds: float = SWEEP_SECONDS, idle_share: float = IDLE_SHARE,
+                 sweep_idle_seconds: float = SWEEP_IDLE_SECONDS) -> None:
         self.idle_seconds = idle_seconds
+        self.sweep_idle_seconds = sweep_idle_seconds
         self.busy_seconds = busy_seconds
         self.sweep_seconds = sweep_seconds
         self.idle_share = idle_share
@@ -88,21 +99,24 @@ class IdleCollector:
         step = min(0.1, self.idle_seconds / 2)
         last = last_sweep = time.monotonic()
         idle_since: float | None = None
+        quiet_since: float | None = None  # idle since (a collection meanwhile is not work)
         cpu, wall = time.process_time(), time.monotonic()
         while not self._stop.wait(step):
             now_cpu, now = time.process_time(), time.monotonic()
             busy = (now_cpu - cpu) > self.idle_share * (now - wall)
             cpu, wall = now_cpu, now
             if busy:
-                idle_since = None
-            elif idle_since is None:
-                idle_since = now
+                idle_since = quiet_since = None
+            else:
+                idle_since = now if idle_since is None else idle_since
+                quiet_since = now if quiet_since is None else quiet_since
             idle = idle_since is not None and now - idle_since >= self.idle_seconds
+            quiet = quiet_since is not None and now - quiet_since >= self.sweep_idle_seconds
             due = gc.get_count()[2] > 0  # the middle generation was collected since
             since = now - last_sweep
-            sweep_due = since >= self.sweep_seconds
-            if (idle and (due or sweep_due)) or now - last >= self.busy_seconds:
-                sweep = sweep_due and (idle or since >= BUSY_SWEEPS * self.sweep_seconds)
+            sweep = since >= self.sweep_seconds and (
+                quiet or since >= BUSY_SWEEPS * self.sweep_seconds)
+            if (idle and due) or sweep or now - last >= self.busy_seconds:
                 if sweep:
                     gc.unfreeze()
                 gc.collect()

@@ -83,13 +83,14 @@ def test_a_sweep_waits_for_a_longer_quiet_than_a_clients_pauses() -> None:
     """A sweep walks the whole heap (17 s at 1M documents) and a client that comes meanwhile
     waits for it: pauses of half a second between bursts of work get full collections of
     what is new, never a sweep; a long quiet gets the sweep."""
-    with IdleCollector(idle_seconds=0.1, sweep_seconds=1.0, sweep_idle_seconds=1.5) as collector:
+    # a sweep due by the clock after 2 s; under load regardless of quiet only after 12 s
+    with IdleCollector(idle_seconds=0.1, sweep_seconds=2.0, sweep_idle_seconds=1.5) as collector:
         node = _Node()
         ref = weakref.ref(node)
         gc.collect(1)  # a full collection is due
         assert _wait(lambda: collector.collections >= 1, 5)  # idle: collected, then frozen
         del node
-        ends = time.monotonic() + 3.0
+        ends = time.monotonic() + 4.0
         while time.monotonic() < ends:  # a client's bursts, and pauses between them
             burst = time.monotonic() + 0.3
             while time.monotonic() < burst:

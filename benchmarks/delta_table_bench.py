@@ -48,11 +48,34 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from changestream.delta import DeltaSink
+from changestream._delta_rows import json_texts
+from changestream.delta import DeltaSink, JsonWorker
 
 NS = {"db": "shop", "coll": "orders"}
 _BASE_TIME = datetime.datetime(2026, 11, 26, 2, 0, tzinfo=datetime.timezone.utc)
 _CITIES = ["Lyon", "Porto", "Leeds", "Graz", "Turku", "Gent", "Brno", "Cork"]
+
+
+def niceness(text: str) -> int:
+    """``--against-worker-niceness``'s argparse type: how far below this process's priority
+    the sink's JSON worker runs, an int from 0 to 19."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be an int from 0 to 19, not {text!r}")
+    return value
+
+
+def niced(options: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a variant's sink options, its ``json_worker_niceness`` made into the sink's
+    JSON worker."""
+    others = dict(options)
+    if "json_worker_niceness" in others:
+        others["json_worker"] = JsonWorker(json_texts,
+                                           niceness=others.pop("json_worker_niceness"))
+    return others
 
 
 def oid(n: int) -> ObjectId:

@@ -73,9 +73,8 @@ from pymongo import InsertOne, MongoClient, UpdateOne
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import changestream
 from benchmarks.bench_client import simulator
-from benchmarks.delta_table_bench import document, oid
-from changestream._delta_rows import json_texts
-from changestream.delta import BATCH_CHANGES, BATCH_SECONDS, DeltaSink, JsonWorker
+from benchmarks.delta_table_bench import document, niced, niceness, oid
+from changestream.delta import BATCH_CHANGES, BATCH_SECONDS, DeltaSink
 from changestream.stores import MemoryTokenStore, StoredToken
 
 WATCH = {"full_document": "updateLookup", "max_await_time_ms": 200, "copy_batch_size": 10_000,
@@ -250,11 +249,8 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
             for index, variant in enumerate(variants):
                 copy = os.path.join(workdir, f"t{docs}-{number}-{index}")
                 shutil.copytree(base, copy)
-                options = dict(variant)
+                options = niced(variant)
                 batch = options.pop("save_every", BATCH_CHANGES)
-                if "json_worker_niceness" in options:
-                    options["json_worker"] = JsonWorker(
-                        json_texts, niceness=options.pop("json_worker_niceness"))
                 sink = DeltaSink(copy, full_document="updateLookup", **options)
                 began, cpu, server = time.perf_counter(), cpu_seconds(), process_cpu(server_pid)
                 helper = helper_seconds()
@@ -320,7 +316,7 @@ def main() -> None:
     parser.add_argument("--against-no-json-worker", action="store_true",
                         help="as --against-batch, with the sink's JSON texts made in process "
                              "(json_worker=False)")
-    parser.add_argument("--against-worker-niceness", type=int, metavar="N",
+    parser.add_argument("--against-worker-niceness", type=niceness, metavar="N",
                         help="as --against-batch, with the JSON worker N (0-19) below this "
                              "process's priority")
     args = parser.parse_args()
@@ -338,9 +334,6 @@ def main() -> None:
     if args.against_no_json_worker:
         against["json_worker"] = False
     if args.against_worker_niceness is not None:
-        if not 0 <= args.against_worker_niceness <= 19:
-            parser.error(f"--against-worker-niceness must be from 0 to 19, not "
-                         f"{args.against_worker_niceness}")
         against["json_worker_niceness"] = args.against_worker_niceness
     workdir = tempfile.mkdtemp(prefix="mirror-e2e-")
     rows = []

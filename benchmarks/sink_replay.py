@@ -51,7 +51,7 @@ import bson
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from benchmarks.delta_table_bench import Tokens, first_load, realistic_changes
+from benchmarks.delta_table_bench import Tokens, first_load, niced, niceness, realistic_changes
 from changestream._delta_rows import json_texts
 from changestream.delta import BATCH_CHANGES, DeltaSink, JsonWorker
 
@@ -106,9 +106,7 @@ def replay(path: str, events: list[RawBSONDocument], **options: Any) -> dict[str
     """Hand ``events`` to a sink on ``path`` as ``consume`` does; the rates and CPU."""
     if options.get("json_worker") == "unshared":
         options["json_worker"] = Unshared(json_texts)
-    if "json_worker_niceness" in options:
-        options["json_worker"] = JsonWorker(json_texts,
-                                            niceness=options.pop("json_worker_niceness"))
+    options = niced(options)
     kind = Eager if options.pop("compaction", None) == "eager" else DeltaSink
     sink = kind(path, full_document="updateLookup", **options)
     sink.load()
@@ -141,16 +139,13 @@ def main() -> None:
     parser.add_argument("--against-eager-compaction", action="store_true",
                         help="alternate each round with a sink that compacts even while the "
                         "stream waits for the batch")
-    parser.add_argument("--against-worker-niceness", type=int, metavar="N",
+    parser.add_argument("--against-worker-niceness", type=niceness, metavar="N",
                         help="alternate each round with the JSON worker N (0-19) below this "
                         "process's priority")
     args = parser.parse_args()
     for name in ("rows", "changes", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, not {getattr(args, name)}")
-    if args.against_worker_niceness is not None and not 0 <= args.against_worker_niceness <= 19:
-        parser.error(f"--against-worker-niceness must be from 0 to 19, not "
-                     f"{args.against_worker_niceness}")
     variants: list[dict[str, Any]] = [{}]
     if args.against_no_json_worker:
         variants.append({"json_worker": False})

@@ -67,29 +67,31 @@ def test_no_full_collection_while_busy_until_the_longest_interval() -> None:
             worker.join()
 
 
+def _frozen_then_dead(collector: IdleCollector) -> weakref.ref[_Node]:
+    """A cycle frozen by the collector's first full collection, then dead (only a sweep,
+    which unfreezes everything, frees it)."""
+    node = _Node()
+    ref = weakref.ref(node)
+    gc.collect(1)  # a full collection is due
+    assert _wait(lambda: collector.collections >= 1, 5)  # idle: collected, then frozen
+    return ref  # (the last reference from outside the cycle goes with this frame)
+
+
 def test_a_cycle_that_dies_after_it_was_frozen_is_freed_by_the_sweep() -> None:
     with IdleCollector(idle_seconds=0.1, sweep_seconds=1.5, sweep_idle_seconds=0.3) as collector:
-        node = _Node()
-        ref = weakref.ref(node)
-        gc.collect(1)  # a full collection is due
-        assert _wait(lambda: collector.collections >= 1, 5)  # idle: collected, then frozen
-        del node
+        ref = _frozen_then_dead(collector)
         time.sleep(0.5)
         assert ref() is not None and collector.sweeps == 0  # frozen: no collection sees it
         assert _wait(lambda: ref() is None and collector.sweeps >= 1, 5), "the sweep missed it"
 
 
 def test_a_sweep_waits_for_a_longer_quiet_than_a_clients_pauses() -> None:
-    """A sweep walks the whole heap (17 s at 1M documents) and a client that comes meanwhile
+    """A sweep walks the whole heap (8 s at 1M documents) and a client that comes meanwhile
     waits for it: pauses of half a second between bursts of work get full collections of
     what is new, never a sweep; a long quiet gets the sweep."""
     # a sweep due by the clock after 2 s; under load regardless of quiet only after 12 s
     with IdleCollector(idle_seconds=0.1, sweep_seconds=2.0, sweep_idle_seconds=1.5) as collector:
-        node = _Node()
-        ref = weakref.ref(node)
-        gc.collect(1)  # a full collection is due
-        assert _wait(lambda: collector.collections >= 1, 5)  # idle: collected, then frozen
-        del node
+        ref = _frozen_then_dead(collector)
         ends = time.monotonic() + 4.0
         while time.monotonic() < ends:  # a client's bursts, and pauses between them
             burst = time.monotonic() + 0.3

@@ -199,16 +199,21 @@ def _overlaps(spans: list[tuple[str, str]], highs: list[str], low: str, high: st
 
 # -- reading the current state ----------------------------------------------------------------
 def latest(rows: pa.Table) -> pa.Table:
-    """The row with the highest ``_seq`` of each key, sorted by ``_key`` (its newest version)."""
+    """The row with the highest ``_seq`` of each key, sorted by ``_key`` (its newest version).
+
+    Sorted as indices of the two columns, and the rows taken once, only those kept: a
+    sort of the whole rows then a filter copied the documents twice (half the time)."""
     if rows.num_rows == 0:
         return rows
-    rows = rows.sort_by([(KEY, "ascending"), (SEQ, "descending")])
-    keys = rows.column(KEY).combine_chunks()
+    order = pc.sort_indices(rows.select([KEY, SEQ]),
+                            sort_keys=[(KEY, "ascending"), (SEQ, "descending")])
+    keys = pc.take(rows.column(KEY), order)
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
     if len(keys) == 1:
-        return rows
+        return rows.take(order)
     changed = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1))
     first = pa.concat_arrays([pa.array([True]), changed.fill_null(True)])
-    return rows.filter(first)
+    return rows.take(order.filter(first))
 
 
 def current_state(table: DeltaTable) -> pa.Table:

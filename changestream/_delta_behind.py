@@ -3,8 +3,11 @@
 ``consume`` with a :class:`~changestream.delta.DeltaSink` as its store calls
 :meth:`~changestream.delta.DeltaSink.save_behind` instead of ``save``: the
 batch's conversion, its commit and any compaction after it run here while
-the loop fetches and stages the next batch, and the sink's next call waits
-for it first. Exactly-once is unchanged: the token rides in the batch's own
+the loop fetches and stages the next batch. The sink's next call waits for the
+commit, not for a compaction after it: the next batch is converted beside that
+compaction and committed after it (``Behind.before_table``), so a rewrite of
+base files never holds the stream up at a batch's end. Exactly-once is
+unchanged: the token rides in the batch's own
 commit, so it is durable exactly when the batch is. A failure is raised by
 the sink's next call (``save_behind``, ``save``, ``flush``, ``load``, ...);
 the failed batch's changes go back in front of the staged ones (unless its
@@ -28,12 +31,15 @@ class Behind:
     commit finds itself as the sink's batch behind)."""
 
     def __init__(self, staged: Sequence[Mapping[str, Any]],
-                 work: Callable[[Behind], None]) -> None:
+                 work: Callable[[Behind], None], previous: Behind | None = None) -> None:
         self.staged = list(staged)
         """The batch's changes: staged again if its commit fails."""
         self.committed = False
         """The batch's commit is made (``work`` sets it; a compaction after it may still fail)."""
         self.error: BaseException | None = None
+        self.previous = previous
+        """The batch before, its compaction still under way: this commit waits for it."""
+        self._made = threading.Event()  # the commit is made, or the job is over
         self._thread = threading.Thread(target=self._run, args=(work,),
                                         name="changestream-delta-commit")
 
@@ -45,16 +51,52 @@ class Behind:
             work(self)
         except BaseException as exc:  # raised on the caller's thread, by its next call
             self.error = exc
+        finally:
+            self._made.set()
+
+    def made(self) -> None:
+        """The batch's commit is made (its thread goes on with a compaction, maybe)."""
+        self.committed = True
+        self.staged = []  # (never staged again: not kept while the next batch converts)
+        self._made.set()
+
+    def before_table(self) -> None:
+        """Before the caller reads the table (:meth:`WriteBehind._wait_behind`): on this
+        job's thread, until the batch before is over (its failure, a compaction's, raised
+        as this batch's: not committed, staged again); on another, until this job is over."""
+        previous = self.previous
+        if threading.current_thread() is not self._thread:
+            self.wait()
+        elif previous is not None:
+            previous.wait()
+            self.previous = None  # (no chain of batches kept)
+            if previous.error is not None:
+                raise previous.error
 
     @property
     def mine(self) -> bool:
-        """Is the caller this job's own thread (the commit reading the table it writes)?"""
-        return threading.current_thread() is self._thread
+        """Is the caller this job's thread or the one before's (a commit or a compaction
+        reading the table it writes)?"""
+        current = threading.current_thread()
+        previous = self.previous
+        return current is self._thread or (previous is not None and previous.mine)
+
+    def wait_made(self) -> None:
+        """Until the commit is made or the job is over (at once on its own thread)."""
+        if not self.mine:
+            self._made.wait()
 
     def wait(self) -> None:
-        """Until the job is over (at once on its own thread)."""
+        """Until the job and the one before are over (at once on either's thread)."""
         if not self.mine:
+            previous = self.previous
             self._thread.join()
+            if previous is not None:  # (a job that failed before it waited for it)
+                previous.wait()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
 
 class WriteBehind:
@@ -62,6 +104,8 @@ class WriteBehind:
 
     _behind: Behind | None = None
     """The batch :meth:`save_behind` is committing."""
+    _filled = False
+    """The first batch of changes was cut (at a quarter: :meth:`_bytes_full`)."""
     _awaiting = False
     """The caller waits for the batch behind (its stream has nothing else to run meanwhile)."""
     _settling: threading.Lock
@@ -84,13 +128,14 @@ class WriteBehind:
 
         ``consume``'s save (:class:`changestream.stores.BackgroundTokenStore`): the
         batch's conversion, commit and compaction overlap the fetch of the next batch.
-        The next call of this sink waits for it; its failure is raised there (the
-        batch's changes staged again: a retried save commits them), and
-        :meth:`flush` waits for it. The token is durable with its batch, as with
+        The next call of this sink waits for that commit (not for a compaction after
+        it: the next batch is converted meanwhile, and committed after it); a failure
+        is raised there (the batch's changes staged again: a retried save commits
+        them), and :meth:`flush` waits for it all. The token is durable with its batch, as with
         :meth:`save`. A first load, a re-snapshot's bounds, an idle position and a
         staged table are committed before this returns, as :meth:`save` does.
         """
-        self._settle()
+        previous = self._made_behind()
         staged: list[Any] = self._staged  # stream events staged as Row tuples: no boundaries
         if not staged or self._staged_table is not None or any(
                 type(change) is not tuple and boundary(change) for change in staged) \
@@ -101,13 +146,45 @@ class WriteBehind:
 
         def work(job: Behind) -> None:
             written = self._commit_changes(job.staged, token, batch_id, extra=metadata)
-            job.committed = True
+            waited = self._awaiting  # (read before a caller waiting for the commit goes on)
+            job.made()
             if written is not None:  # put off while the stream waits for this batch
-                self._maybe_compact(written, waited=self._awaiting)
+                self._maybe_compact(written, waited=waited)
 
         self._staged = []
-        self._behind = Behind(staged, work)
+        self._behind = Behind(staged, work, previous)
         self._behind.start()
+
+    def _bytes_full(self, limit: int | None, staged: int, records: int) -> bool:
+        """Whether ``staged`` bytes fill a batch of ``limit`` (``None``: no bound). The first
+        batch of changes is cut at a quarter, so its commit starts while the stream fills the
+        next: its conversion would otherwise wait a whole batch, a core idle meanwhile (the
+        stream and its server take turns). ``records``: snapshot records staged (a first
+        load's commits hold a base file each, whatever their bytes)."""
+        if limit is None:
+            return False
+        if self._filled or records:
+            return staged >= limit
+        self._filled = staged >= limit // 4
+        return self._filled
+
+    def _made_behind(self) -> Behind | None:
+        """Until the commit behind is made; the job if it goes on (a compaction). A job that
+        failed before its commit is settled: its failure raised, its changes staged again."""
+        job = self._behind
+        if job is None or job.mine:
+            self._settle()
+            return None
+        with self._settling:
+            self._awaiting = True
+            try:
+                job.wait_made()
+            finally:
+                self._awaiting = False
+        if not job.committed or not job.running:
+            self._settle()
+            return None
+        return job
 
     def flush(self) -> None:
         """Wait for the commit :meth:`save_behind` left under way; raise its failure."""
@@ -130,17 +207,19 @@ class WriteBehind:
                 job.wait()
             finally:
                 self._awaiting = False
-            self._behind = None
+            if self._behind is job:  # (not one the stream started meanwhile)
+                self._behind = None
         if job.error is not None:
             if not job.committed:
                 self._staged = job.staged + self._staged
             raise job.error
 
     def _wait_behind(self) -> None:
-        """Until the batch committed behind is done, its error left for :meth:`_settle`."""
+        """Until the batch committed behind is done, its error left for :meth:`_settle` (on
+        its own thread: until the batch before it is done, whose compaction wrote the table)."""
         job = self._behind
         if job is not None:
-            job.wait()
+            job.before_table()
 
     def _awaited(self) -> bool:
         """Whether the commit under way holds up its caller, so it may use the caller's core:

@@ -478,11 +478,11 @@ class DeltaSink(WriteBehind):
         self._staged.append(form)
 
     def batch_full(self) -> bool:
-        """Whether the staged changes reached ``batch_bytes``, or the snapshot records a base
-        file's ``file_rows`` (a first load's commit is one base file): ``consume`` saves then."""
-        limit = self.batch_bytes
-        return bool(self._staged) and ((limit is not None and self._staged_bytes >= limit)
-                                       or self._staged_records >= self.file_rows)
+        """Whether the staged changes reached ``batch_bytes`` (the first batch: a quarter,
+        ``_bytes_full``) or the snapshot records a base file's ``file_rows``: save then."""
+        return bool(self._staged) and (
+            self._bytes_full(self.batch_bytes, self._staged_bytes, self._staged_records)
+            or self._staged_records >= self.file_rows)
 
     def stage(self, table: pa.Table, *, cleared: bool = False) -> None:
         """Stage a whole merge table (:func:`merge_table`'s columns); the next :meth:`save` commits it.

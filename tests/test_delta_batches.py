@@ -101,17 +101,21 @@ def test_batch_full_is_false_once_the_batch_is_saved(
         test_coll: Collection[dict[str, Any]], tmp_path: Path) -> None:
     with changestream.watch(test_coll, document_class=RawBSONDocument,
                             full_document="updateLookup") as stream:
-        test_coll.insert_many([{"_id": n, "pad": PAD} for n in range(3)])
-        events = [stream.next() for _ in range(3)]
+        test_coll.insert_many([{"_id": n, "pad": PAD} for n in range(4)])
+        events = [stream.next() for _ in range(4)]
     sink = DeltaSink(tmp_path / "t", full_document="updateLookup",
                      batch_bytes=len(events[0].raw) * 2)
     sink(events[0])
-    assert not sink.batch_full()
-    sink(events[1])
-    assert sink.batch_full()
-    sink.save(events[1]["_id"])
+    assert sink.batch_full()  # the first batch of changes: a quarter of the bytes
+    sink.save(events[0]["_id"])
     assert not sink.batch_full()  # nothing staged: nothing to save
+    sink(events[1])
+    assert not sink.batch_full()  # every later batch: the whole bytes
     sink(events[2])
+    assert sink.batch_full()
+    sink.save(events[2]["_id"])
+    assert not sink.batch_full()
+    sink(events[3])
     assert not sink.batch_full()  # counted from the save, not from the start
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow
 import pymongo
 import pytest
 from bson import json_util
@@ -180,7 +181,7 @@ def test_a_save_after_a_failed_commit_behind_commits_both_batches(
     front: a retried save commits them with the newer ones, as one batch."""
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(rs.uri)
     coll = client[names[0]][names[1]]
-    with changestream.watch(coll, max_await_time_ms=50) as stream:
+    with changestream.watch(coll, max_await_time_ms=50, full_document="updateLookup") as stream:
         for i in range(6):
             coll.insert_one({"_id": i})
         changes = [stream.next() for _ in range(6)]
@@ -344,4 +345,144 @@ def test_raw_events_give_the_table_dict_events_give_byte_for_byte(
                     tables[True].column("document").to_pylist(), strict=True)) == {
         json_util.dumps(doc["_id"], json_options=relaxed, separators=(",", ":")):
         json_util.dumps(doc, json_options=relaxed) for doc in coll.find()}
+    client.close()
+
+
+class HeldCompaction:
+    """The sink's compactions, each held until :attr:`release` is set; ``fail``: then it
+    fails (a full disk)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> None:
+        self.real: Callable[..., Any] = delta_sink.compact
+        self.started, self.release = threading.Event(), threading.Event()
+        self.fail = fail
+        monkeypatch.setattr(delta_sink, "compact", self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.started.set()
+        if not self.release.wait(30):
+            raise AssertionError("the compaction was never released")
+        if self.fail:
+            raise DiskFull(28, "No space left on device")
+        return self.real(*args, **kwargs)
+
+
+def _six_changes(coll: Any) -> list[Any]:
+    with changestream.watch(coll, max_await_time_ms=50, full_document="updateLookup") as stream:
+        for i in range(6):
+            coll.insert_one({"_id": i, "v": "x" * i})
+        coll.update_one({"_id": 1}, {"$set": {"v": "again"}})
+        return [stream.next() for _ in range(7)]
+
+
+def test_a_compaction_behind_does_not_hold_the_next_batch_up_and_comes_before_its_commit(
+    rs: ReplicaSet, names: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream waits for a batch's commit, not for the rewrite after it: the next batch
+    is handed over while that compaction runs, and committed after it (the compaction
+    replaces the log it read, so a commit between would make it conflict)."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(rs.uri)
+    coll = client[names[0]][names[1]]
+    changes = _six_changes(coll)
+    path = tmp_path / "t"
+    sink = DeltaSink(path, app_id="a", max_log_rows=1,  # a compaction after each batch
+                     full_document="updateLookup")
+    held = HeldCompaction(monkeypatch)
+    for change in changes[:3]:
+        sink(change)
+    sink.save_behind(changes[2]["_id"])
+    assert held.started.wait(30)  # batch 0 committed, its compaction under way (held)
+    for change in changes[3:]:
+        sink(change)
+    sink.save_behind(changes[6]["_id"])  # returns while the compaction is held
+    assert not held.release.is_set()
+    assert committed_versions(path, "a") == [0]  # batch 1 waits for the compaction
+    held.release.set()
+    sink.flush()
+    assert committed_versions(path, "a") == [0, 1]
+    kinds = ["compaction" if "changestream.compaction" in c else c.get("changestream.version")
+             for c in reversed(deltalake.DeltaTable(str(path)).history())]
+    assert kinds.index("compaction") < kinds.index("1"), kinds
+    assert_mirrors(path, coll, "a")
+    stored = DeltaSink(path, app_id="a").load()
+    assert stored is not None and stored.token == changes[6]["_id"]
+    client.close()
+
+
+def test_a_compaction_failing_behind_fails_the_next_batch_which_a_retried_save_commits(
+    rs: ReplicaSet, names: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The failure of a compaction after batch 0 is raised by the sink's next call; batch
+    1, which waited for it, is not committed and is staged again: nothing is lost, and
+    the stored token stays batch 0's until a retried save commits batch 1."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(rs.uri)
+    coll = client[names[0]][names[1]]
+    changes = _six_changes(coll)
+    path = tmp_path / "t"
+    sink = DeltaSink(path, app_id="a", max_log_rows=1, full_document="updateLookup")
+    held = HeldCompaction(monkeypatch, fail=True)
+    for change in changes[:3]:
+        sink(change)
+    sink.save_behind(changes[2]["_id"])
+    assert held.started.wait(30)
+    for change in changes[3:]:
+        sink(change)
+    sink.save_behind(changes[6]["_id"])
+    held.release.set()
+    with pytest.raises(DiskFull):
+        sink.flush()
+    assert committed_versions(path, "a") == [0]
+    stored = DeltaSink(path, app_id="a").load()
+    assert stored is not None and stored.token == changes[2]["_id"]
+    monkeypatch.undo()
+    sink.save(changes[6]["_id"])  # batch 1's changes, staged again
+    assert committed_versions(path, "a") == [0, 1]
+    assert_mirrors(path, coll, "a")
+    client.close()
+
+
+def test_the_first_batch_of_changes_is_cut_at_a_quarter_of_the_bytes_then_whole_batches(
+    rs: ReplicaSet, names: tuple[str, str], tmp_path: Path,
+) -> None:
+    """The first batch's commit starts early (its conversion would otherwise wait a whole
+    batch with a core idle); every later batch, and every first load's commit, is whole."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(rs.uri)
+    coll = client[names[0]][names[1]]
+    coll.insert_many([{"_id": -i, "v": "y" * 1000} for i in range(1, 121)])  # the copy
+    sink = DeltaSink(tmp_path / "t", app_id="a", batch_bytes=40 * 1024)
+    with changestream.watch(coll, max_await_time_ms=50) as stream:
+        coll.insert_many([{"_id": i, "v": "x" * 1000} for i in range(240)])
+        changes = [stream.next() for _ in range(240)]
+
+    def cut(staged: list[Any]) -> int:
+        """Changes staged until the sink says its batch is full."""
+        for n, change in enumerate(staged, 1):
+            sink(change)
+            if sink.batch_full():
+                sink.save(change["_id"])
+                return n
+        raise AssertionError("the batch never filled")
+
+    first = cut(changes)
+    second = cut(changes[first:])
+    third = cut(changes[first + second:])
+    assert first >= 5 and 3 * first <= second <= 5 * first, (first, second)
+    assert third == second
+    # a first load's commits are cut at the whole bytes (a base file each), from the start
+    loaded = DeltaSink(tmp_path / "load", app_id="a", batch_bytes=40 * 1024)
+    stop, seen = threading.Event(), []
+
+    def handle(change: Any) -> None:
+        loaded(change)
+        seen.append(change)
+        if len(seen) == 120:
+            stop.set()
+
+    changestream.consume(coll, handle, loaded, stop=stop,
+                         watch_options={"max_await_time_ms": 50}, initial_snapshot=True,
+                         save_every=10_000)
+    actions = pyarrow.table(
+        deltalake.DeltaTable(str(tmp_path / "load")).get_add_actions(flatten=True))
+    rows = actions.column("num_records").to_pylist()
+    assert sum(rows) >= 120 and min(rows[:-1] or rows) >= second - 2, (rows, second)
     client.close()

@@ -280,11 +280,31 @@ def test_mirror_schema_gives_typed_columns_and_a_misfit_stops_with_nothing_writt
 
 
 def test_mirror_survives_kill_9_mid_batch(coll: Any, rs: ReplicaSet, tmp_path: Path) -> None:
+    kill_9_mid_batch_then_until_idle(coll, rs.uri, tmp_path, transactions=True)
+
+
+def test_mirror_survives_kill_9_mid_batch_on_a_sharded_cluster(tmp_path: Path) -> None:
+    """The same through mongos: the change log of two shards, merged by cluster time."""
+    with ShardedCluster("8.0", shards=2, mongoses=1, noop_interval=0.1) as cluster:
+        admin: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(cluster.uri)
+        admin.admin.command("shardCollection", "k.c", key={"_id": "hashed"})
+        try:
+            kill_9_mid_batch_then_until_idle(admin.k.c, cluster.uri, tmp_path,
+                                             transactions=False)  # (the mongos runs none)
+        finally:
+            admin.close()
+
+
+def kill_9_mid_batch_then_until_idle(coll: Any, uri: str, tmp_path: Path, *,
+                                     transactions: bool) -> None:
+    """``mirror`` killed at a random moment while changes come, then run again with
+    ``--until-idle``: every batch version applied once, the table equal to the collection."""
     coll.insert_many([{"_id": i, "v": "before"} for i in range(200)])
     target = str(tmp_path / "t")
-    args = [rs.uri, "--db", coll.database.name, "--coll", coll.name, "--to", target,
+    args = [uri, "--db", coll.database.name, "--coll", coll.name, "--to", target,
             "--batch", "15", "--batch-seconds", "0.2"]
-    writer = threading.Thread(target=write_mix, args=(coll, 500, 2))
+    writer = threading.Thread(target=write_mix, args=(coll, 500, 2),
+                              kwargs={"transactions": transactions})
     first = mirror(*args)
     try:
         deadline = time.monotonic() + 60

@@ -212,6 +212,12 @@ def label(variant: dict[str, Any]) -> str:
     return ", ".join(f"{name} {value}" for name, value in variant.items())
 
 
+def upper_median(values: list[float]) -> float:
+    """The middle value (of an even count, the upper of the two middle ones), as the
+    rounds' median is picked."""
+    return sorted(values)[len(values) // 2]
+
+
 def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
              against: dict[str, Any] | None = None, server_pid: int | None = None
              ) -> dict[str, float]:
@@ -287,23 +293,22 @@ def one_size(uri: str, docs: int, changes: int, workdir: str, rounds: int,
         if others:
             print(f"[{docs:,}] {label(against or {})}: ratios "
                   f"{', '.join(f'{r:.0%}' for r in others)}; median "
-                  f"{sorted(others)[len(others) // 2]:.0%}; the default ({label(DEFAULT)}): "
+                  f"{upper_median(others):.0%}; the default ({label(DEFAULT)}): "
                   f"{', '.join(f'{r:.0%}' for r in ratios)}", flush=True)
         middle = sorted(range(rounds), key=ratios.__getitem__)[rounds // 2]
         print(f"[{docs:,}] DeltaSink (mirror) / no-op around it, by round: "
               f"{', '.join(f'{r:.0%}' for r in ratios)}; median {ratios[middle]:.0%}; "
               f"sustained (to the last change handled, before its batch's commit): "
               f"{', '.join(f'{r:.0%}' for r in sustained)}; median "
-              f"{sorted(sustained)[rounds // 2]:.0%}; caught up (to the last batch "
+              f"{upper_median(sustained):.0%}; caught up (to the last batch "
               f"committed, before finish()): {', '.join(f'{r:.0%}' for r in caught_up)}; "
-              f"median {sorted(caught_up)[rounds // 2]:.0%} "
+              f"median {upper_median(caught_up):.0%} "
               f"(peak RSS {peak_rss_mb():.0f} MB; load average {os.getloadavg()[0]:.1f})",
               flush=True)
         coll.drop()
         return {"load": docs / load_seconds, "noop": arounds[middle],
                 "mirror": mirrors[middle], "low": min(ratios), "high": max(ratios),
-                "sustained": sorted(sustained)[rounds // 2],
-                "caught_up": sorted(caught_up)[rounds // 2]}
+                "sustained": upper_median(sustained), "caught_up": upper_median(caught_up)}
 
 
 def main() -> None:

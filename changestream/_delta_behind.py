@@ -82,9 +82,8 @@ class Behind:
         return current is self._thread or (previous is not None and previous.mine)
 
     def wait_made(self) -> None:
-        """Until the commit is made or the job is over (at once on its own thread)."""
-        if not self.mine:
-            self._made.wait()
+        """Until the commit is made or the job is over (never on its own thread)."""
+        self._made.wait()
 
     def wait(self) -> None:
         """Until the job and the one before are over (at once on either's thread)."""
@@ -96,6 +95,7 @@ class Behind:
 
     @property
     def running(self) -> bool:
+        """Is the job's thread still at work (after its commit: a compaction)?"""
         return self._thread.is_alive()
 
 
@@ -173,7 +173,6 @@ class WriteBehind:
         failed before its commit is settled: its failure raised, its changes staged again."""
         job = self._behind
         if job is None or job.mine:
-            self._settle()
             return None
         with self._settling:
             self._awaiting = True
